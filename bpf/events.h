@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * events.h - the one declaration of every record the BPF side emits.
+ *
+ * Included by bpf/ingero.bpf.c (kernel side) and mirrored exactly once in
+ * Python by ingero/collect/records.py; tests/unit/test_records_parity.py
+ * compiles this header with the system C compiler and compares sizes and
+ * offsets.  Fixed-width types only.  A new field touches this file,
+ * records.py, store/schema.sql and docs/schema.md in the same commit.
+ */
+#ifndef INGERO_EVENTS_H
+#define INGERO_EVENTS_H
+
+#ifndef __BPF__
+#include <stdint.h>
+typedef uint8_t u8;
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef uint64_t u64;
+typedef int32_t s32;
+typedef int64_t s64;
+#endif
+
+/* Operation ids.  The table stores the name (Op enum in records.py maps
+ * id -> name); ids are internal and may be renumbered together with
+ * records.py, names are public and never change. */
+enum ingero_op {
+	OP_NONE = 0,
+	/* CUDA runtime (libcudart) */
+	OP_CUDA_LAUNCH_KERNEL = 1,
+	OP_CUDA_MEMCPY = 2,
+	OP_CUDA_MEMCPY_ASYNC = 3,
+	OP_CUDA_STREAM_SYNC = 4,
+	OP_CUDA_DEVICE_SYNC = 5,
+	OP_CUDA_EVENT_SYNC = 6,
+	OP_CUDA_MALLOC = 7,
+	OP_CUDA_FREE = 8,
+	OP_CUDA_GRAPH_LAUNCH = 9,
+	OP_CUDA_MALLOC_HOST = 10, /* cudaMallocHost / cudaHostAlloc: pinned memory */
+	OP_CUDA_HOST_REGISTER = 11,
+	/* CUDA driver (libcuda) */
+	OP_CU_LAUNCH_KERNEL = 32,
+	OP_CU_MEMCPY = 33, /* cuMemcpy, cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD */
+	OP_CU_MEMCPY_ASYNC = 34,
+	OP_CU_CTX_SYNC = 35,
+	OP_CU_STREAM_SYNC = 36,
+	OP_CU_MEM_ALLOC = 37,
+	OP_CU_MEM_FREE = 38,
+	/* host kernel */
+	OP_SCHED_SWITCH = 64, /* one off-CPU interval of a traced thread */
+	OP_PAGE_FAULT = 65,
+	OP_BLOCK_IO = 66,
+	OP_PROC_EXEC = 67,  /* a traced process (or its child) started */
+	OP_PROC_EXIT = 68,
+	OP_BENCH = 127, /* synthetic records of the throughput benchmark */
+};
+
+/* cudaMemcpyKind values (also used for driver copies, derived from the
+ * symbol: HtoD -> 1 ...).  KIND_* above 15 are host-side kinds. */
+enum ingero_kind {
+	KIND_H2H = 0,
+	KIND_H2D = 1,
+	KIND_D2H = 2,
+	KIND_D2D = 3,
+	KIND_DEFAULT = 4,
+	KIND_NONE = 15,
+	/* sched_switch: why the thread left the CPU */
+	KIND_PREEMPTED = 16, /* still runnable (R / R+) */
+	KIND_SLEEP = 17,     /* S: voluntary sleep */
+	KIND_IO = 18,        /* D: uninterruptible, usually I/O or a fault */
+	KIND_OTHER_STATE = 19,
+	/* block I/O direction */
+	KIND_READ = 24,
+	KIND_WRITE = 25,
+	KIND_FLUSH = 26,
+	KIND_DISCARD = 27,
+};
+
+/* One record per event, every kind: a single fixed stride lets user space
+ * decode a whole ring-buffer span with one numpy view.  56 bytes + the
+ * 8-byte ring-buffer header = 64 bytes per record in the ring. */
+struct ingero_event {
+	u64 ts_ns;       /* CLOCK_MONOTONIC start (call entry / switch-out / rq issue) */
+	u64 duration_ns; /* call time / off-CPU time / request latency */
+	u64 arg;         /* bytes (copies, allocs, block I/O); fault address */
+	u64 stream;      /* cudaStream_t when readable, else 0 */
+	u32 pid;         /* tgid */
+	u32 tid;
+	u32 other_pid;   /* sched_switch: tgid that ran next; block_io: device */
+	s32 ret;         /* return code of the call; block I/O error */
+	s32 stack_id;    /* BPF stack map id, -1 when not collected */
+	u8 op;           /* enum ingero_op */
+	u8 kind;         /* enum ingero_kind */
+	u16 cpu;         /* CPU the event happened on */
+};
+
+/* Host-wide per-process scheduler totals, aggregated in a hash map keyed by
+ * tgid and harvested once a second: names competitors without a record per
+ * switch of every process on the box. */
+struct ingero_proc_stat {
+	u64 oncpu_ns;        /* CPU time consumed */
+	u64 involuntary;     /* switched out while runnable */
+	u64 voluntary;       /* switched out to sleep */
+	u64 preempted_traced; /* times it took the CPU from a traced thread */
+	char comm[16];
+};
+
+/* Counters the BPF side keeps about itself (array map, one slot each). */
+enum ingero_counter {
+	CNT_RB_DROPS = 0,     /* ringbuf_reserve failed: record lost */
+	CNT_STACK_ERRORS = 1, /* get_stackid failed */
+	CNT_NEST_SKIPPED = 2, /* probed call nested inside another probed call */
+	CNT_MAX = 8,
+};
+
+#endif /* INGERO_EVENTS_H */

@@ -1,0 +1,182 @@
+"""The one Python mirror of bpf/events.h.
+
+Every record the BPF side emits is declared here as a ctypes structure; the
+numpy dtype derived from it decodes whole ring-buffer spans with one
+``frombuffer`` call.  tests/unit/test_records_parity.py compiles events.h and
+checks that sizes and offsets agree, so the two cannot drift silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+import numpy as np
+
+
+class Op(enum.IntEnum):
+    """enum ingero_op.  ``OP_NAMES`` gives the public name stored in ``events.op``."""
+
+    NONE = 0
+    CUDA_LAUNCH_KERNEL = 1
+    CUDA_MEMCPY = 2
+    CUDA_MEMCPY_ASYNC = 3
+    CUDA_STREAM_SYNC = 4
+    CUDA_DEVICE_SYNC = 5
+    CUDA_EVENT_SYNC = 6
+    CUDA_MALLOC = 7
+    CUDA_FREE = 8
+    CUDA_GRAPH_LAUNCH = 9
+    CUDA_MALLOC_HOST = 10
+    CUDA_HOST_REGISTER = 11
+    CU_LAUNCH_KERNEL = 32
+    CU_MEMCPY = 33
+    CU_MEMCPY_ASYNC = 34
+    CU_CTX_SYNC = 35
+    CU_STREAM_SYNC = 36
+    CU_MEM_ALLOC = 37
+    CU_MEM_FREE = 38
+    SCHED_SWITCH = 64
+    PAGE_FAULT = 65
+    BLOCK_IO = 66
+    PROC_EXEC = 67
+    PROC_EXIT = 68
+    BENCH = 127
+
+
+# Public names (the events.op column).  Never rename: users' SQL depends on them.
+OP_NAMES: dict[Op, str] = {
+    Op.NONE: "none",
+    Op.CUDA_LAUNCH_KERNEL: "cudaLaunchKernel",
+    Op.CUDA_MEMCPY: "cudaMemcpy",
+    Op.CUDA_MEMCPY_ASYNC: "cudaMemcpyAsync",
+    Op.CUDA_STREAM_SYNC: "cudaStreamSync",
+    Op.CUDA_DEVICE_SYNC: "cudaDeviceSync",
+    Op.CUDA_EVENT_SYNC: "cudaEventSync",
+    Op.CUDA_MALLOC: "cudaMalloc",
+    Op.CUDA_FREE: "cudaFree",
+    Op.CUDA_GRAPH_LAUNCH: "cudaGraphLaunch",
+    Op.CUDA_MALLOC_HOST: "cudaMallocHost",
+    Op.CUDA_HOST_REGISTER: "cudaHostRegister",
+    Op.CU_LAUNCH_KERNEL: "cuLaunchKernel",
+    Op.CU_MEMCPY: "cuMemcpy",
+    Op.CU_MEMCPY_ASYNC: "cuMemcpyAsync",
+    Op.CU_CTX_SYNC: "cuCtxSynchronize",
+    Op.CU_STREAM_SYNC: "cuStreamSynchronize",
+    Op.CU_MEM_ALLOC: "cuMemAlloc",
+    Op.CU_MEM_FREE: "cuMemFree",
+    Op.SCHED_SWITCH: "sched_switch",
+    Op.PAGE_FAULT: "page_fault",
+    Op.BLOCK_IO: "block_io",
+    Op.PROC_EXEC: "proc_exec",
+    Op.PROC_EXIT: "proc_exit",
+    Op.BENCH: "bench",
+}
+
+CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
+SYNC_OPS = frozenset(
+    OP_NAMES[o]
+    for o in (
+        Op.CUDA_STREAM_SYNC,
+        Op.CUDA_DEVICE_SYNC,
+        Op.CUDA_EVENT_SYNC,
+        Op.CU_CTX_SYNC,
+        Op.CU_STREAM_SYNC,
+    )
+)
+
+
+class Kind(enum.IntEnum):
+    """enum ingero_kind.  ``KIND_NAMES`` gives the value stored in ``events.kind``."""
+
+    H2H = 0
+    H2D = 1
+    D2H = 2
+    D2D = 3
+    DEFAULT = 4
+    NONE = 15
+    PREEMPTED = 16
+    SLEEP = 17
+    IO = 18
+    OTHER_STATE = 19
+    READ = 24
+    WRITE = 25
+    FLUSH = 26
+    DISCARD = 27
+
+
+KIND_NAMES: dict[Kind, str | None] = {
+    Kind.H2H: "H2H",
+    Kind.H2D: "H2D",
+    Kind.D2H: "D2H",
+    Kind.D2D: "D2D",
+    Kind.DEFAULT: "default",
+    Kind.NONE: None,
+    Kind.PREEMPTED: "preempted",
+    Kind.SLEEP: "sleep",
+    Kind.IO: "io",
+    Kind.OTHER_STATE: "other",
+    Kind.READ: "read",
+    Kind.WRITE: "write",
+    Kind.FLUSH: "flush",
+    Kind.DISCARD: "discard",
+}
+
+
+class Event(ctypes.Structure):
+    """struct ingero_event."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+        ("arg", ctypes.c_uint64),
+        ("stream", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("other_pid", ctypes.c_uint32),
+        ("ret", ctypes.c_int32),
+        ("stack_id", ctypes.c_int32),
+        ("op", ctypes.c_uint8),
+        ("kind", ctypes.c_uint8),
+        ("cpu", ctypes.c_uint16),
+    ]
+
+
+class ProcStat(ctypes.Structure):
+    """struct ingero_proc_stat."""
+
+    _fields_ = [
+        ("oncpu_ns", ctypes.c_uint64),
+        ("involuntary", ctypes.c_uint64),
+        ("voluntary", ctypes.c_uint64),
+        ("preempted_traced", ctypes.c_uint64),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+class Counter(enum.IntEnum):
+    """enum ingero_counter."""
+
+    RB_DROPS = 0
+    STACK_ERRORS = 1
+    NEST_SKIPPED = 2
+    MAX = 8
+
+
+EVENT_DTYPE = np.dtype(Event)
+PROC_STAT_DTYPE = np.dtype(ProcStat)
+
+# Lookup tables indexed by the raw u8 op / kind: vectorised id -> name.
+OP_NAME_TABLE = np.array([OP_NAMES.get(i, f"op{i}") for i in range(256)], dtype=object)  # type: ignore[call-overload]
+KIND_NAME_TABLE = np.array([KIND_NAMES.get(i) for i in range(256)], dtype=object)  # type: ignore[call-overload]
+
+# Every C name the parity test checks, with its Python mirror.
+MIRRORS = {
+    "struct ingero_event": Event,
+    "struct ingero_proc_stat": ProcStat,
+}
+ENUM_MIRRORS = {
+    "OP_": Op,
+    "KIND_": Kind,
+    "CNT_": Counter,
+}

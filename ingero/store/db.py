@@ -1,0 +1,318 @@
+"""The DuckDB store: where the DB lives, opening it, appending, sessions.
+
+The only module that runs DDL (from schema.sql, next to it).  Writers append
+Arrow batches; readers open read-only; SQL typed by a user goes through
+``open_for_user_sql`` which has no file, network or extension access and a
+locked configuration, because ingero often runs as root.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import pwd
+import socket
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ingero import __version__
+from ingero.errors import IngeroError
+
+SCHEMA_VERSION = 1
+
+# version -> statements that bring a version-1-based DB from version-1 to it.
+# Columns are only added (the tables are a public API).
+MIGRATIONS: dict[int, list[str]] = {}
+
+DEFAULT_DB_NAME = "ingero.duckdb"
+
+# Locked-down settings for SQL typed by users.  enable_external_access=false
+# refuses COPY TO/FROM, read_csv/read_text of paths, ATTACH, INSTALL/LOAD;
+# lock_configuration refuses SET so none of it can be turned back on.
+USER_SQL_CONFIG = {
+    "enable_external_access": False,
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "lock_configuration": True,
+}
+
+
+def invoking_user() -> pwd.struct_passwd | None:
+    """The user behind ``sudo`` (SUDO_USER), else None when not under sudo."""
+    name = os.environ.get("SUDO_USER")
+    if not name or name == "root":
+        return None
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def default_db_path() -> Path:
+    """INGERO_DB, else ~/.ingero/ingero.duckdb of the invoking user (SUDO_USER's home under sudo)."""
+    env = os.environ.get("INGERO_DB")
+    if env:
+        return Path(env).expanduser()
+    user = invoking_user()
+    home = Path(user.pw_dir) if user else Path.home()
+    return home / ".ingero" / DEFAULT_DB_NAME
+
+
+def _give_to_invoking_user(path: Path) -> None:
+    """Under sudo, files we create belong to the user who ran sudo, so they can read them later."""
+    user = invoking_user()
+    if user is None or os.geteuid() != 0:
+        return
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            os.chown(p, user.pw_uid, user.pw_gid)
+        except FileNotFoundError:
+            pass
+
+
+def _schema_sql() -> str:
+    return resources.files("ingero.store").joinpath("schema.sql").read_text()
+
+
+def _raise_open_error(path: Path, exc: Exception) -> None:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "lock" in text.lower():
+        raise IngeroError(
+            f"database {path} is locked by another process ({text})",
+            "while `ingero trace` writes it, query through the running tracer or pass another --db",
+        ) from None
+    raise IngeroError(
+        f"cannot open database {path}: {text}",
+        "pass --db with an ingero DuckDB file (or remove the damaged file)",
+    ) from None
+
+
+@dataclass
+class Store:
+    """An open ingero database."""
+
+    con: duckdb.DuckDBPyConnection
+    path: Path
+    read_only: bool
+
+    # -- opening -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | str | None = None, *, read_only: bool = False) -> "Store":
+        """Open (creating and migrating when writable) the store at ``path``."""
+        path = Path(path) if path is not None else default_db_path()
+        if read_only:
+            if not path.exists():
+                raise IngeroError(
+                    f"no ingero database at {path}",
+                    "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
+                )
+            try:
+                con = duckdb.connect(str(path), read_only=True)
+            except duckdb.Error as exc:
+                _raise_open_error(path, exc)
+            store = cls(con, path, True)
+            store._check_version()
+            return store
+        created = not path.exists()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if created:
+                _give_to_invoking_user(path.parent)
+            con = duckdb.connect(str(path))
+        except (duckdb.Error, OSError) as exc:
+            _raise_open_error(path, exc)
+        store = cls(con, path, False)
+        store._apply_schema()
+        if created:
+            _give_to_invoking_user(path)
+        return store
+
+    @classmethod
+    def memory(cls) -> "Store":
+        """A throwaway in-memory store with the schema applied (tests, synthetic replays)."""
+        store = cls(duckdb.connect(":memory:"), Path(":memory:"), False)
+        store._apply_schema()
+        return store
+
+    def _apply_schema(self) -> None:
+        try:
+            self.con.execute(_schema_sql())
+        except duckdb.Error as exc:
+            raise IngeroError(
+                f"{self.path} is not an ingero database ({str(exc).splitlines()[0]})",
+                "pass --db with another path",
+            ) from None
+        row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else 0
+        if version == 0:
+            self._set_version(SCHEMA_VERSION)
+            return
+        if version > SCHEMA_VERSION:
+            raise IngeroError(
+                f"{self.path} has schema version {version}, newer than this ingero ({SCHEMA_VERSION})",
+                "upgrade ingero or pass another --db",
+            )
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            for stmt in MIGRATIONS.get(v, []):
+                self.con.execute(stmt)
+            self._set_version(v)
+
+    def _set_version(self, version: int) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('schema_version', $v)", {"v": str(version)}
+        )
+
+    def _check_version(self) -> None:
+        try:
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except duckdb.Error:
+            raise IngeroError(
+                f"{self.path} is not an ingero database (no meta table)",
+                "pass --db with a file written by `ingero trace`",
+            ) from None
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise IngeroError(
+                f"{self.path} has schema version {version}, newer than this ingero ({SCHEMA_VERSION})",
+                "upgrade ingero",
+            )
+
+    def close(self) -> None:
+        self.con.close()
+
+    # -- writing -------------------------------------------------------------
+
+    def append(self, table: str, batch: pa.Table | pa.RecordBatch) -> int:
+        """Append an Arrow batch to ``table``, matching columns by name; returns rows added."""
+        if batch.num_rows == 0:
+            return 0
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table}")
+        self.con.register("_ingero_batch", batch)
+        try:
+            self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingero_batch")
+        finally:
+            self.con.unregister("_ingero_batch")
+        return batch.num_rows
+
+    def begin_session(self, *, command: str, targets: str) -> int:
+        """Insert a 'running' session row and return its id."""
+        now = time.time_ns()
+        row = self.con.execute("SELECT coalesce(max(session_id), 0) + 1 FROM sessions").fetchone()
+        session_id = int(row[0])
+        self.con.execute(
+            """INSERT INTO sessions (session_id, started_ns, status, hostname, kernel,
+                   ingero_version, command, targets, tracer_pid, heartbeat_ns, ncpu)
+               VALUES ($id, $now, 'running', $host, $kernel, $ver, $cmd, $targets, $pid, $now, $ncpu)""",
+            {
+                "id": session_id,
+                "now": now,
+                "host": socket.gethostname(),
+                "kernel": platform.release(),
+                "ver": __version__,
+                "cmd": command,
+                "targets": targets,
+                "pid": os.getpid(),
+                "ncpu": os.cpu_count(),
+            },
+        )
+        return session_id
+
+    def update_session(self, session_id: int, **fields: Any) -> None:
+        """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
+        allowed = {"events", "drops_kernel", "drops_user", "heartbeat_ns", "targets", "status", "ended_ns"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"not updatable: {sorted(bad)}")
+        sets = ", ".join(f"{k} = ${k}" for k in fields)
+        self.con.execute(
+            f"UPDATE sessions SET {sets} WHERE session_id = $session_id",
+            {**fields, "session_id": session_id},
+        )
+
+    def end_session(self, session_id: int, *, events: int, drops_kernel: int, drops_user: int) -> None:
+        now = time.time_ns()
+        self.update_session(
+            session_id,
+            status="closed",
+            ended_ns=now,
+            heartbeat_ns=now,
+            events=events,
+            drops_kernel=drops_kernel,
+            drops_user=drops_user,
+        )
+        self.con.execute("CHECKPOINT")
+
+    def mark_crashed_sessions(self) -> int:
+        """Sessions left 'running' by a tracer that is gone are marked 'crashed'."""
+        rows = self.con.execute(
+            "SELECT session_id, tracer_pid FROM sessions WHERE status = 'running'"
+        ).fetchall()
+        crashed = [sid for sid, pid in rows if pid is None or not _pid_alive(int(pid))]
+        for sid in crashed:
+            self.con.execute(
+                "UPDATE sessions SET status = 'crashed' WHERE session_id = $sid", {"sid": sid}
+            )
+        return len(crashed)
+
+    def upsert_process_names(self, rows: list[dict[str, Any]]) -> None:
+        """rows: pid, name, comm, cmdline, session_id, seen_ns."""
+        if not rows:
+            return
+        batch = pa.Table.from_pylist(rows)
+        self.con.register("_ingero_names", batch)
+        try:
+            self.con.execute(
+                """INSERT INTO process_names
+                       SELECT pid, name, comm, cmdline, session_id, seen_ns, seen_ns FROM _ingero_names
+                   ON CONFLICT (pid) DO UPDATE SET
+                       name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
+                       session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
+            )
+        finally:
+            self.con.unregister("_ingero_names")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+TABLES = (
+    "meta",
+    "sessions",
+    "events",
+    "process_names",
+    "process_cpu",
+    "stacks",
+    "system_metrics",
+    "gpu_metrics",
+    "probes",
+)
+
+
+def open_for_user_sql(path: Path | str | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only connection for SQL typed by a user: no files, network, extensions or SET."""
+    path = Path(path) if path is not None else default_db_path()
+    if not path.exists():
+        raise IngeroError(
+            f"no ingero database at {path}",
+            "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
+        )
+    try:
+        return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_CONFIG))
+    except duckdb.Error as exc:
+        _raise_open_error(path, exc)
+        raise  # unreachable: _raise_open_error always raises

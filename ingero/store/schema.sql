@@ -1,0 +1,130 @@
+-- ingero store schema.  The only DDL in the project.
+--
+-- These tables are a public API: users write SQL against them, so columns
+-- are only ever added, never renamed.  A change bumps SCHEMA_VERSION in
+-- store/db.py, adds a migration there, and updates docs/schema.md (which a
+-- test checks against this file).
+--
+-- Units are in the names: *_ns nanoseconds, *_bytes bytes, *_pct percent.
+-- Timestamps are nanoseconds since the Unix epoch.
+
+CREATE TABLE IF NOT EXISTS meta (
+    key VARCHAR PRIMARY KEY,   -- 'schema_version', ...
+    value VARCHAR
+);
+
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id INTEGER PRIMARY KEY,
+    started_ns BIGINT NOT NULL,      -- wall clock at start
+    ended_ns BIGINT,                 -- NULL while running or after a crash
+    status VARCHAR NOT NULL,         -- 'running' | 'closed' | 'crashed'
+    hostname VARCHAR,
+    kernel VARCHAR,                  -- uname -r
+    ingero_version VARCHAR,
+    command VARCHAR,                 -- the ingero command line
+    targets VARCHAR,                 -- what was traced, human readable
+    tracer_pid INTEGER,              -- pid of the ingero process that wrote it
+    heartbeat_ns BIGINT,             -- last flush; tells how much a crash lost
+    events BIGINT DEFAULT 0,         -- rows stored in events
+    drops_kernel BIGINT DEFAULT 0,   -- ring-buffer reserve failures in BPF
+    drops_user BIGINT DEFAULT 0,     -- records lost in user space
+    ncpu INTEGER                     -- CPUs on the host
+);
+
+CREATE TABLE IF NOT EXISTS events (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,   -- start of the call / of the off-CPU interval / request issue
+    duration_ns BIGINT,          -- call time; off-CPU time (sched_switch); request latency (block_io)
+    pid INTEGER NOT NULL,        -- process id (tgid)
+    tid INTEGER,                 -- thread id
+    op VARCHAR NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
+    kind VARCHAR,                -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
+    bytes BIGINT,                -- bytes copied / allocated / transferred
+    stream UBIGINT,              -- cudaStream_t, when readable
+    ret INTEGER,                 -- return code (cudaError_t / CUresult); block I/O error
+    cpu SMALLINT,                -- CPU the event was recorded on
+    preempted BOOLEAN,           -- sched_switch: switched out while still runnable (involuntary)
+    other_pid INTEGER,           -- sched_switch: the process that ran instead; block_io: device number
+    runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
+    stack_id BIGINT              -- stacks.stack_id with --stack, else NULL
+);
+
+CREATE TABLE IF NOT EXISTS process_names (
+    pid INTEGER PRIMARY KEY,
+    name VARCHAR,                -- readable: 'python3 (train.py)'
+    comm VARCHAR,                -- kernel task name (15 chars)
+    cmdline VARCHAR,
+    session_id INTEGER,          -- last session that saw it
+    first_seen_ns BIGINT,
+    last_seen_ns BIGINT
+);
+
+-- Host-wide scheduler totals per process and sampling interval, for every
+-- process on the host (not only the traced ones): names the competitors.
+CREATE TABLE IF NOT EXISTS process_cpu (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,   -- end of the interval
+    interval_ns BIGINT,
+    pid INTEGER NOT NULL,
+    comm VARCHAR,
+    oncpu_ns BIGINT,             -- CPU time used in the interval
+    involuntary BIGINT,          -- times preempted while runnable
+    voluntary BIGINT,            -- times it went to sleep
+    preempted_traced BIGINT      -- times it took the CPU from a traced thread
+);
+
+CREATE TABLE IF NOT EXISTS stacks (
+    stack_id BIGINT NOT NULL,    -- content hash of the frames
+    depth INTEGER NOT NULL,      -- 0 = innermost frame
+    frame_kind VARCHAR,          -- 'python' | 'native' | 'kernel'
+    function VARCHAR,
+    module VARCHAR,              -- shared object or Python module path
+    file VARCHAR,                -- source file (Python frames)
+    line INTEGER,                -- line being executed (Python frames)
+    source VARCHAR,              -- text of that line, when readable
+    PRIMARY KEY (stack_id, depth)
+);
+
+CREATE TABLE IF NOT EXISTS system_metrics (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,
+    cpu_pct DOUBLE,              -- all CPUs, 0-100
+    cpu_per_core_pct DOUBLE[],
+    iowait_pct DOUBLE,
+    mem_pct DOUBLE,
+    mem_used_bytes BIGINT,
+    mem_total_bytes BIGINT,
+    swap_used_bytes BIGINT,
+    swap_in_bytes BIGINT,        -- in the interval
+    swap_out_bytes BIGINT,       -- in the interval
+    major_faults BIGINT,         -- host-wide, in the interval (/proc/vmstat pgmajfault)
+    ctx_switches BIGINT,         -- host-wide, in the interval
+    load1 DOUBLE,
+    ncpu INTEGER
+);
+
+CREATE TABLE IF NOT EXISTS gpu_metrics (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,
+    gpu INTEGER,                 -- NVML index
+    name VARCHAR,
+    util_pct DOUBLE,
+    mem_util_pct DOUBLE,
+    mem_used_bytes BIGINT,
+    mem_total_bytes BIGINT,
+    power_w DOUBLE,
+    sm_clock_mhz INTEGER,
+    mem_clock_mhz INTEGER,
+    temperature_c INTEGER
+);
+
+-- What the tracer attached, per session: 'what was traced' stays answerable.
+CREATE TABLE IF NOT EXISTS probes (
+    session_id INTEGER,
+    target VARCHAR,              -- library path, or 'kernel'
+    symbol VARCHAR,              -- function or tracepoint
+    op VARCHAR,
+    probe_kind VARCHAR,          -- 'uprobe' | 'uretprobe' | 'tracepoint'
+    attached BOOLEAN,
+    error VARCHAR
+);
