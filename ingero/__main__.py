@@ -1,0 +1,5 @@
+import sys
+
+from ingero.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""The ``ingero`` command: assembles the subcommands and owns the error edge.
+
+Each subcommand lives in ingero/commands/<name>.py and only parses, calls one
+library function and renders.  Errors a user can cause arrive here as
+IngeroError and leave as one line on stderr with exit code 2; anything else
+is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from ingero import __version__
+from ingero.errors import IngeroError
+
+# name -> module in ingero.commands exposing a click command called `command`.
+COMMANDS = ("trace", "explain", "query", "check", "demo", "status")
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand only when it runs: `ingero query` never imports bcc."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        try:
+            module = importlib.import_module(f"ingero.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"ingero.commands.{name}":
+                return None  # not built yet
+            raise
+        return module.command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ingero")
+def cli() -> None:
+    """Why is my GPU job slow?  eBPF tracing of CUDA calls and host events.
+
+    \b
+      sudo ingero trace --duration 120s     record CUDA calls + host events
+      ingero explain --since 120s           causal chains with fixes
+      ingero query "SELECT op, count(*) FROM events GROUP BY op"
+      ingero demo cpu-contention            the whole story, no GPU needed
+      ingero check                          is this machine ready to trace?
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="ingero", standalone_mode=False)
+    except IngeroError as exc:
+        click.echo(f"ingero: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("ingero: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if exc.exit_code == 2 else exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

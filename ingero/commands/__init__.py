@@ -1,0 +1,1 @@
+"""One module per ingero subcommand; cli.py assembles them."""
