@@ -1,0 +1,536 @@
+"""Find every distinct copy of the CUDA runtime (libcudart) and driver (libcuda).
+
+A uprobe is attached to a file (an inode), not to a name, so a job that
+loads PyTorch's wheel-bundled ``libcudart-<hash>.so.12`` is invisible to a
+probe on /usr/local/cuda's copy.  This module lists every copy a process on
+this host could be using, one entry per inode:
+
+* static places, cheap to look at: ``ldconfig -p``, the standard library
+  directories, site-packages of the interpreters we can find without running
+  them (nvidia wheels, torch/lib, ``*.libs`` dirs of auditwheel-repaired
+  wheels), conda prefixes and their envs;
+* what running processes actually mapped (/proc/PID/maps), opened through
+  /proc/PID/root so a copy inside a container is reachable from the host.
+
+Nothing walks the whole filesystem: every place searched is a fixed list of
+directories scanned one level deep.  ``LibraryWatcher`` keeps looking while a
+trace runs, reading the maps only of processes that are new or that mapped
+something since the last look.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from ingero.errors import IngeroError
+
+PROC = Path("/proc")
+
+RUNTIME = "runtime"
+DRIVER = "driver"
+
+# libcudart.so, libcudart.so.12, libcudart.so.12.4.127, torch's libcudart-d0da41ae.so.11.0;
+# libcuda.so.1, libcuda.so.550.54.14.  Not libcudart_static.a, libcudadebugger.so.
+_LIB_NAME = re.compile(r"^libcuda(?P<rt>rt)?(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$")
+
+# A library counts as the runtime / the driver when it exports one of these
+# (present in every CUDA 10-13 release); the file name alone is not trusted.
+_RUNTIME_MARKERS = frozenset({"cudaLaunchKernel", "cudaMalloc", "cudaGetDeviceCount", "cudaMemcpy"})
+_DRIVER_MARKERS = frozenset({"cuInit", "cuLaunchKernel", "cuDriverGetVersion"})
+
+# Suffixes CUDA appends to an API name: _v2.._vN (driver ABI revisions) and
+# _ptds / _ptsz (per-thread default stream builds of the same call).
+_VARIANT_SUFFIX = re.compile(r"^(?:_v[0-9]+)?(?:_ptds|_ptsz)?$")
+
+_FIX_CUDA_LIB = "pass the path of a libcudart.so* or libcuda.so* (list them with: ldconfig -p | grep libcuda)"
+
+
+@dataclass(frozen=True)
+class CudaLib:
+    path: Path
+    kind: str  # RUNTIME ('runtime', libcudart) | DRIVER ('driver', libcuda)
+    identity: tuple[int, int]  # (st_dev, st_ino) of the file
+    symbols: frozenset[str] = field(repr=False)  # exported dynamic function names, no @version
+
+    def variants(self, base: str) -> list[str]:
+        """``base`` and its exported variants (``base_ptsz``, ``base_v2_ptds`` ...), base first."""
+        found = [s for s in self.symbols if s.startswith(base) and _VARIANT_SUFFIX.match(s[len(base) :])]
+        return sorted(found, key=lambda s: (s != base, len(s), s))
+
+    def api_functions(self) -> list[str]:
+        """Exported public API functions: cuda* for the runtime, cu* for the driver."""
+        prefix = "cuda" if self.kind == RUNTIME else "cu"
+        return sorted(s for s in self.symbols if s.startswith(prefix))
+
+
+def describe(lib: CudaLib, bases: Iterable[str] | None = None) -> str:
+    """One line for ``ingero check``: path, kind, how many functions can be probed.
+
+    With ``bases`` (the probe table's base names) it counts those the library
+    exports, variants included; without, every exported API function.
+    """
+    if bases is None:
+        count = len(lib.api_functions())
+        what = "API functions"
+    else:
+        bases = list(bases)
+        count = sum(len(lib.variants(b)) for b in bases)
+        present = sum(1 for b in bases if lib.variants(b))
+        what = f"probe-able symbols ({present}/{len(bases)} ops, variants included)"
+    return f"{lib.path}  {lib.kind}  {count} {what}"
+
+
+# ---------------------------------------------------------------- ELF reading
+
+_elf_cache: dict[tuple[int, int, int, int], frozenset[str] | None] = {}
+
+
+def _read_exports(path: Path) -> frozenset[str] | None:
+    """Exported function names of an ELF shared object; None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+            f.seek(0)
+            elf = ELFFile(f)
+            if elf["e_type"] != "ET_DYN":
+                return None
+            table = elf.get_section_by_name(".dynsym")
+            if table is None:  # section headers stripped: use the dynamic segment
+                table = next((s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"), None)
+                if table is None:
+                    return None
+            names = set()
+            for sym in table.iter_symbols():
+                if sym["st_shndx"] == "SHN_UNDEF":
+                    continue
+                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    continue
+                if sym["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK"):
+                    continue
+                names.add(sym.name.split("@", 1)[0])
+            return frozenset(names)
+    except (OSError, ELFError, ValueError, KeyError):
+        return None
+
+
+def _exports(path: Path, st: os.stat_result) -> frozenset[str] | None:
+    # Parsing a 100 MB libcuda takes a while; the same inode, size and mtime
+    # means the same symbols, so each file is read once per process.
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _elf_cache:
+        _elf_cache[key] = _read_exports(path)
+    return _elf_cache[key]
+
+
+def _kind(symbols: frozenset[str]) -> str | None:
+    if symbols & _RUNTIME_MARKERS:
+        return RUNTIME
+    if symbols & _DRIVER_MARKERS:
+        return DRIVER
+    return None
+
+
+def _load(path: Path, st: os.stat_result | None = None) -> CudaLib | None:
+    """A CudaLib for this file, or None if it is not a CUDA runtime/driver library."""
+    try:
+        st = st or os.stat(path)
+    except OSError:
+        return None
+    symbols = _exports(path, st)
+    if not symbols:
+        return None
+    kind = _kind(symbols)
+    if kind is None:
+        return None
+    return CudaLib(path=path, kind=kind, identity=(st.st_dev, st.st_ino), symbols=symbols)
+
+
+# ---------------------------------------------------------------- static places
+
+
+@dataclass(frozen=True)
+class SearchPlaces:
+    """Directories searched without looking at processes (one level deep each)."""
+
+    lib_dirs: tuple[Path, ...]
+    site_packages: tuple[Path, ...]
+    use_ldconfig: bool = True
+
+
+# Where distributions, the CUDA toolkit, NVIDIA's container toolkit and WSL put them.
+_STANDARD_LIB_GLOBS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",  # Debian's nvidia-driver packages
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/usr/local/cuda*/lib64",
+    "/usr/local/cuda*/lib",  # CUDA 13 moved the libraries here
+    "/usr/local/cuda*/targets/*-linux/lib",
+    "/opt/cuda*/lib64",
+    "/usr/local/nvidia/lib64",  # nvidia-container-toolkit mounts
+    "/usr/lib/wsl/lib",  # WSL's libcuda
+)
+
+# Inside a site-packages directory.
+_SITE_LIB_GLOBS = (
+    "nvidia/cuda_runtime/lib",  # nvidia-cuda-runtime-cu11/cu12
+    "nvidia/*/lib",  # cu13 wheels (nvidia/cu13/lib) and anything alike
+    "torch/lib",
+    "*.libs",  # auditwheel-repaired wheels: torch.libs/libcudart-<hash>.so.12
+    "jaxlib/cuda",
+    "tensorflow",
+)
+
+
+def _homes() -> list[Path]:
+    homes = {Path.home(), Path("/root")}
+    for user in (os.environ.get("SUDO_USER"),):
+        if user:
+            homes.add(Path("~" + user).expanduser())
+    homes.update(Path(p) for p in glob.glob("/home/*"))
+    return sorted(homes)
+
+
+def _conda_prefixes() -> list[Path]:
+    roots = []
+    if os.environ.get("CONDA_PREFIX"):
+        roots.append(Path(os.environ["CONDA_PREFIX"]))
+    bases = [Path("/opt/conda"), Path("/opt/miniconda3"), Path("/opt/anaconda3")]
+    for home in _homes():
+        for name in ("miniconda3", "anaconda3", "miniforge3", "mambaforge", ".conda"):
+            bases.append(home / name)
+    for base in bases:
+        if base.is_dir():
+            roots.append(base)
+            roots.extend(Path(p) for p in glob.glob(str(base / "envs" / "*")))
+    return roots
+
+
+def _running_python_prefixes(proc: Path) -> set[Path]:
+    """Venv / conda prefixes of running Python processes, before they load CUDA.
+
+    Cheap: one readlink per process, and argv[0] plus the environment only for
+    Pythons.  PyTorch renames the main thread (pt_main_thread), so the
+    executable, not comm, says whether it is Python.
+    """
+    prefixes = set()
+    for pid in _pids(proc):
+        try:
+            if not os.path.basename(os.readlink(proc / str(pid) / "exe")).startswith("python"):
+                continue
+            argv0 = (proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+            environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv0.startswith("/"):
+            prefix = Path(argv0).parent.parent
+            if (prefix / "pyvenv.cfg").is_file():
+                prefixes.add(prefix)
+        for var in (b"VIRTUAL_ENV=", b"CONDA_PREFIX="):
+            for item in environ:
+                if item.startswith(var) and len(item) > len(var):
+                    prefixes.add(Path(item[len(var) :].decode("utf-8", "replace")))
+    return prefixes
+
+
+def _python_prefixes(proc: Path | None) -> list[Path]:
+    """Prefixes of interpreters found without running them: ours, system ones, running venvs."""
+    prefixes = {Path(sys.prefix), Path(sys.base_prefix), Path("/usr"), Path("/usr/local")}
+    if os.environ.get("VIRTUAL_ENV"):
+        prefixes.add(Path(os.environ["VIRTUAL_ENV"]))
+    for home in _homes():
+        prefixes.add(home / ".local")
+    if proc is not None:
+        prefixes |= _running_python_prefixes(proc)
+    return sorted(prefixes)
+
+
+def _site_packages_of(prefix: Path) -> list[Path]:
+    out = []
+    for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib64/python3*/site-packages"):
+        out.extend(Path(p) for p in glob.glob(str(prefix / pattern)))
+    return out
+
+
+def default_places(proc: Path | None = PROC) -> SearchPlaces:
+    lib_dirs = []
+    for pattern in _STANDARD_LIB_GLOBS:
+        lib_dirs.extend(Path(p) for p in sorted(glob.glob(pattern)))
+    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if entry:
+            lib_dirs.append(Path(entry))
+    conda = _conda_prefixes()
+    lib_dirs.extend(p / "lib" for p in conda)
+    sites = [sp for prefix in _python_prefixes(proc) + conda for sp in _site_packages_of(prefix)]
+    sites.extend(Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return SearchPlaces(tuple(dict.fromkeys(lib_dirs)), tuple(dict.fromkeys(sites)))
+
+
+def _ldconfig_paths() -> list[Path]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    paths = []
+    for line in out.splitlines():
+        name, sep, target = line.strip().partition(" => ")
+        if sep and name.startswith("libcuda"):
+            paths.append(Path(target))
+    return paths
+
+
+def _scan_dir(directory: Path) -> Iterator[Path]:
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if _LIB_NAME.match(entry.name):
+                    yield Path(entry.path)
+    except OSError:
+        return
+
+
+def static_candidates(places: SearchPlaces) -> Iterator[Path]:
+    if places.use_ldconfig:
+        yield from _ldconfig_paths()
+    for d in places.lib_dirs:
+        yield from _scan_dir(d)
+    for site in places.site_packages:
+        for pattern in _SITE_LIB_GLOBS:
+            for d in glob.glob(str(site / pattern)):
+                yield from _scan_dir(Path(d))
+
+
+# ---------------------------------------------------------------- processes
+
+@dataclass(frozen=True)
+class _Mapped:
+    pid: int
+    path: str  # as the process sees it (its own mount namespace)
+    deleted: bool
+    addr: str  # "start-end" of one mapping, for /proc/PID/map_files
+
+
+def _pids(proc: Path) -> list[int]:
+    try:
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return []
+
+
+def _mapped_cuda(proc: Path, pid: int) -> list[_Mapped]:
+    try:
+        with open(proc / str(pid) / "maps", "rb") as f:
+            data = f.read()
+    except OSError:  # gone, or not ours to read
+        return []
+    if b"/libcuda" not in data:
+        return []
+    seen, out = set(), []
+    for raw in data.splitlines():
+        if b"/libcuda" not in raw:
+            continue
+        parts = raw.decode("utf-8", "replace").split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5]
+        deleted = path.endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        if path in seen or not _LIB_NAME.match(os.path.basename(path)):
+            continue
+        seen.add(path)
+        out.append(_Mapped(pid, path, deleted, parts[0]))
+    return out
+
+
+def _resolve_mapped(proc: Path, m: _Mapped) -> tuple[Path, os.stat_result] | None:
+    """A host path that opens the file the process mapped, and its stat."""
+    candidates = []
+    if m.deleted:  # replaced on disk (an upgrade): only the mapping still reaches it
+        candidates.append(proc / str(m.pid) / "map_files" / m.addr)
+    candidates.append(proc / str(m.pid) / "root" / m.path.lstrip("/"))
+    for via in candidates:
+        try:
+            st = os.stat(via)
+        except OSError:
+            continue
+        # Prefer the plain path when it is the same file in our namespace: it
+        # outlives the process and reads better.
+        try:
+            st_host = os.stat(m.path)
+            if (st_host.st_dev, st_host.st_ino) == (st.st_dev, st.st_ino):
+                return Path(os.path.realpath(m.path)), st
+        except OSError:
+            pass
+        return via, st
+    return None
+
+
+class _Registry:
+    """CudaLibs by identity; remembers files that turned out not to be CUDA libraries."""
+
+    def __init__(self) -> None:
+        self.libs: dict[tuple[int, int], CudaLib] = {}
+        self.rejected: set[tuple[int, int]] = set()
+
+    def add_path(self, path: Path, st: os.stat_result | None = None, resolve: bool = True) -> CudaLib | None:
+        try:
+            st = st or os.stat(path)
+        except OSError:
+            return None
+        ident = (st.st_dev, st.st_ino)
+        if ident in self.libs:
+            return self.libs[ident]
+        if ident in self.rejected:
+            return None
+        if resolve:
+            path = Path(os.path.realpath(path))
+        lib = _load(path, st)
+        if lib is None:
+            self.rejected.add(ident)
+            return None
+        self.libs[ident] = lib
+        return lib
+
+    def add_mapped(self, proc: Path, m: _Mapped) -> CudaLib | None:
+        found = _resolve_mapped(proc, m)
+        if found is None:
+            return None
+        path, st = found
+        return self.add_path(path, st, resolve=False)
+
+
+def _check_extra(path: Path) -> list[Path]:
+    """User-given --cuda-lib: a library file, or a directory holding some."""
+    path = Path(path)
+    if not path.exists():
+        raise IngeroError(f"--cuda-lib {path}: no such file or directory", _FIX_CUDA_LIB)
+    if path.is_dir():
+        found = list(_scan_dir(path))
+        if not found:
+            raise IngeroError(f"--cuda-lib {path}: directory holds no libcudart.so*/libcuda.so*", _FIX_CUDA_LIB)
+        return found
+    st = os.stat(path)
+    symbols = _exports(path, st)
+    if symbols is None:
+        raise IngeroError(f"--cuda-lib {path}: not an ELF shared library", _FIX_CUDA_LIB)
+    if _kind(symbols) is None:
+        raise IngeroError(
+            f"--cuda-lib {path}: exports no CUDA runtime or driver functions",
+            "point it at the real libcudart.so*/libcuda.so*, not a stub or another library",
+        )
+    return [path]
+
+
+def _gather(registry: _Registry, extra: Iterable[Path], places: SearchPlaces, proc: Path | None) -> None:
+    for p in extra:
+        for path in _check_extra(Path(p)):
+            registry.add_path(path)
+    for path in static_candidates(places):
+        if "/stubs/" in str(path):  # link-time stubs; never what a process runs
+            continue
+        registry.add_path(path)
+    if proc is not None:
+        for pid in _pids(proc):
+            for m in _mapped_cuda(proc, pid):
+                registry.add_mapped(proc, m)
+
+
+def find_cuda_libraries(
+    extra: Iterable[Path] = (), *, places: SearchPlaces | None = None, proc: Path | None = PROC
+) -> list[CudaLib]:
+    """Every distinct libcudart / libcuda on this host (one per inode), runtime first.
+
+    ``extra`` are user-given paths (--cuda-lib); a bad one raises IngeroError.
+    ``places`` and ``proc`` exist for tests (proc=None skips processes).
+    """
+    registry = _Registry()
+    _gather(registry, extra, places or default_places(proc), proc)
+    return sorted(registry.libs.values(), key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+
+def pids_mapping_cuda(proc: Path = PROC) -> dict[int, list[CudaLib]]:
+    """pid -> the CUDA libraries it has mapped right now."""
+    registry = _Registry()
+    out: dict[int, list[CudaLib]] = {}
+    for pid in _pids(proc):
+        libs = [lib for m in _mapped_cuda(proc, pid) if (lib := registry.add_mapped(proc, m))]
+        if libs:
+            out[pid] = list({lib.identity: lib for lib in libs}.values())
+    return out
+
+
+def _stat_fields(proc: Path, pid: int) -> tuple[int, int] | None:
+    """(start time, virtual size) of a pid; None if gone."""
+    try:
+        with open(proc / str(pid) / "stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19]), int(fields[20])  # stat fields 22 (starttime) and 23 (vsize)
+    except (IndexError, ValueError):
+        return None
+
+
+class LibraryWatcher:
+    """Finds CUDA library copies as processes appear while a trace runs.
+
+    ``poll()`` (meant to be called about once a second): the first call
+    returns everything ``find_cuda_libraries`` finds; later calls only copies
+    not returned before.  A process's maps are read again only when its
+    virtual size changed since the last read (a dlopen adds mappings, so it
+    changes the size; reading /proc/PID/stat is far cheaper than the maps).
+    Kernel threads (virtual size 0) are never read.
+    """
+
+    def __init__(self, extra: Iterable[Path] = (), *, places: SearchPlaces | None = None, proc: Path = PROC):
+        self._extra = list(extra)
+        self._places = places
+        self._proc = proc
+        self._registry = _Registry()
+        self._reported: set[tuple[int, int]] = set()
+        self._vsize: dict[tuple[int, int], int] = {}  # (pid, starttime) -> vsize at the last maps read
+        self._started = False
+        self.maps_read = 0  # how many maps files the last poll read (for benchmarks)
+
+    def poll(self) -> list[CudaLib]:
+        if not self._started:
+            self._started = True
+            _gather(self._registry, self._extra, self._places or default_places(self._proc), None)
+        self._scan_processes()
+        new = [lib for ident, lib in self._registry.libs.items() if ident not in self._reported]
+        self._reported.update(lib.identity for lib in new)
+        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+    def _scan_processes(self) -> None:
+        alive: dict[tuple[int, int], int] = {}
+        self.maps_read = 0
+        for pid in _pids(self._proc):
+            fields = _stat_fields(self._proc, pid)
+            if fields is None:
+                continue
+            start, vsize = fields
+            key = (pid, start)
+            alive[key] = vsize
+            if vsize == 0 or self._vsize.get(key) == vsize:
+                continue
+            self.maps_read += 1
+            for m in _mapped_cuda(self._proc, pid):
+                self._registry.add_mapped(self._proc, m)
+        self._vsize = alive
