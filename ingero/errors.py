@@ -20,5 +20,5 @@ class IngeroError(Exception):
 
     def __str__(self) -> str:
         if self.hint:
-            return f"{self.message}: {self.hint}"
+            return f"{self.message} — {self.hint}"
         return self.message

@@ -8,11 +8,13 @@
 -- Units are in the names: *_ns nanoseconds, *_bytes bytes, *_pct percent.
 -- Timestamps are nanoseconds since the Unix epoch.
 
+-- Store bookkeeping: the schema version and the like.
 CREATE TABLE IF NOT EXISTS meta (
     key VARCHAR PRIMARY KEY,   -- 'schema_version', ...
     value VARCHAR
 );
 
+-- One row per `ingero trace` run (or demo): when, what, how many events, drops.
 CREATE TABLE IF NOT EXISTS sessions (
     session_id INTEGER PRIMARY KEY,
     started_ns BIGINT NOT NULL,      -- wall clock at start
@@ -31,8 +33,10 @@ CREATE TABLE IF NOT EXISTS sessions (
     ncpu INTEGER                     -- CPUs on the host
 );
 
+-- One row per event: a CUDA call, an off-CPU interval of a traced thread,
+-- a page fault, a block I/O request.  The table users query most.
 CREATE TABLE IF NOT EXISTS events (
-    session_id INTEGER,
+    session_id INTEGER,          -- sessions.session_id of the trace that recorded it
     timestamp BIGINT NOT NULL,   -- start of the call / of the off-CPU interval / request issue
     duration_ns BIGINT,          -- call time; off-CPU time (sched_switch); request latency (block_io)
     pid INTEGER NOT NULL,        -- process id (tgid)
@@ -49,6 +53,7 @@ CREATE TABLE IF NOT EXISTS events (
     stack_id BIGINT              -- stacks.stack_id with --stack, else NULL
 );
 
+-- A readable name per process: JOIN process_names USING (pid).
 CREATE TABLE IF NOT EXISTS process_names (
     pid INTEGER PRIMARY KEY,
     name VARCHAR,                -- readable: 'python3 (train.py)'
@@ -73,6 +78,8 @@ CREATE TABLE IF NOT EXISTS process_cpu (
     preempted_traced BIGINT      -- times it took the CPU from a traced thread
 );
 
+-- Call stacks captured with --stack, stored once each (deduplicated),
+-- one row per frame: JOIN stacks USING (stack_id).
 CREATE TABLE IF NOT EXISTS stacks (
     stack_id BIGINT NOT NULL,    -- content hash of the frames
     depth INTEGER NOT NULL,      -- 0 = innermost frame
@@ -85,6 +92,7 @@ CREATE TABLE IF NOT EXISTS stacks (
     PRIMARY KEY (stack_id, depth)
 );
 
+-- Host metrics sampled once a second (psutil, /proc/vmstat).
 CREATE TABLE IF NOT EXISTS system_metrics (
     session_id INTEGER,
     timestamp BIGINT NOT NULL,
@@ -103,6 +111,7 @@ CREATE TABLE IF NOT EXISTS system_metrics (
     ncpu INTEGER
 );
 
+-- GPU metrics sampled once a second through NVML (empty without a driver).
 CREATE TABLE IF NOT EXISTS gpu_metrics (
     session_id INTEGER,
     timestamp BIGINT NOT NULL,

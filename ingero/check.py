@@ -1,0 +1,187 @@
+"""Readiness report: can `ingero trace` run on this machine, and if not, what to do.
+
+Each check is a small function returning a Check; ``required`` checks decide
+the exit code (trace cannot run without them), the others are informative.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+# Tracepoints the tracer attaches (sched for off-CPU/runqueue, exceptions for
+# page faults, block for I/O latency).
+TRACEPOINTS = (
+    "sched/sched_switch",
+    "sched/sched_wakeup",
+    "sched/sched_wakeup_new",
+    "sched/sched_process_fork",
+    "sched/sched_process_exit",
+    "exceptions/page_fault_user",
+    "block/block_rq_issue",
+    "block/block_rq_complete",
+)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def check_root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("root", ok, "running as root" if ok else f"running as uid {os.geteuid()}",
+                 "run with sudo: eBPF needs root")
+
+
+def check_kernel() -> Check:
+    release = platform.release()
+    major, minor = (int(x) for x in release.split(".")[:2])
+    ok = (major, minor) >= (5, 8)  # BPF ring buffers arrived in 5.8
+    return Check("kernel", ok, f"Linux {release}", "ingero needs Linux >= 5.8 (BPF ring buffer)")
+
+
+def check_btf() -> Check:
+    ok = Path("/sys/kernel/btf/vmlinux").exists()
+    return Check("BTF", ok, "/sys/kernel/btf/vmlinux present" if ok else "no /sys/kernel/btf/vmlinux",
+                 "a kernel built with CONFIG_DEBUG_INFO_BTF=y", required=False)
+
+
+def check_tracepoints() -> Check:
+    from ingero.collect.kheaders import ensure_tracefs
+    from ingero.errors import IngeroError
+
+    try:
+        mounted = ensure_tracefs() if os.geteuid() == 0 else None
+    except IngeroError as exc:
+        return Check("tracepoints", False, exc.message, exc.hint or "")
+    base = next((p for p in (Path("/sys/kernel/tracing/events"), Path("/sys/kernel/debug/tracing/events"))
+                 if p.exists()), None)
+    if base is None:
+        return Check("tracepoints", False, "tracefs not mounted", "run as root (ingero mounts tracefs itself)")
+    missing = [tp for tp in TRACEPOINTS if not (base / tp).exists()]
+    detail = f"{len(TRACEPOINTS) - len(missing)}/{len(TRACEPOINTS)} present"
+    if mounted:
+        detail += f" ({mounted})"
+    if missing:
+        detail += "; missing " + ", ".join(missing)
+    return Check("tracepoints", not missing, detail, "a kernel with sched, exceptions and block tracepoints")
+
+
+def check_uprobes() -> Check:
+    ok = Path("/sys/bus/event_source/devices/uprobe").exists()
+    return Check("uprobes", ok, "uprobe PMU present" if ok else "no uprobe support",
+                 "a kernel with CONFIG_UPROBE_EVENTS=y")
+
+
+def check_bcc() -> Check:
+    try:
+        import bcc
+    except ImportError as exc:
+        return Check("BCC", False, f"not importable ({exc})",
+                     "apt-get install python3-bpfcc (or `make setup`); the PyPI package `bcc` is unrelated")
+    version = getattr(bcc, "__version__", "unknown version")
+    return Check("BCC", True, f"bcc {version} ({Path(bcc.__file__).parent})")
+
+
+def check_headers() -> Check:
+    from ingero.collect.kheaders import find_kernel_headers
+    from ingero.errors import IngeroError
+
+    try:
+        kh = find_kernel_headers(build=os.geteuid() == 0)
+    except IngeroError as exc:
+        return Check("kernel headers", False, exc.message, exc.hint or "")
+    return Check("kernel headers", True, kh.how.removeprefix("kernel headers: "))
+
+
+def check_bpf_load() -> Check:
+    """Compile and load a tiny tracepoint program: the real proof that tracing can work."""
+    if os.geteuid() != 0:
+        return Check("BPF load", False, "skipped (not root)", "run with sudo")
+    try:
+        from bcc import BPF
+
+        from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
+
+        ensure_tracefs()
+        find_kernel_headers().export()
+        b = BPF(text=b"TRACEPOINT_PROBE(sched, sched_switch) { return 0; }")
+        b.cleanup()
+    except Exception as exc:  # any compile/verifier/attach failure is the answer
+        line = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc).splitlines()[0] if str(exc) else repr(exc))
+        return Check("BPF load", False, line.strip(), "see `ingero check` lines above (headers, BCC, root)")
+    return Check("BPF load", True, "a sched_switch tracepoint program compiled, loaded and attached")
+
+
+def check_cuda_libs() -> Check:
+    try:
+        from ingero.collect import libs
+    except ImportError:
+        return Check("CUDA libraries", False, "library discovery unavailable", required=False)
+    found = libs.find_cuda_libraries()
+    if not found:
+        return Check("CUDA libraries", False, "no libcudart/libcuda found",
+                     "install your CUDA stack, or pass --cuda-lib / --pid to `ingero trace`", required=False)
+    return Check("CUDA libraries", True, "; ".join(libs.describe(lib) for lib in found), required=False)
+
+
+def check_nvidia() -> Check:
+    try:
+        from ingero.sample import gpu
+    except ImportError:
+        return Check("NVIDIA driver", False, "GPU sampler unavailable", required=False)
+    summary = gpu.driver_summary()
+    ok = not summary.lower().startswith("no ")
+    return Check("NVIDIA driver", ok, summary, "GPU metrics are optional; host and CUDA-call tracing work without",
+                 required=False)
+
+
+def check_db(db_path: Path) -> Check:
+    parent = db_path.parent
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    writable = os.access(db_path if db_path.exists() else probe, os.W_OK)
+    state = "exists" if db_path.exists() else "will be created"
+    return Check("database", writable, f"{db_path} ({state}{'' if writable else ', not writable'})",
+                 "pass --db PATH in a writable directory")
+
+
+def check_compiler() -> Check:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    return Check("C compiler", cc is not None, cc or "none",
+                 "apt-get install gcc (the demo builds its simulated CUDA runtime)", required=False)
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (
+    check_root, check_kernel, check_btf, check_tracepoints, check_uprobes, check_bcc,
+    check_headers, check_bpf_load, check_cuda_libs, check_nvidia, check_compiler,
+)
+
+
+def run_checks(db_path: Path) -> list[Check]:
+    results = []
+    for fn in CHECKS:
+        try:
+            results.append(fn())
+        except Exception as exc:  # a check that crashes is reported, never hides the others
+            results.append(Check(fn.__name__.removeprefix("check_"), False, f"check failed: {exc!r}"))
+    results.append(check_db(db_path))
+    return results
+
+
+def can_trace(results: list[Check]) -> bool:
+    return all(c.ok for c in results if c.required)
+
+
+def as_dict(results: list[Check]) -> dict:
+    return {"ready": can_trace(results), "checks": [asdict(c) for c in results]}

@@ -1,0 +1,43 @@
+"""`ingero check`: is this machine ready for `ingero trace`?"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ingero.check import as_dict, can_trace, run_checks
+from ingero.commands.options import db_option, json_option, resolve_db
+
+
+@click.command()
+@db_option
+@json_option
+def command(db_path: Path | None, as_json: bool) -> None:
+    """Report what tracing needs and what is missing, with a fix per line.
+
+    Exit code 0 when `ingero trace` can run here, 2 when it cannot.
+
+    \b
+    Example:
+      sudo ingero check
+      ingero check --json | jq .ready
+    """
+    results = run_checks(resolve_db(db_path))
+    if as_json:
+        json.dump(as_dict(results), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        width = max(len(c.name) for c in results)
+        for c in results:
+            mark = "ok     " if c.ok else ("missing" if c.required else "absent ")
+            line = f"{mark}  {c.name.ljust(width)}  {c.detail}"
+            if not c.ok and c.fix:
+                line += f"\n         {' ' * width}  fix: {c.fix}"
+            click.echo(line)
+        ready = can_trace(results)
+        click.echo("ready: `sudo ingero trace` can run" if ready else "not ready: fix the lines marked missing")
+    if not can_trace(results):
+        raise SystemExit(2)
