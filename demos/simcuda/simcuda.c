@@ -1,0 +1,1074 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * simcuda.c - a simulated CUDA runtime (libcudart.so.12) for machines
+ * without a GPU.
+ *
+ * It exports the CUDA runtime symbols ingero's tracer probes, with NVIDIA's
+ * names and C signatures (versioned libcudart.so.12 like NVIDIA's), so the
+ * uprobes, their argument decoding and the host-side effects are all real;
+ * only the device is modelled.
+ *
+ * The device model
+ * ----------------
+ * Two engines, as on a real GPU: a compute engine (kernels) and a copy
+ * engine (DMA).  Each engine runs one operation at a time.  An operation
+ * queued on stream S starts at
+ *     max(now, engine tail, tail of S, tail of the legacy default stream)
+ * and the legacy default stream (stream 0) waits for every stream, as
+ * CUDA's legacy default stream does.  Start and end times are computed on
+ * a virtual timeline (CLOCK_MONOTONIC) when the operation is queued, so the
+ * modelled device is not slowed by host CPU contention - just like a real
+ * GPU, which keeps running while the host thread is preempted.
+ *
+ * A device thread retires operations at their end time (clock_nanosleep
+ * to the absolute end), which frees launch-queue slots (launches block
+ * when SIMCUDA_QUEUE_DEPTH operations are pending, as CUDA's launch queue
+ * does) and accounts the engines' busy time.
+ *
+ * Host-side costs are real work on the calling thread:
+ *   - every launch spins SIMCUDA_LAUNCH_US of CPU (driver launch overhead);
+ *   - pageable copies (host pointer not from cudaMallocHost/cudaHostAlloc/
+ *     cudaHostRegister) are staged through a pinned bounce buffer in
+ *     STAGE_CHUNK pieces: a real memcpy on the calling thread, then the DMA
+ *     of that chunk, waited for before the next one.  So they are slower
+ *     than pinned copies and synchronous even through cudaMemcpyAsync,
+ *     which is what CUDA does with pageable memory;
+ *   - pinned cudaMemcpyAsync only queues the DMA and returns.
+ *
+ * Waiting (syncs, synchronous copies) follows cudaSetDeviceFlags:
+ * cudaDeviceScheduleBlockingSync (the default here, also chosen with
+ * SIMCUDA_SCHEDULE=block) sleeps with clock_nanosleep until the device is
+ * done, so a waiting thread shows as a voluntary sleep to the scheduler and
+ * a late wake-up (run-queue delay under contention) lengthens the sync, as
+ * it does with CUDA's blocking sync.  cudaDeviceScheduleSpin (=spin) burns
+ * CPU until done; cudaDeviceScheduleYield (=yield) calls sched_yield in a
+ * loop.  cudaDeviceScheduleAuto picks spin when the host has more cores
+ * than active host threads, like CUDA; we treat it as block (documented
+ * choice: the demos want syncs to read as sleeps, not CPU).
+ *
+ * Knobs (environment, read once at load; setters below at run time):
+ *   SIMCUDA_KERNEL_US      default kernel duration (100)
+ *   SIMCUDA_LAUNCH_US      host CPU per launch (5; real launches cost ~3-8 us)
+ *   SIMCUDA_H2D_GBPS       DMA bandwidth both directions (12; PCIe 3 x16 ~12 GB/s)
+ *   SIMCUDA_COPY_LATENCY_US fixed DMA setup per copy (8)
+ *   SIMCUDA_SCHEDULE       block | spin | yield
+ *   SIMCUDA_DEVICE_MEM_MB  device memory for cudaMalloc (16384)
+ *   SIMCUDA_QUEUE_DEPTH    pending operations before launches block (1024)
+ *
+ * Kernel duration per launch: pass func == &simcudaTimedKernel and
+ * args[0] pointing to a uint32 of microseconds; or call
+ * simcudaSetNextKernelUs(us) (this thread's next launch only) or
+ * simcudaSetKernelUs(us) (sticky default for every thread).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef void *cudaGraphExec_t;
+
+enum {
+	cudaSuccess = 0,
+	cudaErrorInvalidValue = 1,
+	cudaErrorMemoryAllocation = 2,
+	cudaErrorInitializationError = 3,
+	cudaErrorInvalidDevice = 101,
+	cudaErrorInvalidResourceHandle = 400,
+	cudaErrorNotReady = 600,
+};
+
+enum cudaMemcpyKind {
+	cudaMemcpyHostToHost = 0,
+	cudaMemcpyHostToDevice = 1,
+	cudaMemcpyDeviceToHost = 2,
+	cudaMemcpyDeviceToDevice = 3,
+	cudaMemcpyDefault = 4,
+};
+
+enum {
+	cudaDeviceScheduleAuto = 0,
+	cudaDeviceScheduleSpin = 1,
+	cudaDeviceScheduleYield = 2,
+	cudaDeviceScheduleBlockingSync = 4,
+	cudaDeviceScheduleMask = 7,
+};
+
+typedef struct {
+	unsigned int x, y, z;
+} dim3;
+
+typedef struct {
+	int id;
+	char pad[4];
+	char val[64];
+} cudaLaunchAttribute;
+
+typedef struct {
+	dim3 gridDim;
+	dim3 blockDim;
+	size_t dynamicSmemBytes;
+	cudaStream_t stream;
+	cudaLaunchAttribute *attrs;
+	unsigned int numAttrs;
+} cudaLaunchConfig_t;
+
+/* ---- model parameters --------------------------------------------------- */
+
+#define NS_PER_US 1000ull
+#define NS_PER_S 1000000000ull
+#define MAX_STREAMS 256
+#define MAX_PINNED 4096
+/* CUDA stages pageable copies through pinned buffers of a few MB; 2 MiB is
+ * in the range reported for recent drivers. */
+#define STAGE_CHUNK (2u << 20)
+/* Fake device addresses: far from any host mapping, so a pointer tells
+ * which side it lives on (cudaMemcpyDefault resolves the kind from it). */
+#define DEVICE_BASE 0x7e0000000000ull
+
+static uint64_t kernel_ns = 100 * NS_PER_US;
+static uint64_t launch_ns = 5 * NS_PER_US;
+static double dma_bytes_per_ns = 12.0; /* 12 GB/s */
+static uint64_t copy_latency_ns = 8 * NS_PER_US;
+static int schedule = cudaDeviceScheduleBlockingSync;
+static uint64_t device_mem = 16384ull << 20;
+static unsigned queue_depth = 1024;
+
+/* ---- state (all guarded by mu) ------------------------------------------ */
+
+enum engine { ENGINE_COMPUTE = 0, ENGINE_COPY = 1, N_ENGINES = 2 };
+
+struct op {
+	uint64_t start_ns, end_ns;
+	int engine;
+};
+
+struct pinned {
+	uintptr_t lo, hi;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t queued_cv = PTHREAD_COND_INITIALIZER; /* device thread: work arrived */
+static pthread_cond_t space_cv = PTHREAD_COND_INITIALIZER;  /* launchers: a slot freed */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static struct op *queue; /* ring of pending operations, FIFO by queue time */
+static unsigned q_head, q_len;
+static uint64_t engine_tail[N_ENGINES];
+static uint64_t stream_tail[MAX_STREAMS]; /* [0] = legacy default stream */
+static uint64_t all_tail;                  /* end of the last op on any stream */
+static unsigned char stream_used[MAX_STREAMS];
+static uint64_t retired_busy[N_ENGINES];   /* busy ns of retired operations */
+static uint64_t ops_total[N_ENGINES];
+static uint64_t start_ns;
+static struct pinned pinned[MAX_PINNED];
+static unsigned n_pinned;
+static uint64_t device_next = DEVICE_BASE;
+static uint64_t device_used;
+#define MAX_ALLOCS 65536
+static struct pinned allocs[MAX_ALLOCS]; /* live cudaMalloc blocks [lo, hi) */
+static unsigned n_allocs;
+
+static __thread cudaError_t last_error;
+static __thread uint64_t next_kernel_ns; /* 0 = none */
+
+struct sim_event {
+	uint64_t magic;
+	uint64_t done_ns; /* 0 = never recorded */
+};
+#define EVENT_MAGIC 0x53494d4556454e54ull
+
+/* ---- time helpers --------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t)
+{
+	struct timespec ts = {.tv_sec = (time_t)(t / NS_PER_S), .tv_nsec = (long)(t % NS_PER_S)};
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static void spin_for(uint64_t ns)
+{
+	uint64_t until = now_ns() + ns;
+	volatile uint64_t sink = 0;
+	while (now_ns() < until)
+		sink++;
+}
+
+/* Wait for the device to reach time t, the way the schedule flag says. */
+static void wait_until(uint64_t t)
+{
+	switch (schedule) {
+	case cudaDeviceScheduleSpin:
+		while (now_ns() < t)
+			;
+		break;
+	case cudaDeviceScheduleYield:
+		while (now_ns() < t)
+			sched_yield();
+		break;
+	default:
+		if (now_ns() < t)
+			sleep_until(t);
+	}
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+	const char *s = getenv(name);
+	if (!s || !*s)
+		return dflt;
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	return *end ? dflt : (uint64_t)v;
+}
+
+/* ---- the device thread ---------------------------------------------------- */
+
+static void *device_main(void *unused)
+{
+	(void)unused;
+	pthread_mutex_lock(&mu);
+	for (;;) {
+		while (q_len == 0)
+			pthread_cond_wait(&queued_cv, &mu);
+		struct op head = queue[q_head];
+		if (now_ns() < head.end_ns) {
+			pthread_mutex_unlock(&mu);
+			sleep_until(head.end_ns);
+			pthread_mutex_lock(&mu);
+		}
+		retired_busy[head.engine] += head.end_ns - head.start_ns;
+		q_head = (q_head + 1) % queue_depth;
+		q_len--;
+		pthread_cond_broadcast(&space_cv);
+	}
+	return NULL;
+}
+
+static void init(void)
+{
+	kernel_ns = env_u64("SIMCUDA_KERNEL_US", kernel_ns / NS_PER_US) * NS_PER_US;
+	launch_ns = env_u64("SIMCUDA_LAUNCH_US", launch_ns / NS_PER_US) * NS_PER_US;
+	copy_latency_ns = env_u64("SIMCUDA_COPY_LATENCY_US", copy_latency_ns / NS_PER_US) * NS_PER_US;
+	device_mem = env_u64("SIMCUDA_DEVICE_MEM_MB", device_mem >> 20) << 20;
+	queue_depth = (unsigned)env_u64("SIMCUDA_QUEUE_DEPTH", queue_depth);
+	if (queue_depth < 2)
+		queue_depth = 2;
+	const char *bw = getenv("SIMCUDA_H2D_GBPS");
+	if (bw && atof(bw) > 0)
+		dma_bytes_per_ns = atof(bw);
+	const char *sch = getenv("SIMCUDA_SCHEDULE");
+	if (sch && !strcmp(sch, "spin"))
+		schedule = cudaDeviceScheduleSpin;
+	else if (sch && !strcmp(sch, "yield"))
+		schedule = cudaDeviceScheduleYield;
+	queue = calloc(queue_depth, sizeof(*queue));
+	start_ns = now_ns();
+	stream_used[0] = 1;
+	pthread_t th;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_create(&th, &attr, device_main, NULL);
+	pthread_attr_destroy(&attr);
+}
+
+static void ensure_init(void)
+{
+	pthread_once(&init_once, init);
+}
+
+static cudaError_t ret(cudaError_t e)
+{
+	if (e != cudaSuccess)
+		last_error = e;
+	return e;
+}
+
+/* Stream handle -> index; -1 when invalid.  Handles are index values, like
+ * opaque pointers; NULL is the legacy default stream.  The per-thread
+ * default stream handle (2) is folded onto the default stream. */
+static int stream_index(cudaStream_t s)
+{
+	uintptr_t i = (uintptr_t)s;
+	if (i == 0 || i == 2)
+		return 0;
+	if (i >= MAX_STREAMS || !stream_used[i])
+		return -1;
+	return (int)i;
+}
+
+/* Queue one operation of duration dur on engine e and stream si; returns its
+ * end time.  Called with mu held; may wait for a queue slot. */
+static uint64_t enqueue_locked(int e, int si, uint64_t dur)
+{
+	while (q_len >= queue_depth)
+		pthread_cond_wait(&space_cv, &mu);
+	uint64_t t = now_ns();
+	uint64_t start = t;
+	if (engine_tail[e] > start)
+		start = engine_tail[e];
+	uint64_t dep = si == 0 ? all_tail : (stream_tail[si] > stream_tail[0] ? stream_tail[si] : stream_tail[0]);
+	if (dep > start)
+		start = dep;
+	uint64_t end = start + dur;
+	engine_tail[e] = end;
+	stream_tail[si] = end;
+	if (end > all_tail)
+		all_tail = end;
+	struct op *o = &queue[(q_head + q_len) % queue_depth];
+	o->start_ns = start;
+	o->end_ns = end;
+	o->engine = e;
+	q_len++;
+	ops_total[e]++;
+	pthread_cond_signal(&queued_cv);
+	return end;
+}
+
+static uint64_t enqueue(int e, int si, uint64_t dur)
+{
+	pthread_mutex_lock(&mu);
+	uint64_t end = enqueue_locked(e, si, dur);
+	pthread_mutex_unlock(&mu);
+	return end;
+}
+
+static uint64_t tail_of(int si)
+{
+	pthread_mutex_lock(&mu);
+	uint64_t t = si == 0 ? all_tail : stream_tail[si];
+	pthread_mutex_unlock(&mu);
+	return t;
+}
+
+static int is_pinned(const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p;
+	int hit = 0;
+	pthread_mutex_lock(&mu);
+	for (unsigned i = 0; i < n_pinned; i++)
+		if (a >= pinned[i].lo && a + n <= pinned[i].hi) {
+			hit = 1;
+			break;
+		}
+	pthread_mutex_unlock(&mu);
+	return hit;
+}
+
+static int is_device(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	return a >= DEVICE_BASE && a < DEVICE_BASE + (1ull << 40);
+}
+
+static uint64_t dma_ns(size_t bytes)
+{
+	return copy_latency_ns + (uint64_t)((double)bytes / dma_bytes_per_ns);
+}
+
+/* ---- kernels -------------------------------------------------------------- */
+
+/* Pass &simcudaTimedKernel as the kernel function: args[0] -> uint32 us. */
+EXPORT const char simcudaTimedKernel[8] = "simkern";
+
+static cudaError_t launch(const void *func, void **args, cudaStream_t stream)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	uint64_t dur = kernel_ns;
+	if (next_kernel_ns) {
+		dur = next_kernel_ns;
+		next_kernel_ns = 0;
+	}
+	if (func == (const void *)simcudaTimedKernel && args && args[0])
+		dur = (uint64_t)(*(const uint32_t *)args[0]) * NS_PER_US;
+	spin_for(launch_ns);
+	enqueue(ENGINE_COMPUTE, si, dur);
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+				    size_t sharedMem, cudaStream_t stream)
+{
+	(void)gridDim, (void)blockDim, (void)sharedMem;
+	return launch(func, args, stream);
+}
+
+EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+					 size_t sharedMem, cudaStream_t stream)
+{
+	(void)gridDim, (void)blockDim, (void)sharedMem;
+	return launch(func, args, stream);
+}
+
+static cudaError_t launch_exc(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+	if (!config)
+		return ret(cudaErrorInvalidValue);
+	return launch(func, args, config->stream);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+	return launch_exc(config, func, args);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+	return launch_exc(config, func, args);
+}
+
+/* A graph is opaque here: launching one runs one kernel of the default (or
+ * next) duration after one launch overhead - the point of graphs. */
+static cudaError_t graph_launch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	if (!graphExec)
+		return ret(cudaErrorInvalidValue);
+	return launch(NULL, NULL, stream);
+}
+
+EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	return graph_launch(graphExec, stream);
+}
+
+EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	return graph_launch(graphExec, stream);
+}
+
+/* ---- copies --------------------------------------------------------------- */
+
+/* Resolve cudaMemcpyDefault from the pointers. */
+static int resolve_kind(const void *dst, const void *src, int kind)
+{
+	if (kind != cudaMemcpyDefault)
+		return kind;
+	int d = is_device(dst), s = is_device(src);
+	if (d && s)
+		return cudaMemcpyDeviceToDevice;
+	if (d)
+		return cudaMemcpyHostToDevice;
+	if (s)
+		return cudaMemcpyDeviceToHost;
+	return cudaMemcpyHostToHost;
+}
+
+/* Pageable host memory: stage through a bounce buffer on the calling
+ * thread, chunk by chunk, each chunk's DMA waited for.  Ordered after all
+ * prior work (legacy stream semantics of a synchronous copy). */
+static void staged_copy(void *dst, const void *src, size_t count, int kind, int si)
+{
+	static __thread unsigned char *bounce;
+	if (!bounce)
+		bounce = malloc(STAGE_CHUNK);
+	wait_until(tail_of(si));
+	for (size_t off = 0; off < count; off += STAGE_CHUNK) {
+		size_t n = count - off < STAGE_CHUNK ? count - off : STAGE_CHUNK;
+		if (kind == cudaMemcpyHostToDevice) {
+			memcpy(bounce, (const unsigned char *)src + off, n);
+			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
+		} else {
+			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
+			memcpy((unsigned char *)dst + off, bounce, n);
+		}
+	}
+}
+
+static cudaError_t copy(void *dst, const void *src, size_t count, int kind, cudaStream_t stream, int async)
+{
+	ensure_init();
+	if (kind < 0 || kind > cudaMemcpyDefault || (count && (!dst || !src)))
+		return ret(cudaErrorInvalidValue);
+	int si = stream_index(stream);
+	if (si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	kind = resolve_kind(dst, src, kind);
+	if (count == 0)
+		return cudaSuccess;
+	switch (kind) {
+	case cudaMemcpyHostToHost:
+		wait_until(tail_of(si));
+		memmove(dst, src, count);
+		return cudaSuccess;
+	case cudaMemcpyDeviceToDevice: {
+		/* on-device copy: runs on the compute engine at ~10x PCIe bandwidth */
+		uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
+		if (!async)
+			wait_until(end);
+		return cudaSuccess;
+	}
+	default: {
+		const void *host = kind == cudaMemcpyHostToDevice ? src : dst;
+		if (!is_pinned(host, count)) {
+			staged_copy(dst, src, count, kind, si);
+			return cudaSuccess;
+		}
+		uint64_t end = enqueue(ENGINE_COPY, si, dma_ns(count));
+		if (!async)
+			wait_until(end);
+		return cudaSuccess;
+	}
+	}
+}
+
+EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+	return copy(dst, src, count, (int)kind, NULL, 0);
+}
+
+EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+	return copy(dst, src, count, (int)kind, NULL, 0);
+}
+
+EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+				   cudaStream_t stream)
+{
+	return copy(dst, src, count, (int)kind, stream, 1);
+}
+
+EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+					cudaStream_t stream)
+{
+	return copy(dst, src, count, (int)kind, stream, 1);
+}
+
+EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count)
+{
+	(void)value;
+	ensure_init();
+	if (!is_device(devPtr))
+		return ret(cudaErrorInvalidValue);
+	wait_until(enqueue(ENGINE_COMPUTE, 0, dma_ns(count) / 10));
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
+{
+	(void)value;
+	ensure_init();
+	int si = stream_index(stream);
+	if (!is_device(devPtr) || si < 0)
+		return ret(cudaErrorInvalidValue);
+	enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
+	return cudaSuccess;
+}
+
+/* ---- synchronisation ------------------------------------------------------ */
+
+static cudaError_t device_sync(void)
+{
+	ensure_init();
+	wait_until(tail_of(0));
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaDeviceSynchronize(void)
+{
+	return device_sync();
+}
+
+EXPORT cudaError_t cudaThreadSynchronize(void)
+{
+	return device_sync();
+}
+
+static cudaError_t stream_sync(cudaStream_t stream)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	/* a stream is done when its own tail has passed; the legacy stream waits for all */
+	wait_until(tail_of(si));
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+	return stream_sync(stream);
+}
+
+EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
+{
+	return stream_sync(stream);
+}
+
+EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	return now_ns() >= tail_of(si) ? cudaSuccess : cudaErrorNotReady;
+}
+
+static cudaError_t stream_create(cudaStream_t *pStream)
+{
+	ensure_init();
+	if (!pStream)
+		return ret(cudaErrorInvalidValue);
+	pthread_mutex_lock(&mu);
+	int found = -1;
+	for (int i = 3; i < MAX_STREAMS; i++) /* 1, 2 are CUDA's legacy / per-thread handles */
+		if (!stream_used[i]) {
+			stream_used[i] = 1;
+			stream_tail[i] = 0;
+			found = i;
+			break;
+		}
+	pthread_mutex_unlock(&mu);
+	if (found < 0)
+		return ret(cudaErrorMemoryAllocation);
+	*pStream = (cudaStream_t)(uintptr_t)found;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
+{
+	(void)flags;
+	return stream_create(pStream);
+}
+
+EXPORT cudaError_t cudaStreamCreate(cudaStream_t *pStream)
+{
+	return stream_create(pStream);
+}
+
+EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority)
+{
+	(void)priority;
+	(void)flags;
+	return stream_create(pStream);
+}
+
+EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si <= 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	pthread_mutex_lock(&mu);
+	stream_used[si] = 0;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+/* ---- events --------------------------------------------------------------- */
+
+static struct sim_event *event_of(cudaEvent_t e)
+{
+	struct sim_event *ev = e;
+	return ev && ev->magic == EVENT_MAGIC ? ev : NULL;
+}
+
+static cudaError_t event_create(cudaEvent_t *event)
+{
+	ensure_init();
+	if (!event)
+		return ret(cudaErrorInvalidValue);
+	struct sim_event *ev = calloc(1, sizeof(*ev));
+	if (!ev)
+		return ret(cudaErrorMemoryAllocation);
+	ev->magic = EVENT_MAGIC;
+	*event = ev;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+	(void)flags;
+	return event_create(event);
+}
+
+EXPORT cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+	return event_create(event);
+}
+
+EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+	struct sim_event *ev = event_of(event);
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	ev->magic = 0;
+	free(ev);
+	return cudaSuccess;
+}
+
+static cudaError_t event_record(cudaEvent_t event, cudaStream_t stream)
+{
+	ensure_init();
+	struct sim_event *ev = event_of(event);
+	int si = stream_index(stream);
+	if (!ev || si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	uint64_t t = tail_of(si), n = now_ns();
+	ev->done_ns = t > n ? t : n;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+	return event_record(event, stream);
+}
+
+EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream)
+{
+	return event_record(event, stream);
+}
+
+EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags)
+{
+	(void)flags;
+	return event_record(event, stream);
+}
+
+EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream, unsigned int flags)
+{
+	(void)flags;
+	return event_record(event, stream);
+}
+
+EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+	struct sim_event *ev = event_of(event);
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	wait_until(ev->done_ns);
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+	struct sim_event *ev = event_of(event);
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	return now_ns() >= ev->done_ns ? cudaSuccess : cudaErrorNotReady;
+}
+
+EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+	struct sim_event *a = event_of(start), *b = event_of(end);
+	if (!ms || !a || !b)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (!a->done_ns || !b->done_ns || now_ns() < b->done_ns || now_ns() < a->done_ns)
+		return ret(cudaErrorNotReady);
+	*ms = (float)((double)((int64_t)(b->done_ns - a->done_ns)) / 1e6);
+	return cudaSuccess;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+
+EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+	ensure_init();
+	if (!devPtr)
+		return ret(cudaErrorInvalidValue);
+	/* 512-byte alignment, as cudaMalloc guarantees at least 256 */
+	uint64_t rounded = (size + 511) & ~511ull;
+	pthread_mutex_lock(&mu);
+	if (device_used + rounded > device_mem) {
+		pthread_mutex_unlock(&mu);
+		*devPtr = NULL;
+		return ret(cudaErrorMemoryAllocation);
+	}
+	if (n_allocs >= MAX_ALLOCS) {
+		pthread_mutex_unlock(&mu);
+		*devPtr = NULL;
+		return ret(cudaErrorMemoryAllocation);
+	}
+	/* device memory has no backing: addresses only, sizes in a side table */
+	*devPtr = (void *)(uintptr_t)device_next;
+	allocs[n_allocs++] = (struct pinned){device_next, device_next + rounded};
+	device_next += rounded ? rounded : 512;
+	device_used += rounded;
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaFree(void *devPtr)
+{
+	ensure_init();
+	if (devPtr && !is_device(devPtr))
+		return ret(cudaErrorInvalidValue);
+	/* cudaFree synchronises the device, as the real one does */
+	wait_until(tail_of(0));
+	if (!devPtr)
+		return cudaSuccess;
+	int found = 0;
+	pthread_mutex_lock(&mu);
+	for (unsigned i = 0; i < n_allocs; i++)
+		if (allocs[i].lo == (uintptr_t)devPtr) {
+			device_used -= allocs[i].hi - allocs[i].lo;
+			allocs[i] = allocs[--n_allocs];
+			found = 1;
+			break;
+		}
+	pthread_mutex_unlock(&mu);
+	return found ? cudaSuccess : ret(cudaErrorInvalidValue);
+}
+
+static cudaError_t host_alloc(void **ptr, size_t size)
+{
+	ensure_init();
+	if (!ptr)
+		return ret(cudaErrorInvalidValue);
+	size_t len = size ? size : 1;
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (p == MAP_FAILED) {
+		*ptr = NULL;
+		return ret(cudaErrorMemoryAllocation);
+	}
+	/* page-locked like CUDA's pinned memory; best effort (RLIMIT_MEMLOCK) */
+	(void)mlock(p, len);
+	pthread_mutex_lock(&mu);
+	if (n_pinned >= MAX_PINNED) {
+		pthread_mutex_unlock(&mu);
+		munmap(p, len);
+		return ret(cudaErrorMemoryAllocation);
+	}
+	pinned[n_pinned++] = (struct pinned){(uintptr_t)p, (uintptr_t)p + len};
+	pthread_mutex_unlock(&mu);
+	*ptr = p;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+	return host_alloc(ptr, size);
+}
+
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+	(void)flags;
+	return host_alloc(pHost, size);
+}
+
+/* Remove a pinned range starting at p; returns its length or 0. */
+static size_t unpin(void *p)
+{
+	size_t len = 0;
+	pthread_mutex_lock(&mu);
+	for (unsigned i = 0; i < n_pinned; i++)
+		if (pinned[i].lo == (uintptr_t)p) {
+			len = pinned[i].hi - pinned[i].lo;
+			pinned[i] = pinned[--n_pinned];
+			break;
+		}
+	pthread_mutex_unlock(&mu);
+	return len;
+}
+
+EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+	ensure_init();
+	if (!ptr)
+		return cudaSuccess;
+	size_t len = unpin(ptr);
+	if (!len)
+		return ret(cudaErrorInvalidValue);
+	munmap(ptr, len);
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+	(void)flags;
+	ensure_init();
+	if (!ptr || !size)
+		return ret(cudaErrorInvalidValue);
+	(void)mlock(ptr, size);
+	pthread_mutex_lock(&mu);
+	if (n_pinned >= MAX_PINNED) {
+		pthread_mutex_unlock(&mu);
+		return ret(cudaErrorMemoryAllocation);
+	}
+	pinned[n_pinned++] = (struct pinned){(uintptr_t)ptr, (uintptr_t)ptr + size};
+	pthread_mutex_unlock(&mu);
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+	ensure_init();
+	size_t len = unpin(ptr);
+	if (!len)
+		return ret(cudaErrorInvalidValue);
+	(void)munlock(ptr, len);
+	return cudaSuccess;
+}
+
+/* ---- device management ---------------------------------------------------- */
+
+EXPORT cudaError_t cudaGetDeviceCount(int *count)
+{
+	ensure_init();
+	if (!count)
+		return ret(cudaErrorInvalidValue);
+	*count = 1;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaSetDevice(int device)
+{
+	ensure_init();
+	return device == 0 ? cudaSuccess : ret(cudaErrorInvalidDevice);
+}
+
+EXPORT cudaError_t cudaGetDevice(int *device)
+{
+	if (!device)
+		return ret(cudaErrorInvalidValue);
+	*device = 0;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaSetDeviceFlags(unsigned int flags)
+{
+	ensure_init();
+	int s = (int)(flags & cudaDeviceScheduleMask);
+	if (s == cudaDeviceScheduleAuto)
+		s = cudaDeviceScheduleBlockingSync; /* see the header comment */
+	if (s != cudaDeviceScheduleSpin && s != cudaDeviceScheduleYield && s != cudaDeviceScheduleBlockingSync)
+		return ret(cudaErrorInvalidValue);
+	schedule = s;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaDeviceReset(void)
+{
+	ensure_init();
+	wait_until(tail_of(0));
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGetLastError(void)
+{
+	cudaError_t e = last_error;
+	last_error = cudaSuccess;
+	return e;
+}
+
+EXPORT cudaError_t cudaPeekAtLastError(void)
+{
+	return last_error;
+}
+
+EXPORT const char *cudaGetErrorString(cudaError_t error)
+{
+	switch (error) {
+	case cudaSuccess: return "no error";
+	case cudaErrorInvalidValue: return "invalid argument";
+	case cudaErrorMemoryAllocation: return "out of memory";
+	case cudaErrorInvalidDevice: return "invalid device ordinal";
+	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorNotReady: return "device not ready";
+	default: return "unrecognized error code";
+	}
+}
+
+EXPORT cudaError_t cudaRuntimeGetVersion(int *v)
+{
+	if (!v)
+		return ret(cudaErrorInvalidValue);
+	*v = 12040;
+	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaDriverGetVersion(int *v)
+{
+	if (!v)
+		return ret(cudaErrorInvalidValue);
+	*v = 12040;
+	return cudaSuccess;
+}
+
+/* ---- simulator knobs and queries (not in NVIDIA's library) ----------------- */
+
+/* Busy ns of engine e up to now: retired work plus the elapsed part of
+ * pending work. */
+static uint64_t busy_ns(int e)
+{
+	ensure_init();
+	pthread_mutex_lock(&mu);
+	uint64_t t = now_ns(), b = retired_busy[e];
+	for (unsigned i = 0; i < q_len; i++) {
+		struct op *o = &queue[(q_head + i) % queue_depth];
+		if (o->engine == e && t > o->start_ns)
+			b += (t < o->end_ns ? t : o->end_ns) - o->start_ns;
+	}
+	pthread_mutex_unlock(&mu);
+	return b;
+}
+
+EXPORT uint64_t simcudaDeviceBusyNs(void)
+{
+	return busy_ns(ENGINE_COMPUTE);
+}
+
+EXPORT uint64_t simcudaCopyBusyNs(void)
+{
+	return busy_ns(ENGINE_COPY);
+}
+
+/* ns since the library initialised: busy / uptime = utilisation */
+EXPORT uint64_t simcudaUptimeNs(void)
+{
+	ensure_init();
+	return now_ns() - start_ns;
+}
+
+EXPORT uint64_t simcudaKernelsQueued(void)
+{
+	ensure_init();
+	pthread_mutex_lock(&mu);
+	uint64_t n = ops_total[ENGINE_COMPUTE];
+	pthread_mutex_unlock(&mu);
+	return n;
+}
+
+EXPORT void simcudaSetKernelUs(uint32_t us)
+{
+	ensure_init();
+	kernel_ns = (uint64_t)us * NS_PER_US;
+}
+
+EXPORT void simcudaSetNextKernelUs(uint32_t us)
+{
+	next_kernel_ns = (uint64_t)us * NS_PER_US;
+}
+
+EXPORT void simcudaSetLaunchUs(uint32_t us)
+{
+	ensure_init();
+	launch_ns = (uint64_t)us * NS_PER_US;
+}
+
+EXPORT void simcudaSetBandwidthGBps(double gbps)
+{
+	ensure_init();
+	if (gbps > 0)
+		dma_bytes_per_ns = gbps;
+}
