@@ -1,0 +1,145 @@
+"""Readable process names from /proc: ``python3 (train.py)``, ``stress-ng``, ``gzip``.
+
+The kernel's comm is 15 characters and often useless for ML jobs (PyTorch
+renames its main thread ``pt_main_thread``; every interpreter is just
+``python3``), so the name is built from the command line: the program's base
+name, plus, for an interpreter, what it runs (script, ``-m module``, ``-c``,
+``-jar x.jar``, main class).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+PROC = Path("/proc")
+
+# A stored command line is capped: some launchers pass megabytes of arguments.
+MAX_CMDLINE_CHARS = 4096
+
+_PYTHON = re.compile(r"^(?:python|pypy)(?:[0-9]+(?:\.[0-9]+)*)?[a-z]?$")
+# Shells and script interpreters whose first non-option argument is the script.
+_SCRIPT_INTERPRETERS = re.compile(
+    r"^(?:node|nodejs|deno|bun|ruby|perl|php|Rscript|lua[0-9.]*|bash|sh|dash|zsh|ksh|fish|tclsh)$"
+)
+
+# Interpreter options that consume the next argument (so it is not the script).
+_PYTHON_OPTS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
+_JAVA_OPTS_WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--add-modules", "-d"}
+_SCRIPT_OPTS_WITH_VALUE = {"-r", "--require", "--import", "--loader", "-o", "-O", "-I", "-e", "-E"}
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def split_cmdline(raw: bytes) -> list[str]:
+    """argv from /proc/PID/cmdline (NUL separated).
+
+    A process that rewrote its title (setproctitle, stress-ng workers,
+    postgres) leaves one space-separated string: split that on spaces.
+    """
+    args = [a.decode("utf-8", "replace") for a in raw.split(b"\0")]
+    while args and args[-1] == "":
+        args.pop()
+    if len(args) == 1 and " " in args[0]:
+        args = args[0].split()
+    return args
+
+
+def _python_target(args: list[str]) -> str | None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m" and i + 1 < len(args):
+            return f"-m {args[i + 1]}"
+        if a.startswith("-m") and len(a) > 2:
+            return f"-m {a[2:]}"
+        if a == "-c" or (a.startswith("-c") and len(a) > 2):
+            return "-c"
+        if a in _PYTHON_OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if a == "-" or not a.startswith("-"):
+            return "stdin" if a == "-" else os.path.basename(a)
+        i += 1
+    return None
+
+
+def _java_target(args: list[str]) -> str | None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-jar" and i + 1 < len(args):
+            return os.path.basename(args[i + 1])
+        if a in _JAVA_OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if not a.startswith("-"):
+            return a  # the main class
+        i += 1
+    return None
+
+
+def _script_target(args: list[str]) -> str | None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-c", "-e", "--eval"):
+            return a
+        if a in _SCRIPT_OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if not a.startswith("-"):
+            return os.path.basename(a)
+        i += 1
+    return None
+
+
+def readable_name(argv: list[str], comm: str) -> str:
+    """``python3 (train.py)`` for an interpreter, the program's base name otherwise."""
+    if not argv:  # kernel thread, or a zombie whose memory is gone
+        return comm
+    program = os.path.basename(argv[0]) or comm
+    rest = argv[1:]
+    if _PYTHON.match(program):
+        target = _python_target(rest)
+    elif program == "java":
+        target = _java_target(rest)
+    elif _SCRIPT_INTERPRETERS.match(program):
+        target = _script_target(rest)
+    else:
+        target = None
+    return f"{program} ({target})" if target else program
+
+
+def process_info(pid: int, proc: Path = PROC) -> dict | None:
+    """{pid, name, comm, cmdline} of a live process, or None if it is gone."""
+    base = proc / str(pid)
+    comm_raw = _read(base / "comm")
+    if comm_raw is None:
+        return None
+    comm = comm_raw.decode("utf-8", "replace").rstrip("\n")
+    argv = split_cmdline(_read(base / "cmdline") or b"")
+    return {
+        "pid": pid,
+        "name": readable_name(argv, comm),
+        "comm": comm,
+        "cmdline": " ".join(argv)[:MAX_CMDLINE_CHARS],
+    }
+
+
+def describe_pids(pids: Iterable[int], proc: Path = PROC) -> list[dict]:
+    """process_info for each pid still alive, in the order given, duplicates dropped."""
+    out = []
+    for pid in dict.fromkeys(pids):
+        info = process_info(pid, proc)
+        if info is not None:
+            out.append(info)
+    return out
