@@ -511,8 +511,8 @@ class LibraryWatcher:
 
     def poll(self) -> list[CudaLib]:
         if not self._started:
-            self._started = True
             _gather(self._registry, self._extra, self._places or default_places(self._proc), None)
+            self._started = True
         self._scan_processes()
         new = [lib for ident, lib in self._registry.libs.items() if ident not in self._reported]
         self._reported.update(lib.identity for lib in new)

@@ -31,6 +31,13 @@ _JAVA_OPTS_WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-pa
 _SCRIPT_OPTS_WITH_VALUE = {"-r", "--require", "--import", "--loader", "-o", "-O", "-I", "-e", "-E"}
 
 
+def _script_name(arg: str) -> str:
+    # A script fed through a descriptor (bash /dev/fd/3) has no useful base name.
+    if arg.startswith(("/dev/fd/", "/proc/")):
+        return arg
+    return os.path.basename(arg)
+
+
 def _read(path: Path) -> bytes | None:
     try:
         with open(path, "rb") as f:
@@ -67,7 +74,7 @@ def _python_target(args: list[str]) -> str | None:
             i += 2
             continue
         if a == "-" or not a.startswith("-"):
-            return "stdin" if a == "-" else os.path.basename(a)
+            return "stdin" if a == "-" else _script_name(a)
         i += 1
     return None
 
@@ -97,7 +104,7 @@ def _script_target(args: list[str]) -> str | None:
             i += 2
             continue
         if not a.startswith("-"):
-            return os.path.basename(a)
+            return _script_name(a)
         i += 1
     return None
 

@@ -1,0 +1,311 @@
+"""CUDA library discovery on tiny shared libraries built here, a fake /proc tree,
+and NVIDIA's real libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import site
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ingero.collect import libs
+from ingero.collect.libs import (
+    DRIVER,
+    RUNTIME,
+    LibraryWatcher,
+    SearchPlaces,
+    describe,
+    find_cuda_libraries,
+    pids_mapping_cuda,
+)
+from ingero.errors import IngeroError
+
+RUNTIME_C = """
+int cudaLaunchKernel(void) { return 0; }
+int cudaLaunchKernel_ptsz(void) { return 0; }
+int cudaLaunchKernelExC(void) { return 0; }
+int cudaMemcpy(void) { return 0; }
+int cudaMemcpy_ptds(void) { return 0; }
+int cudaMalloc(void) { return 0; }
+static int helper(void) { return 1; }
+int not_cuda(void) { return helper(); }
+int cudaDataSymbol = 3;
+"""
+DRIVER_C = """
+int cuInit(void) { return 0; }
+int cuLaunchKernel(void) { return 0; }
+int cuLaunchKernel_ptsz(void) { return 0; }
+int cuMemAlloc(void) { return 0; }
+int cuMemAlloc_v2(void) { return 0; }
+int cuMemcpyHtoDAsync_v2_ptsz(void) { return 0; }
+int cuMemcpyHtoDAsync_v2(void) { return 0; }
+"""
+OTHER_C = "int foo(void) { return 0; }\n"
+VERSION_SCRIPT = "LIBCUDART_12 { global: *; };\n"
+
+
+def _cc(tmp: Path, name: str, source: str, versioned: bool = False) -> Path:
+    src = tmp / f"{name}.c"
+    src.write_text(source)
+    out = tmp / name
+    cmd = ["cc", "-shared", "-fPIC", "-o", str(out), str(src)]
+    if versioned:  # like NVIDIA's: every symbol carries @@libcudart.so.12 style versions
+        vs = tmp / f"{name}.map"
+        vs.write_text(VERSION_SCRIPT)
+        cmd.append(f"-Wl,--version-script={vs}")
+    subprocess.run(cmd, check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    if shutil.which("cc") is None:
+        pytest.fail("a C compiler (cc) is needed to build the fake CUDA libraries")
+    tmp = tmp_path_factory.mktemp("built")
+    return {
+        "runtime": _cc(tmp, "runtime.so", RUNTIME_C, versioned=True),
+        "driver": _cc(tmp, "driver.so", DRIVER_C),
+        "other": _cc(tmp, "other.so", OTHER_C),
+    }
+
+
+@pytest.fixture
+def host(tmp_path, built) -> dict[str, Path]:
+    """A fake host: a lib dir with symlinks, a site-packages with a wheel-bundled copy."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(built["runtime"], lib / "libcudart.so.12.4.127")
+    (lib / "libcudart.so.12").symlink_to("libcudart.so.12.4.127")
+    (lib / "libcudart.so").symlink_to("libcudart.so.12")
+    os.link(lib / "libcudart.so.12.4.127", lib / "libcudart.so.12.4")  # hard link: same inode
+    shutil.copy(built["driver"], lib / "libcuda.so.550.54.14")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.550.54.14")
+    shutil.copy(built["other"], lib / "libcudart.so.99")  # right name, no CUDA symbols
+    (lib / "libcuda.so").write_text("/* GNU ld script */\nINPUT(libcuda.so.1)\n")  # not ELF
+    (lib / "libcudart_static.a").write_bytes(b"!<arch>\n")
+    stubs = lib / "stubs"
+    stubs.mkdir()
+    site_dir = tmp_path / "site-packages"
+    bundled = site_dir / "torch.libs"
+    bundled.mkdir(parents=True)
+    shutil.copy(built["runtime"], bundled / "libcudart-abc12345.so.12")
+    elsewhere = tmp_path / "elsewhere"  # known to no static search
+    elsewhere.mkdir()
+    shutil.copy(built["runtime"], elsewhere / "libcudart.so.12")
+    return {"lib": lib, "site": site_dir, "bundled": bundled, "elsewhere": elsewhere, "root": tmp_path}
+
+
+def _places(host) -> SearchPlaces:
+    return SearchPlaces(lib_dirs=(host["lib"],), site_packages=(host["site"],), use_ldconfig=False)
+
+
+def test_static_search_finds_each_copy_once(host):
+    found = find_cuda_libraries(places=_places(host), proc=None)
+    assert [(lib.kind, lib.path) for lib in found] == [
+        (RUNTIME, host["lib"] / "libcudart.so.12.4.127"),  # four names, one inode
+        (RUNTIME, host["site"] / "torch.libs" / "libcudart-abc12345.so.12"),
+        (DRIVER, host["lib"] / "libcuda.so.550.54.14"),
+    ]
+    st = os.stat(host["lib"] / "libcudart.so")
+    assert found[0].identity == (st.st_dev, st.st_ino)
+    assert len({lib.identity for lib in found}) == 3
+
+
+def test_symbols_and_variants(host):
+    runtime, _, driver = find_cuda_libraries(places=_places(host), proc=None)
+    # exported functions only: no static helper, no data object; version suffixes gone
+    assert runtime.symbols == {
+        "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaLaunchKernelExC",
+        "cudaMemcpy", "cudaMemcpy_ptds", "cudaMalloc", "not_cuda",
+    }  # fmt: skip
+    assert runtime.variants("cudaLaunchKernel") == ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"]
+    assert runtime.variants("cudaMemcpy") == ["cudaMemcpy", "cudaMemcpy_ptds"]
+    assert runtime.variants("cudaMemcpyAsync") == []
+    assert driver.variants("cuMemAlloc") == ["cuMemAlloc", "cuMemAlloc_v2"]
+    assert driver.variants("cuMemcpyHtoDAsync") == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
+    assert driver.variants("cuLaunchKernel") == ["cuLaunchKernel", "cuLaunchKernel_ptsz"]
+
+
+def test_describe(host):
+    runtime = find_cuda_libraries(places=_places(host), proc=None)[0]
+    assert describe(runtime) == f"{runtime.path}  runtime  6 API functions"
+    assert describe(runtime, ["cudaLaunchKernel", "cudaMemcpy", "cudaStreamSynchronize"]) == (
+        f"{runtime.path}  runtime  4 probe-able symbols (2/3 ops, variants included)"
+    )
+
+
+def test_extra_paths(host, built, tmp_path):
+    odd = tmp_path / "mycudart.so"  # any name: the symbols decide
+    shutil.copy(built["runtime"], odd)
+    found = find_cuda_libraries([odd], places=SearchPlaces((), (), False), proc=None)
+    assert [(lib.path, lib.kind) for lib in found] == [(odd, RUNTIME)]
+    found = find_cuda_libraries([host["elsewhere"]], places=SearchPlaces((), (), False), proc=None)
+    assert [lib.path for lib in found] == [host["elsewhere"] / "libcudart.so.12"]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("missing.so", "no such file or directory"),
+        ("lib/libcuda.so", "not an ELF shared library"),
+        ("lib/libcudart_static.a", "not an ELF shared library"),
+        ("lib/libcudart.so.99", "exports no CUDA runtime or driver functions"),
+        ("lib/stubs", "directory holds no libcudart.so*/libcuda.so*"),
+    ],
+)
+def test_bad_extra_path_is_a_user_error(host, name, message):
+    bad = host["root"] / name
+    with pytest.raises(IngeroError) as err:
+        find_cuda_libraries([bad], places=SearchPlaces((), (), False), proc=None)
+    assert err.value.message == f"--cuda-lib {bad}: {message}"
+    assert err.value.hint and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- fake /proc
+
+
+def _proc_entry(proc: Path, pid: int, root: Path, maps: list[str], start: int = 1000, vsize: int = 4096) -> None:
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    # comm with spaces and a ')' to check the stat parser cuts at the last ')'
+    fields = ["S", "1"] + ["0"] * 17 + [str(start), str(vsize)] + ["0"] * 20
+    (d / "stat").write_text(f"{pid} (we ird)) " + " ".join(fields) + "\n")
+    if not (d / "root").is_symlink():
+        (d / "root").symlink_to(root)
+    lines = [f"7f00{i:04x}000-7f00{i:04x}fff r-xp 00000000 fe:00 {100 + i} {p}" for i, p in enumerate(maps)]
+    lines.append("7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]")
+    (d / "maps").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def proc(host, tmp_path) -> Path:
+    proc = tmp_path / "proc"
+    elsewhere = str(host["elsewhere"] / "libcudart.so.12")
+    _proc_entry(proc, 100, Path("/"), [elsewhere, "/usr/lib/x86_64-linux-gnu/libc.so.6"])
+    # a second process reaching the same file through a symlinked directory
+    (host["root"] / "link").symlink_to(host["elsewhere"])
+    _proc_entry(proc, 101, Path("/"), [str(host["root"] / "link" / "libcudart.so.12")])
+    # a container: the path only exists inside its root
+    container = tmp_path / "container"
+    inside = container / "opt" / "ingero-test-only" / "lib"
+    inside.mkdir(parents=True)
+    shutil.copy(host["elsewhere"] / "libcudart.so.12", inside / "libcudart.so.12")
+    _proc_entry(proc, 200, container, ["/opt/ingero-test-only/lib/libcudart.so.12"])
+    # a process mapping a library that was since deleted: only map_files reaches it
+    gone = str(host["root"] / "upgraded" / "libcuda.so.1")
+    _proc_entry(proc, 300, Path("/"), [gone + " (deleted)"])
+    (proc / "300" / "map_files").mkdir()
+    shutil.copy(host["lib"] / "libcuda.so.550.54.14", proc / "300" / "map_files" / "7f000000000-7f000000fff")
+    # a kernel thread: no maps, vsize 0
+    _proc_entry(proc, 2, Path("/"), [], vsize=0)
+    (proc / "self").mkdir()  # not a pid
+    return proc
+
+
+def test_maps_of_processes(host, proc, tmp_path):
+    assert not Path("/opt/ingero-test-only").exists()
+    mapping = pids_mapping_cuda(proc)
+    assert sorted(mapping) == [100, 101, 200, 300]
+    assert [lib.path for lib in mapping[100]] == [host["elsewhere"] / "libcudart.so.12"]
+    assert mapping[101][0].identity == mapping[100][0].identity
+    assert mapping[101][0].path == host["elsewhere"] / "libcudart.so.12"  # symlinks resolved
+    container_lib = mapping[200][0]
+    assert container_lib.path == proc / "200" / "root" / "opt/ingero-test-only/lib/libcudart.so.12"
+    assert container_lib.identity != mapping[100][0].identity
+    assert [(lib.path.name, lib.kind) for lib in mapping[300]] == [("7f000000000-7f000000fff", DRIVER)]
+
+
+def test_find_includes_mapped_copies(host, proc):
+    found = find_cuda_libraries(places=_places(host), proc=proc)
+    paths = {lib.path for lib in found}
+    assert host["elsewhere"] / "libcudart.so.12" in paths
+    assert proc / "200" / "root" / "opt/ingero-test-only/lib/libcudart.so.12" in paths
+    assert len(found) == 3 + 3  # static three + elsewhere + container + deleted driver
+
+
+def test_watcher_reports_each_copy_once_and_reads_only_changed_maps(host, proc, tmp_path):
+    w = LibraryWatcher(places=_places(host), proc=proc)
+    first = w.poll()
+    assert len(first) == 6
+    assert w.maps_read == 4  # pids 100, 101, 200, 300; not the kernel thread
+    assert w.poll() == []
+    assert w.maps_read == 0  # nothing new, nothing changed
+
+    # a new process maps a fresh copy: found by the next poll, and only its maps read
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.copy(host["elsewhere"] / "libcudart.so.12", fresh / "libcudart.so.12")
+    _proc_entry(proc, 400, Path("/"), [str(fresh / "libcudart.so.12")])
+    new = w.poll()
+    assert [lib.path for lib in new] == [fresh / "libcudart.so.12"]
+    assert w.maps_read == 1
+
+    # a known process dlopens another copy later: its vsize changes, so its maps are read again
+    later = tmp_path / "later"
+    later.mkdir()
+    shutil.copy(host["elsewhere"] / "libcudart.so.12", later / "libcudart-0badc0de.so.12")
+    _proc_entry(proc, 100, Path("/"), [str(later / "libcudart-0badc0de.so.12")], vsize=8192)
+    assert [lib.path for lib in w.poll()] == [later / "libcudart-0badc0de.so.12"]
+    assert w.maps_read == 1
+
+    # pid reuse: same pid, new start time, same vsize -> read again
+    _proc_entry(proc, 101, Path("/"), [str(fresh / "libcudart.so.12")], start=5000)
+    assert w.poll() == []  # already reported
+    assert w.maps_read == 1
+
+
+def test_watcher_rejects_bad_extra_on_first_poll(host, proc):
+    w = LibraryWatcher([host["root"] / "nope.so"], places=_places(host), proc=proc)
+    with pytest.raises(IngeroError):
+        w.poll()
+
+
+# ---------------------------------------------------------------- NVIDIA's real libcudart
+
+
+def _wheel_libcudart() -> Path:
+    for sp in site.getsitepackages() + [site.getusersitepackages()]:
+        hits = glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.1*"))
+        if hits:
+            return Path(hits[0])
+    pytest.fail("nvidia-cuda-runtime-cu12 is not installed in this interpreter; run: pip install nvidia-cuda-runtime-cu12")
+
+
+def test_real_nvidia_libcudart_is_found_with_its_variants():
+    real = _wheel_libcudart()
+    found = find_cuda_libraries(proc=None)  # the default search: this interpreter's site-packages among it
+    match = [lib for lib in found if lib.path == real]
+    assert len(match) == 1, [str(lib.path) for lib in found]
+    lib = match[0]
+    assert lib.kind == RUNTIME
+    assert "cudaLaunchKernel_ptsz" in lib.variants("cudaLaunchKernel")
+    assert "cudaMemcpy_ptds" in lib.variants("cudaMemcpy")
+    assert lib.variants("cudaStreamSynchronize") == ["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"]
+    assert "cudaLaunchKernelExC" not in lib.variants("cudaLaunchKernel")
+    assert not any("@" in s for s in lib.symbols)
+    assert len(lib.api_functions()) > 300  # CUDA 12 exports ~420 cuda* functions
+
+
+def test_real_libcudart_in_a_wheel_libs_dir(tmp_path):
+    bundled = tmp_path / "site-packages" / "torch.libs"
+    bundled.mkdir(parents=True)
+    shutil.copy(_wheel_libcudart(), bundled / "libcudart-9b3c1a2e.so.12")
+    found = find_cuda_libraries(places=SearchPlaces((), (tmp_path / "site-packages",), False), proc=None)
+    assert [lib.path.name for lib in found] == ["libcudart-9b3c1a2e.so.12"]
+    assert "cudaMemcpy_ptds" in found[0].variants("cudaMemcpy")
+
+
+def test_elf_cache_reads_each_file_once(host, monkeypatch):
+    calls = []
+    real = libs._read_exports
+    monkeypatch.setattr(libs, "_read_exports", lambda p: calls.append(p) or real(p))
+    libs._elf_cache.clear()
+    find_cuda_libraries(places=_places(host), proc=None)
+    n = len(calls)
+    find_cuda_libraries(places=_places(host), proc=None)
+    assert len(calls) == n  # second search parses nothing
+    assert n == 5  # runtime, bundled runtime, driver, the no-CUDA .so.99, the ld script

@@ -1,0 +1,83 @@
+"""Readable process names from a fake /proc tree and from this very process."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ingero.collect.procnames import describe_pids, process_info, readable_name, split_cmdline
+
+
+@pytest.mark.parametrize(
+    "argv, comm, expected",
+    [
+        (["/usr/bin/python3", "train.py", "--epochs", "3"], "pt_main_thread", "python3 (train.py)"),
+        (["python3.11", "-u", "/home/a/proj/train.py"], "python3.11", "python3.11 (train.py)"),
+        (["python", "-X", "dev", "-W", "ignore", "run.py"], "python", "python (run.py)"),
+        (["python3", "-m", "torch.distributed.run", "train.py"], "python3", "python3 (-m torch.distributed.run)"),
+        (["python3", "-mhttp.server"], "python3", "python3 (-m http.server)"),
+        (["python3", "-c", "import torch"], "python3", "python3 (-c)"),
+        (["python3"], "python3", "python3"),
+        (["/opt/venv/bin/pypy3", "bench.py"], "pypy3", "pypy3 (bench.py)"),
+        (["node", "--require", "ts-node/register", "server.js"], "node", "node (server.js)"),
+        (["java", "-Xmx4g", "-jar", "/opt/app/x.jar"], "java", "java (x.jar)"),
+        (["java", "-cp", "a.jar:b.jar", "org.example.Main", "arg"], "java", "java (org.example.Main)"),
+        (["bash", "script.sh"], "bash", "bash (script.sh)"),
+        (["bash", "/dev/fd/3"], "bash", "bash (/dev/fd/3)"),
+        (["/bin/sh", "-c", "sleep 1"], "sh", "sh (-c)"),
+        (["stress-ng", "--cpu", "2"], "stress-ng", "stress-ng"),
+        (["/usr/bin/gzip", "-9", "big.tar"], "gzip", "gzip"),
+        ([], "kworker/0:1", "kworker/0:1"),
+    ],
+)
+def test_readable_name(argv, comm, expected):
+    assert readable_name(argv, comm) == expected
+
+
+def test_split_cmdline_nul_separated_and_retitled():
+    assert split_cmdline(b"python3\0train.py\0--lr\0\0") == ["python3", "train.py", "--lr"]
+    assert split_cmdline(b"python3\0train.py\0") == ["python3", "train.py"]
+    # setproctitle / stress-ng workers leave one space-separated string
+    assert split_cmdline(b"stress-ng-cpu [run]\0") == ["stress-ng-cpu", "[run]"]
+    assert split_cmdline(b"") == []
+    assert split_cmdline(b"caf\xe9\0x") == ["caf\ufffd", "x"]
+
+
+def _fake_proc(root: Path, pid: int, comm: str, cmdline: bytes) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cmdline").write_bytes(cmdline)
+
+
+def test_process_info_from_fake_proc(tmp_path):
+    _fake_proc(tmp_path, 4242, "pt_main_thread", b"/usr/bin/python3\0train.py\0--bs\x0064\x00")
+    _fake_proc(tmp_path, 7, "gzip", b"gzip\0-9\0")
+    info = process_info(4242, proc=tmp_path)
+    assert info == {
+        "pid": 4242,
+        "name": "python3 (train.py)",
+        "comm": "pt_main_thread",
+        "cmdline": "/usr/bin/python3 train.py --bs 64",
+    }
+    assert process_info(99999, proc=tmp_path) is None
+    rows = describe_pids([7, 99999, 4242, 7], proc=tmp_path)
+    assert [(r["pid"], r["name"]) for r in rows] == [(7, "gzip"), (4242, "python3 (train.py)")]
+
+
+def test_process_info_of_this_process():
+    info = process_info(os.getpid())
+    assert info is not None
+    assert info["pid"] == os.getpid()
+    # the kernel's view of our argv is sys.orig_argv: "python -m pytest ..." or "python .../pytest ..."
+    assert info["name"] == readable_name(sys.orig_argv, info["comm"])
+    assert info["name"].startswith(os.path.basename(sys.orig_argv[0]) + " (")
+    assert info["cmdline"] == " ".join(sys.orig_argv)
+
+
+def test_gone_pid_is_none():
+    # pid_max is at most 4194304, so this pid cannot exist
+    assert process_info(4194305) is None
