@@ -1,0 +1,419 @@
+"""The query server a running tracer hosts, so its database stays queryable.
+
+DuckDB lets one process open a file for writing and then nobody else may
+open it, not even read-only.  While `ingero trace` runs, `ingero query`,
+`explain` and `status` therefore ask the tracer over a local Unix socket and
+the tracer answers on cursors of its own connection (a DuckDB cursor is a
+separate connection to the same database, safe to use from another thread).
+
+Who may ask: the socket is 0660 root:ingero when that group exists (else
+0600) and every peer's credentials are checked again (SO_PEERCRED).  What
+they may ask: see sqlguard.py; SQL runs read-only, with no file or network
+access, under a time limit and a row limit.
+
+Integration (session.py)::
+
+    server = QueryServer(store.con.cursor, socket_path=None)   # after the schema is applied
+    server.start()        # locks the database configuration down (see lock_down)
+    ...                   # run loop; writer keeps using store.con on its own thread
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import grp
+import os
+import pwd
+import socket
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+
+from ingero.daemon import protocol
+from ingero.daemon.sqlguard import check_sql
+from ingero.daemon.state import collect_status
+from ingero.errors import IngeroError
+
+SOCKET_NAME = "ingero.sock"
+ROOT_SOCKET_DIR = Path("/run/ingero")
+DEFAULT_GROUP = "ingero"
+
+# Client-facing limits.  Defaults suit an interactive query; the caps stop one
+# client from holding the tracer's memory (every row is JSON in RAM) or a
+# read transaction (which pins old row versions) for long.
+DEFAULT_MAX_ROWS = 10_000
+MAX_ROWS_CAP = 1_000_000
+DEFAULT_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 300.0
+# Concurrent clients served; more are told the server is busy.  Each query
+# uses DuckDB worker threads too, and the tracer must keep up on 2 cores.
+MAX_CLIENTS = 4
+# A client has this long to send its request (stops idle connections pinning a slot).
+REQUEST_READ_TIMEOUT_S = 5.0
+# How often the accept loop wakes to notice stop().
+ACCEPT_POLL_S = 0.5
+
+# DuckDB memory for the whole tracer process (writer + queries).  DuckDB's
+# default is 80% of RAM, which a long-running daemon on a training host must
+# not take; 1 GB leaves room for the training job while keeping sorts and
+# joins of a day of events in memory (see the RSS measurement in the report).
+DEFAULT_MEMORY_LIMIT_BYTES = 1 << 30
+
+
+def default_socket_path() -> Path:
+    """INGERO_SOCKET, else /run/ingero/ingero.sock for root, else $XDG_RUNTIME_DIR/ingero/ or ~/.ingero/."""
+    env = os.environ.get("INGERO_SOCKET")
+    if env:
+        return Path(env).expanduser()
+    if os.geteuid() == 0:
+        return ROOT_SOCKET_DIR / SOCKET_NAME
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return Path(xdg) / "ingero" / SOCKET_NAME
+    return Path.home() / ".ingero" / SOCKET_NAME
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None = DEFAULT_MEMORY_LIMIT_BYTES) -> None:
+    """Bound memory, cut off files/network/extensions and lock the configuration, for the whole DB instance.
+
+    These are instance-wide settings: set through any cursor they hold for the writer
+    connection and every cursor.  Measured on duckdb 2.0: the writer's own appends
+    (register of an Arrow table + INSERT ... SELECT), DELETE and CHECKPOINT keep working
+    afterwards; read_text/COPY TO/ATTACH/INSTALL/LOAD fail with PermissionException and SET
+    with "the configuration has been locked".  Idempotent.
+    """
+    locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]
+    if locked:
+        return
+    if memory_limit_bytes:
+        con.execute(f"SET memory_limit = '{int(memory_limit_bytes)}B'")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# Keys a client may pass to explain; values must be plain scalars.
+EXPLAIN_ARGS = frozenset({"since_s", "session_id", "pid", "stack", "window_s", "rule", "until_ns", "since_ns"})
+
+
+def _explain_op(con: duckdb.DuckDBPyConnection, args: dict[str, Any]) -> Any:
+    """Run the explain engine on the daemon's data; returns its result as JSON-ready data."""
+    bad = [k for k, v in args.items() if k not in EXPLAIN_ARGS or not isinstance(v, (str, int, float, bool, type(None)))]
+    if bad:
+        raise IngeroError(f"refused: unknown explain arguments {sorted(bad)}", f"allowed: {sorted(EXPLAIN_ARGS)}")
+    try:
+        from ingero.analyze import explain as explain_mod
+    except ImportError:
+        raise IngeroError("this ingero has no explain engine") from None
+    fn = getattr(explain_mod, "explain_for_daemon", None) or getattr(explain_mod, "explain", None)
+    if fn is None:
+        raise IngeroError("this ingero has no explain engine")
+    return _jsonable(fn(con, **args))
+
+
+def _group_gid(group: str | None) -> int | None:
+    if not group:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _peer_allowed(conn: socket.socket, gid: int | None) -> bool:
+    """Root, our own user, or a member of the ingero group (checked again behind the file mode)."""
+    pid, uid, peer_gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    if uid == 0 or uid == os.geteuid():
+        return True
+    if gid is None:
+        return False
+    if peer_gid == gid:
+        return True
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    return name in grp.getgrgid(gid).gr_mem
+
+
+class QueryServer:
+    """Serves status, explain and read-only SQL from the tracer's database over a Unix socket.
+
+    ``con_factory()`` is called once, in ``start()`` on the caller's thread, and must return a
+    DuckDB connection to the tracer's database that is not used by the writer (pass
+    ``store.con.cursor``); every request then gets its own ``.cursor()`` of it.
+    """
+
+    def __init__(
+        self,
+        con_factory: Callable[[], duckdb.DuckDBPyConnection],
+        socket_path: Path | str | None = None,
+        *,
+        group: str | None = DEFAULT_GROUP,
+        lock: bool = True,
+        memory_limit_bytes: int | None = DEFAULT_MEMORY_LIMIT_BYTES,
+        ops: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]], Any]] | None = None,
+    ) -> None:
+        self._con_factory = con_factory
+        self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
+        self.group = group
+        self._lock = lock
+        self._memory_limit = memory_limit_bytes
+        self._ops: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]], Any]] = {
+            "status": lambda con, args: collect_status(con, tracer_pid=os.getpid()),
+            "explain": _explain_op,
+        }
+        self._ops.update(ops or {})
+        self._base: duckdb.DuckDBPyConnection | None = None
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._active: set[duckdb.DuckDBPyConnection] = set()
+        self._active_lock = threading.Lock()
+        self._gid: int | None = None
+        self._inode: int | None = None
+        self.requests = 0  # served requests, for tests and status
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> "QueryServer":
+        self._base = self._con_factory()
+        if self._lock:
+            lock_down(self._base, memory_limit_bytes=self._memory_limit)
+        self._gid = _group_gid(self.group)
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._accept_loop, name="ingero-query-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._active_lock:
+            for cur in list(self._active):
+                try:
+                    cur.interrupt()
+                except duckdb.Error:
+                    pass
+        if self._thread is not None:
+            self._thread.join(timeout=ACCEPT_POLL_S * 4)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:
+            if self._inode is not None and self.socket_path.lstat().st_ino == self._inode:
+                self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        if self._base is not None:
+            try:
+                self._base.close()
+            except duckdb.Error:
+                pass
+            self._base = None
+
+    def __enter__(self) -> "QueryServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _bind(self) -> socket.socket:
+        path = self.socket_path
+        if len(os.fsencode(str(path))) >= 108:
+            raise IngeroError(f"socket path {path} is too long for a Unix socket", "set INGERO_SOCKET to a shorter path")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise IngeroError(f"cannot create {path.parent}: {exc.strerror}", "set INGERO_SOCKET to a writable path") from None
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise IngeroError(f"{path} exists and is not a socket", "remove it or set INGERO_SOCKET")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # left by a tracer that died
+            else:
+                raise IngeroError(f"another ingero tracer is serving queries at {path}",
+                                  "stop it first (`ingero status` shows it) or set INGERO_SOCKET")
+            finally:
+                probe.close()
+        # Bind under a temporary name, restrict it, then rename: the final path never
+        # exists with looser permissions, and no process-wide umask change is needed.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        if tmp.exists():
+            tmp.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(tmp))
+            if os.geteuid() == 0 and self._gid is not None:
+                os.chown(tmp, 0, self._gid)
+                os.chmod(tmp, 0o660)
+            else:
+                os.chmod(tmp, 0o600)
+            sock.listen(16)
+            sock.settimeout(ACCEPT_POLL_S)
+            os.rename(tmp, path)
+        except OSError as exc:
+            sock.close()
+            tmp.unlink(missing_ok=True)
+            raise IngeroError(f"cannot serve queries at {path}: {exc.strerror or exc}",
+                              "set INGERO_SOCKET to a writable path") from None
+        self._inode = path.lstat().st_ino
+        return sock
+
+    # -- serving ---------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                time.sleep(0.05)
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
+                                             "hint": "retry in a moment"})
+                continue
+            threading.Thread(target=self._serve_one, args=(conn,), name="ingero-query", daemon=True).start()
+
+    def _reply_and_close(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+        try:
+            conn.settimeout(REQUEST_READ_TIMEOUT_S)
+            protocol.send(conn, reply)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
+            if not _peer_allowed(conn, self._gid):
+                self._reply_and_close(conn, {"ok": False, "error": "permission denied",
+                                             "hint": f"run as root or join the '{self.group}' group"})
+                return
+            conn.settimeout(REQUEST_READ_TIMEOUT_S)
+            try:
+                request = protocol.recv(conn, protocol.MAX_REQUEST_BYTES)
+            except (protocol.ProtocolError, OSError) as exc:
+                self._reply_and_close(conn, {"ok": False, "error": f"bad request: {exc}"})
+                return
+            reply = self.handle(request)
+            conn.settimeout(None)  # a big answer may take a slow reader a while
+            self._reply_and_close(conn, reply)
+        finally:
+            self._slots.release()
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one decoded request (also used directly by tests)."""
+        self.requests += 1
+        try:
+            if "sql" in request:
+                return self._run_sql(request)
+            op = request.get("op")
+            if op not in self._ops:
+                return {"ok": False, "error": f"unknown request op {op!r}", "hint": f"ops: {sorted(self._ops)}, or sql"}
+            args = request.get("args") or {}
+            if not isinstance(args, dict):
+                return {"ok": False, "error": "args must be an object"}
+            timeout = _clamp(request.get("timeout_s"), DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
+            return {"ok": True, "result": self._in_read_txn(lambda cur: self._ops[op](cur, args), timeout)}
+        except IngeroError as exc:
+            return {"ok": False, "error": exc.message, "hint": exc.hint}
+        except duckdb.InterruptException:
+            return {"ok": False, "error": "interrupted (time limit reached or tracer stopping)",
+                    "hint": "narrow the query (WHERE timestamp > ...) or pass a larger timeout"}
+        except duckdb.PermissionException as exc:
+            return {"ok": False, "error": f"refused: {_first_line(exc)}",
+                    "hint": "queries cannot read files, the network or extensions"}
+        except duckdb.Error as exc:
+            return {"ok": False, "error": _first_line(exc)}
+
+    def _in_read_txn(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:
+        if self._base is None or self._stopping.is_set():
+            raise IngeroError("the tracer is stopping", "retry after it exits; the database is then readable directly")
+        cur = self._base.cursor()
+        with self._active_lock:
+            self._active.add(cur)
+        timer = threading.Timer(timeout_s, cur.interrupt)
+        timer.daemon = True
+        try:
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+            timer.start()
+            return fn(cur)
+        finally:
+            timer.cancel()
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            with self._active_lock:
+                self._active.discard(cur)
+            cur.close()
+
+    def _run_sql(self, request: dict[str, Any]) -> dict[str, Any]:
+        sql = request.get("sql")
+        if not isinstance(sql, str):
+            raise IngeroError("sql must be a string")
+        max_rows = int(_clamp(request.get("max_rows"), DEFAULT_MAX_ROWS, MAX_ROWS_CAP))
+        timeout = _clamp(request.get("timeout_s"), DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
+        t0 = time.monotonic()
+
+        def run(cur: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+            stmt = check_sql(cur, sql)
+            cur.execute(stmt)
+            desc = cur.description or []
+            rows = cur.fetchmany(max_rows + 1)
+            truncated = len(rows) > max_rows
+            return {
+                "ok": True,
+                "columns": [d[0] for d in desc],
+                "types": [str(d[1]) for d in desc],
+                "rows": [list(r) for r in rows[:max_rows]],
+                "truncated": truncated,
+            }
+
+        reply = self._in_read_txn(run, timeout)
+        reply["elapsed_s"] = round(time.monotonic() - t0, 6)
+        return reply
+
+
+def _clamp(value: Any, default: float, cap: float) -> float:
+    try:
+        v = float(value) if value is not None else default
+    except (TypeError, ValueError):
+        v = default
+    if v <= 0:
+        v = default
+    return min(v, cap)

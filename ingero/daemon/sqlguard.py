@@ -1,0 +1,112 @@
+"""Which SQL the daemon agrees to run for a client.
+
+The daemon answers queries on a cursor of the tracer's own (writable, root)
+connection, so read-only-ness cannot come from how the database was opened.
+Three independent layers keep client SQL harmless:
+
+1. ``check_sql`` (here): DuckDB's own parser splits the text; exactly one
+   statement, of a read-only type, or it is refused with one clear line.
+2. ``lock_down`` (server.py): the database instance has external access
+   disabled and its configuration locked, so no file, network or extension
+   is reachable even by a statement that slipped through, and no SET can
+   undo it.
+3. The server runs every statement inside ``BEGIN TRANSACTION READ ONLY``
+   and rolls it back, so DuckDB itself refuses any write.
+"""
+
+from __future__ import annotations
+
+import re
+
+import duckdb
+
+from ingero.errors import IngeroError
+
+# PRAGMAs that only describe the database.  Others (enable_profiling to a
+# file, memory settings, checkpoint variants) are refused.
+READ_PRAGMAS = frozenset(
+    {"table_info", "show_tables", "show_tables_expanded", "database_size", "storage_info",
+     "version", "show", "database_list", "functions", "platform"}
+)
+
+_EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+(?:\(\s*[^)]*\)\s*)?(?:ANALY[SZ]E\s+)?", re.IGNORECASE)
+_PRAGMA_NAME = re.compile(r"^\s*PRAGMA\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+
+# statement type name -> why it is refused (one line, what to do instead).
+_REFUSED = {
+    "COPY": "COPY is refused: the daemon never reads or writes files for a client "
+            "(use `ingero query --json` and redirect the output)",
+    "EXPORT": "EXPORT is refused: the daemon never writes files for a client",
+    "ATTACH": "ATTACH is refused: only the ingero database is queryable",
+    "DETACH": "DETACH is refused: only the ingero database is queryable",
+    "LOAD": "INSTALL/LOAD is refused: no extensions are loaded for client SQL",
+    "SET": "SET is refused: the daemon's configuration is locked",
+    "VARIABLE_SET": "SET is refused: the daemon's configuration is locked",
+    "CREATE": "CREATE is refused: queries are read-only",
+    "CREATE_FUNC": "CREATE is refused: queries are read-only",
+    "INSERT": "INSERT is refused: queries are read-only",
+    "UPDATE": "UPDATE is refused: queries are read-only",
+    "DELETE": "DELETE is refused: queries are read-only",
+    "DROP": "DROP is refused: queries are read-only",
+    "ALTER": "ALTER is refused: queries are read-only",
+    "TRUNCATE": "TRUNCATE is refused: queries are read-only",
+    "TRANSACTION": "transaction statements are refused: each query runs in its own read-only transaction",
+    "VACUUM": "VACUUM is refused: queries are read-only",
+    "CALL": "CALL is refused: use SELECT * FROM <table function>(...) instead",
+    "PREPARE": "PREPARE/EXECUTE is refused: send the statement itself",
+    "EXECUTE": "PREPARE/EXECUTE is refused: send the statement itself",
+    "MULTI": "this statement expands to several statements (PIVOT ...); write it as a SELECT",
+}
+
+
+def _type_name(stmt: duckdb.Statement) -> str:
+    return str(stmt.type).rsplit(".", 1)[-1].upper()
+
+
+def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
+    try:
+        return con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise IngeroError(f"SQL does not parse: {_first_line(exc)}", "check the query syntax") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_sql(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """Return the single allowed statement's text, or raise IngeroError saying why it is refused.
+
+    Allowed: SELECT (incl. WITH, FROM-first, DESCRIBE, SHOW, SUMMARIZE), EXPLAIN [ANALYZE] of a
+    SELECT, and the describing PRAGMAs in READ_PRAGMAS.
+    """
+    if not sql or not sql.strip():
+        raise IngeroError("empty query", "pass a SELECT statement")
+    stmts = _parse(con, sql)
+    if len(stmts) != 1:
+        raise IngeroError(
+            f"refused: {len(stmts)} statements; the daemon runs exactly one statement per query",
+            "send one SELECT at a time",
+        )
+    stmt = stmts[0]
+    kind = _type_name(stmt)
+    if kind == "SELECT":
+        return stmt.query
+    if kind == "EXPLAIN":
+        inner = _EXPLAIN_PREFIX.sub("", stmt.query, count=1)
+        inner_stmts = _parse(con, inner)
+        if len(inner_stmts) != 1 or _type_name(inner_stmts[0]) != "SELECT":
+            raise IngeroError("refused: EXPLAIN is only allowed for a SELECT", "explain a SELECT")
+        return stmt.query
+    if kind == "PRAGMA":
+        m = _PRAGMA_NAME.match(stmt.query)
+        name = m.group(1).lower() if m else "?"
+        if name in READ_PRAGMAS:
+            return stmt.query
+        raise IngeroError(
+            f"refused: PRAGMA {name} is not a read-only pragma",
+            f"allowed: {', '.join(sorted(READ_PRAGMAS))}",
+        )
+    reason = _REFUSED.get(kind, f"{kind} statements are refused: queries are read-only")
+    raise IngeroError(reason)

@@ -1,0 +1,158 @@
+"""What `ingero status` reports, computed from the store.
+
+The same function serves both sides: the running tracer answers
+``{"op": "status"}`` with it (on a cursor of its own connection), and
+``ingero status`` uses it on a read-only open of the file when no tracer is
+running (then it describes the last session: closed or crashed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+# events/s is measured over the last RATE_WINDOW_S seconds of event
+# timestamps.  The writer flushes every <= 1 s, so the newest second is
+# partly missing: the window ends FLUSH_LAG_S before now.
+RATE_WINDOW_S = 10.0
+FLUSH_LAG_S = 1.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def db_file_of(con: duckdb.DuckDBPyConnection) -> Path | None:
+    rows = con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchall()
+    return Path(rows[0][0]) if rows and rows[0][0] else None
+
+
+def file_sizes(path: Path | None) -> tuple[int, int]:
+    """(database file bytes, WAL bytes); 0 for what does not exist."""
+    if path is None:
+        return 0, 0
+    sizes = []
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            sizes.append(p.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return sizes[0], sizes[1]
+
+
+_SESSION_COLS = ("session_id", "started_ns", "ended_ns", "status", "hostname", "command",
+                 "targets", "tracer_pid", "heartbeat_ns", "events", "drops_kernel", "drops_user")
+
+
+def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = None,
+                   now_ns: int | None = None) -> dict[str, Any]:
+    """Status of the session written by ``tracer_pid`` (the daemon itself), else of the last session.
+
+    ``running`` is True only when asked on behalf of a live tracer (tracer_pid given and its
+    session is 'running').  A 'running' row whose tracer is dead is reported as 'crashed'.
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    cols = ", ".join(_SESSION_COLS)
+    if tracer_pid is not None:
+        rows = con.execute(
+            f"SELECT {cols} FROM sessions WHERE tracer_pid = $pid AND status = 'running' "
+            "ORDER BY session_id DESC LIMIT 1",
+            {"pid": tracer_pid},
+        ).fetchall()
+    else:
+        rows = con.execute(f"SELECT {cols} FROM sessions ORDER BY session_id DESC LIMIT 1").fetchall()
+    db_path = db_file_of(con)
+    db_bytes, wal_bytes = file_sizes(db_path)
+    out: dict[str, Any] = {
+        "running": False,
+        "source": "daemon" if tracer_pid is not None else "database",
+        "db_path": str(db_path) if db_path else None,
+        "db_bytes": db_bytes,
+        "wal_bytes": wal_bytes,
+        "session": None,
+    }
+    if not rows:
+        return out
+    s = dict(zip(_SESSION_COLS, rows[0]))
+    status = s["status"]
+    if status == "running" and tracer_pid is None and (s["tracer_pid"] is None or not _pid_alive(int(s["tracer_pid"]))):
+        status = "crashed"
+    stored = con.execute(
+        "SELECT count(*) FROM events WHERE session_id = $sid", {"sid": s["session_id"]}
+    ).fetchall()[0][0]
+    end_ns = now_ns if status == "running" else (s["ended_ns"] or s["heartbeat_ns"] or now_ns)
+    rate = None
+    if status == "running" and tracer_pid is not None:
+        hi = now_ns - int(FLUSH_LAG_S * 1e9)
+        # a young session has less than a full window behind it
+        window_s = max(1e-3, min(RATE_WINDOW_S, (hi - s["started_ns"]) / 1e9))
+        lo = hi - int(window_s * 1e9)
+        n = con.execute(
+            "SELECT count(*) FROM events WHERE session_id = $sid AND timestamp >= $lo AND timestamp < $hi",
+            {"sid": s["session_id"], "lo": lo, "hi": hi},
+        ).fetchall()[0][0]
+        rate = n / window_s
+        out["running"] = True
+    out["session"] = {
+        **s,
+        "status": status,
+        "events": max(int(s["events"] or 0), int(stored)),
+        "events_stored": int(stored),
+        "events_per_s": rate,
+        "duration_s": max(0.0, (end_ns - s["started_ns"]) / 1e9),
+        # how stale the last flush is: after a crash, roughly what was lost
+        "heartbeat_age_s": (now_ns - s["heartbeat_ns"]) / 1e9 if s["heartbeat_ns"] else None,
+    }
+    return out
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _fmt_time(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """Human-readable lines for ``ingero status`` (the command prints them)."""
+    s = st.get("session")
+    size = _fmt_bytes(st["db_bytes"]) + (f" + WAL {_fmt_bytes(st['wal_bytes'])}" if st["wal_bytes"] else "")
+    if s is None:
+        return ["ingero: not running; no sessions recorded", f"database: {st['db_path']} ({size})"]
+    if st["running"]:
+        head = f"ingero: running (pid {s['tracer_pid']}) since {_fmt_time(s['started_ns'])}, {s['duration_s']:.0f} s"
+    elif s["status"] == "crashed":
+        head = (f"ingero: not running; last session {s['session_id']} CRASHED (did not close cleanly; "
+                f"last flush {_fmt_time(s['heartbeat_ns'])})")
+    else:
+        head = (f"ingero: not running; last session {s['session_id']} {s['status']} at "
+                f"{_fmt_time(s['ended_ns'] or s['heartbeat_ns'])} after {s['duration_s']:.0f} s")
+    lines = [head, f"targets: {s['targets'] or '-'}"]
+    ev = f"events: {s['events']:,}"
+    if s["events_stored"] != s["events"]:
+        ev += f" ({s['events_stored']:,} kept after retention)"
+    if s["events_per_s"] is not None:
+        ev += f", {s['events_per_s']:,.0f}/s over the last {RATE_WINDOW_S:.0f} s"
+    lines.append(ev)
+    lines.append(f"drops: {s['drops_kernel'] or 0:,} in kernel, {s['drops_user'] or 0:,} in user space")
+    lines.append(f"database: {st['db_path']} ({size})")
+    return lines
