@@ -1,0 +1,143 @@
+"""Baselines and time alignment, from the same run (never a fixed constant).
+
+Rules split a process' active windows into *evidence* windows (the cause is
+present) and *clean* windows (it is not); the effect is the change of a
+metric between the two, and the correlation of cause and effect across all
+windows says how strongly they move together.  When no window is clean the
+cause was present throughout: rules then state the time it cost directly
+(e.g. seconds spent waiting for a CPU) instead of a before/after ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ingero.analyze.context import Context
+from ingero.analyze.model import Window
+
+Row = dict[str, Any]
+
+WIN_ROWS_SQL = "SELECT * FROM ing_win ORDER BY pid, w"
+LOOP_SQL = "SELECT pid, tid, cuda_n FROM ing_loop ORDER BY cuda_n DESC"
+
+# A window is "clean" for a cause when the cause's share of wall clock is
+# below this fraction of the rule's firing threshold: half-way windows are
+# neither evidence nor baseline, so a noisy boundary does not blur both sides.
+CLEAN_FRACTION_OF_THRESHOLD = 0.5
+
+# Fewest clean windows for a before/after comparison to mean anything.
+MIN_CLEAN_WINDOWS = 2
+
+
+@dataclass
+class Split:
+    evidence: list[Row]
+    clean: list[Row]
+    all: list[Row]
+
+    @property
+    def has_baseline(self) -> bool:
+        return len(self.clean) >= MIN_CLEAN_WINDOWS
+
+
+def windows_by_pid(ctx: Context) -> dict[int, list[Row]]:
+    """ing_win rows grouped per CUDA process, in window order (cached on ctx)."""
+    cached = ctx.extra.get("win_rows")
+    if cached is not None:
+        return cached
+    cur = ctx.con.execute(WIN_ROWS_SQL)
+    cols = [d[0] for d in cur.description]
+    out: dict[int, list[Row]] = {}
+    for values in cur.fetchall():
+        row = dict(zip(cols, values))
+        for k, v in row.items():
+            if v is None and k not in ("pid", "w"):
+                row[k] = 0.0
+        out.setdefault(int(row["pid"]), []).append(row)
+    ctx.extra["win_rows"] = out
+    return out
+
+
+def loop_threads(ctx: Context) -> dict[int, int]:
+    """pid -> tid of its loop thread (the one making most CUDA calls)."""
+    return {int(p): int(t) for p, t, _ in ctx.con.execute(LOOP_SQL).fetchall()}
+
+
+def split(rows: list[Row], share: Callable[[Row], float], threshold: float) -> Split:
+    ev = [r for r in rows if share(r) >= threshold]
+    clean = [r for r in rows if share(r) < threshold * CLEAN_FRACTION_OF_THRESHOLD]
+    return Split(ev, clean, rows)
+
+
+def median(values: Sequence[float]) -> float:
+    vals = [float(v) for v in values if v is not None]
+    return float(np.median(vals)) if vals else 0.0
+
+
+def mean_share(rows: list[Row], key: str) -> float:
+    """Sum of ``key`` over the rows' wall clock: the share of time over those windows."""
+    wall = sum(r["wall_ns"] for r in rows)
+    return sum(r[key] for r in rows) / wall if wall else 0.0
+
+
+def ops_rate(row: Row) -> float:
+    """CUDA calls per second of the loop thread: the loop's throughput proxy."""
+    return row["ops_n"] / (row["wall_ns"] / 1e9) if row["wall_ns"] else 0.0
+
+
+def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation; None when fewer than 3 points or a side is constant."""
+    if len(xs) < 3:
+        return None
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    if np.std(x) == 0 or np.std(y) == 0:
+        return None
+    r = float(np.corrcoef(x, y)[0, 1])
+    return None if math.isnan(r) else round(r, 2)
+
+
+def throughput(s: Split) -> tuple[float, float, float]:
+    """(clean ops/s, evidence ops/s, drop 0-1) using window medians; drop 0 without baseline."""
+    ev = median([ops_rate(r) for r in s.evidence])
+    if not s.has_baseline:
+        return 0.0, ev, 0.0
+    base = median([ops_rate(r) for r in s.clean])
+    drop = 1.0 - ev / base if base > 0 else 0.0
+    return base, ev, drop
+
+
+def evidence_windows(ctx: Context, rows: list[Row]) -> list[Window]:
+    return [Window(*ctx.window_bounds(int(r["w"]))) for r in rows]
+
+
+OP_QUANTILES_SQL = """
+SELECT op,
+       quantile_cont(duration_ns, 0.99) FILTER (list_contains($ev, w)) AS ev_p99,
+       quantile_cont(duration_ns, 0.99) FILTER (list_contains($clean, w)) AS clean_p99,
+       count(*) FILTER (list_contains($ev, w)) AS ev_n
+FROM (SELECT op, duration_ns, (timestamp - $t0) // $wns AS w FROM events
+      WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+        AND pid = $pid AND tid = $tid AND list_contains($ops, op))
+GROUP BY op ORDER BY ev_n DESC
+"""
+
+
+def op_p99(ctx: Context, pid: int, tid: int, ops: list[str], s: Split) -> list[tuple[str, float, float]]:
+    """(op, clean p99 ns, evidence p99 ns) of the loop thread's calls, busiest op first."""
+    if not s.evidence:
+        return []
+    p = ctx.params(
+        pid=pid,
+        tid=tid,
+        ops=ops,
+        ev=[int(r["w"]) for r in s.evidence],
+        clean=[int(r["w"]) for r in s.clean] or [-1],
+    )
+    del p["all_pids"], p["pids"]
+    rows = ctx.con.execute(OP_QUANTILES_SQL, p).fetchall()
+    return [(op, float(c or 0.0), float(e or 0.0)) for op, e, c, n in rows if n]

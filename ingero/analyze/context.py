@@ -1,0 +1,155 @@
+"""Which data explain looks at: session, time range, processes, window size.
+
+``resolve`` turns user options into a ``Context`` every rule receives: the
+connection plus the parameters its SQL needs (always passed as parameters,
+never formatted into the text).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from ingero.errors import IngeroError
+
+NS = 1_000_000_000
+
+# Adaptive window: about this many windows over the span, so baselines and
+# correlations have enough points, within bounds that keep one window long
+# enough to hold several training steps (1 s) and short enough to keep a
+# burst visible in a long trace (60 s).
+TARGET_WINDOWS = 30
+MIN_WINDOW_S = 1.0
+MAX_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Options:
+    session: int | None = None
+    since_s: float | None = None
+    from_ns: int | None = None
+    to_ns: int | None = None
+    pids: tuple[int, ...] = ()
+    window_s: float | None = None
+    stack: bool = False
+
+
+@dataclass
+class Context:
+    con: duckdb.DuckDBPyConnection
+    session_id: int
+    start_ns: int
+    end_ns: int
+    window_ns: int
+    pids: tuple[int, ...] = ()
+    ncpu: int = 1
+    drops_kernel: int = 0
+    drops_user: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_windows(self) -> int:
+        return max(1, -(-(self.end_ns - self.start_ns) // self.window_ns))
+
+    @property
+    def window_s(self) -> float:
+        return self.window_ns / NS
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        """The parameters every window query takes, plus ``more``."""
+        return {
+            "sid": self.session_id,
+            "t0": self.start_ns,
+            "t1": self.end_ns,
+            "wns": self.window_ns,
+            "all_pids": not self.pids,
+            "pids": list(self.pids) or [0],
+            **more,
+        }
+
+    def window_bounds(self, w: int) -> tuple[int, int]:
+        start = self.start_ns + w * self.window_ns
+        return start, min(start + self.window_ns, self.end_ns)
+
+
+def adaptive_window_ns(span_ns: int) -> int:
+    seconds = min(MAX_WINDOW_S, max(MIN_WINDOW_S, span_ns / NS / TARGET_WINDOWS))
+    # round to a readable value: whole seconds above 2 s, tenths below
+    seconds = round(seconds) if seconds >= 2 else round(seconds, 1)
+    return int(seconds * NS)
+
+
+def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
+    """Pick the session and time range; raise IngeroError when there is nothing to explain."""
+    if opts.session is None:
+        row = con.execute("SELECT max(session_id) FROM sessions").fetchone()
+        if row is None or row[0] is None:
+            raise IngeroError(
+                "the database has no sessions", "record one with `sudo ingero trace` or `ingero demo`"
+            )
+        sid = int(row[0])
+    else:
+        sid = opts.session
+    srow = con.execute(
+        """SELECT started_ns, ended_ns, heartbeat_ns, coalesce(drops_kernel, 0),
+                  coalesce(drops_user, 0), ncpu
+           FROM sessions WHERE session_id = $sid""",
+        {"sid": sid},
+    ).fetchone()
+    if srow is None:
+        raise IngeroError(f"no session {sid} in the database", "list sessions with `ingero status`")
+    started, ended, heartbeat, dk, du, ncpu = srow
+    data = con.execute(
+        "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid", {"sid": sid}
+    ).fetchone()
+    first = data[0] if data and data[0] is not None else started
+    last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
+    end = int(opts.to_ns) if opts.to_ns is not None else int(last) + 1
+    if opts.from_ns is not None:
+        start = int(opts.from_ns)
+    elif opts.since_s is not None:
+        start = end - int(opts.since_s * NS)
+    else:
+        start = int(first)
+    start = max(start, int(min(first, started)))
+    if end <= start:
+        raise IngeroError(
+            "the time range holds no data of session %d" % sid,
+            "widen --since / --from / --to, or pick another --session",
+        )
+    if ncpu is None:
+        nrow = con.execute(
+            "SELECT max(ncpu) FROM system_metrics WHERE session_id = $sid", {"sid": sid}
+        ).fetchone()
+        ncpu = nrow[0] if nrow and nrow[0] else 1
+    window_ns = int(opts.window_s * NS) if opts.window_s else adaptive_window_ns(end - start)
+    return Context(
+        con=con,
+        session_id=sid,
+        start_ns=start,
+        end_ns=end,
+        window_ns=max(window_ns, 1),
+        pids=tuple(opts.pids),
+        ncpu=int(ncpu),
+        drops_kernel=int(dk),
+        drops_user=int(du),
+    )
+
+
+def parse_time(text: str) -> int:
+    """'2026-11-22T21:05:00' (local time unless it has an offset/Z), or epoch seconds -> ns."""
+    from datetime import datetime
+
+    s = text.strip()
+    try:
+        return int(float(s) * NS)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time (try 2026-01-31T14:05:00 or epoch seconds)") from None
+    return int(dt.timestamp() * NS)

@@ -1,0 +1,105 @@
+"""``explain(con, opts) -> Report``: the one entry point of the rule engine.
+
+Resolves what to look at, builds the window tables in one pass of SQL, runs
+every rule and returns plain objects; renderers print them.  Takes any
+DuckDB connection (read-only file, in-memory, or one a daemon hands over).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import duckdb
+
+from ingero.analyze import context, procs, windows
+from ingero.analyze.context import Context, Options
+from ingero.analyze.model import Analysed, Chain, Report, SystemContext
+from ingero.analyze.rules import registry
+
+COUNTS_SQL = """
+SELECT count(*) AS events,
+       count(*) FILTER (NOT list_contains($host_ops, op)) AS cuda_events
+FROM events
+WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+  AND ($all_pids OR list_contains($pids, pid) OR op = 'block_io')
+"""
+
+TRACED_SQL = """
+SELECT pid, count(*) AS n FROM (
+    SELECT pid FROM ing_loop UNION ALL SELECT DISTINCT pid FROM ing_sched
+) GROUP BY pid ORDER BY n DESC, pid
+"""
+
+SYSTEM_SQL = """
+SELECT avg(cpu_pct), avg(mem_pct), avg(load1), max(ncpu), max(swap_used_bytes), avg(iowait_pct)
+FROM ing_sys
+"""
+
+GPU_SQL = "SELECT avg(util_pct), count(*) FROM ing_gpu"
+
+
+def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
+    ctx = context.resolve(con, opts)
+    windows.build(ctx)
+    chains: list[Chain] = []
+    for rule in registry():
+        chains.extend(rule.evaluate(con, ctx))
+    chains.sort(key=Chain.sort_key)
+    report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains)
+    if not report.analysed.cuda_events:
+        report.notes.append("no CUDA calls in this range: only host events were analysed")
+    if ctx.drops_kernel or ctx.drops_user:
+        report.notes.append(
+            f"{ctx.drops_kernel + ctx.drops_user:,} events were dropped while tracing: counts are lower bounds"
+        )
+    if opts.stack:
+        report.stack = _stack(ctx, report)
+    return report
+
+
+def _analysed(ctx: Context) -> Analysed:
+    p = ctx.params(host_ops=windows.HOST_OPS)
+    del p["wns"]
+    events, cuda = ctx.con.execute(COUNTS_SQL, p).fetchone()
+    pids = [int(r[0]) for r in ctx.con.execute(TRACED_SQL).fetchall()]
+    names = procs.lookup(ctx.con, pids)
+    return Analysed(
+        session_id=ctx.session_id,
+        start_ns=ctx.start_ns,
+        end_ns=ctx.end_ns,
+        window_s=ctx.window_s,
+        windows=ctx.n_windows,
+        events=int(events or 0),
+        cuda_events=int(cuda or 0),
+        processes=[names[p].label for p in pids if p in names],
+        drops_kernel=ctx.drops_kernel,
+        drops_user=ctx.drops_user,
+    )
+
+
+def _system(ctx: Context) -> SystemContext:
+    cpu, mem, load, ncpu, swap, iowait = ctx.con.execute(SYSTEM_SQL).fetchone()
+    util, n = ctx.con.execute(GPU_SQL).fetchone()
+    return SystemContext(
+        cpu_pct=cpu,
+        mem_pct=mem,
+        load1=load,
+        ncpu=int(ncpu) if ncpu else ctx.ncpu,
+        swap_used_bytes=int(swap) if swap is not None else None,
+        iowait_pct=iowait,
+        gpu_util_pct=util if n else None,
+    )
+
+
+def _stack(ctx: Context, report: Report) -> dict:
+    """explain --stack: the callers module (when installed) names source lines."""
+    try:
+        callers = importlib.import_module("ingero.analyze.callers")
+    except ModuleNotFoundError:
+        return {"note": "stack analysis is not available in this build"}
+    # ctx carries the range and pids; the chains' evidence windows say where to look.
+    ctx.extra["chains"] = report.chains
+    return {
+        "top_callers": callers.top_callers(ctx.con, ctx),
+        "preempted_lines": callers.most_preempted_lines(ctx.con, ctx),
+    }

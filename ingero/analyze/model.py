@@ -1,0 +1,97 @@
+"""What explain produces: plain dataclasses, shared by every renderer.
+
+A rule returns ``Chain`` objects; ``explain`` wraps them in a ``Report`` with
+what was analysed.  Renderers (terminal, JSON) are pure functions of a
+Report, so both views always carry the same content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("HIGH", "MEDIUM", "LOW")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A process named as (part of) the cause."""
+
+    pid: int
+    name: str
+    detail: str = ""  # e.g. "1,204 preemptions, 31.0 s on CPU"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One evidence window: [start_ns, end_ns)."""
+
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class Chain:
+    """Cause -> effect, with the numbers and the fix."""
+
+    rule_id: str
+    severity: str  # HIGH | MEDIUM | LOW
+    title: str
+    root: list[str]
+    effect: list[str]
+    fix: list[str]
+    contributing: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)  # processes that suffer the effect
+    culprits: list[Culprit] = field(default_factory=list)
+    evidence_windows: list[Window] = field(default_factory=list)
+    windows_total: int = 0  # active windows of the affected process
+    # Pearson correlation, across the affected process' active windows, of the
+    # cause metric with the effect metric (None when either is constant).
+    correlation: float | None = None
+    # Share of the affected thread's wall clock (in evidence windows) the cause
+    # accounts for, 0-1: orders chains of equal severity.
+    impact: float = 0.0
+    numbers: dict[str, float] = field(default_factory=dict)  # key numbers, machine readable
+
+    def sort_key(self) -> tuple[int, float]:
+        return (SEVERITY_RANK.get(self.severity, 9), -self.impact)
+
+
+@dataclass
+class SystemContext:
+    cpu_pct: float | None = None
+    mem_pct: float | None = None
+    load1: float | None = None
+    ncpu: int | None = None
+    swap_used_bytes: int | None = None
+    iowait_pct: float | None = None
+    gpu_util_pct: float | None = None  # None: no NVML samples
+
+
+@dataclass
+class Analysed:
+    """What explain looked at, printed on every run (and alone on a healthy one)."""
+
+    session_id: int | None
+    start_ns: int
+    end_ns: int
+    window_s: float
+    windows: int
+    events: int
+    cuda_events: int
+    processes: list[str]  # "python3 (train.py) (PID 4242)"
+    drops_kernel: int = 0
+    drops_user: int = 0
+
+
+@dataclass
+class Report:
+    analysed: Analysed
+    system: SystemContext
+    chains: list[Chain]
+    notes: list[str] = field(default_factory=list)
+    stack: dict[str, Any] | None = None  # explain --stack: top callers / preempted lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,207 @@
+"""cpu-contention: the loop thread wants a CPU and other processes have it.
+
+Physics: every nanosecond a runnable thread waits for a CPU is lost wall
+clock; a CUDA sync that completes while its thread waits in the run queue
+returns late.  The cause metric is the loop thread's CPU wait per window:
+time switched out while still runnable (kind='preempted') plus run-queue
+latency after its wakeups.  Voluntary sleeps (waiting in a sync, on a queue)
+are not contention and are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain, Culprit
+
+ID = "cpu-contention"
+TITLE = "CPU scheduling contention → CUDA calls delayed"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # A window is evidence when the loop thread waits for a CPU at least this
+    # share of it.  On an idle host a thread's run-queue wait is well under 1%
+    # of wall clock; at 10% the loss is a tenth of the job's throughput.
+    min_wait_share: float = 0.10
+    # HIGH when the wait reaches a quarter of wall clock in evidence windows
+    # (a quarter of the GPU's feed time gone), or throughput drops that much.
+    high_wait_share: float = 0.25
+    high_drop: float = 0.25
+    # With clean windows to compare, the loop's CUDA call rate must fall by at
+    # least this much where the cause is: smaller drops are within the
+    # window-to-window noise of a healthy run (its rate varies by ~5-10%).
+    min_drop: float = 0.15
+    # A sync op is named in the effect when its p99 grows at least this much.
+    min_p99_ratio: float = 2.0
+    # Other processes are listed as busy when they used at least this share
+    # of one CPU in the evidence windows.
+    busy_cpu_share: float = 0.25
+
+
+T = Thresholds()
+
+# Who took the CPU from the process' threads in the evidence windows.
+PREEMPTORS_SQL = """
+SELECT other_pid, sum(n) AS n, sum(off_ns) AS off_ns
+FROM ing_preempt
+WHERE pid = $pid AND list_contains($ws, w) AND other_pid <> 0 AND other_pid <> $pid
+GROUP BY other_pid ORDER BY off_ns DESC, n DESC LIMIT 8
+"""
+
+# Busy processes host-wide in the same windows (process_cpu names them even
+# when the preemption events are missing, e.g. wakeup latency).
+BUSY_SQL = """
+SELECT pid, any_value(comm) AS comm, sum(oncpu_ns) AS oncpu_ns, sum(preempted_traced) AS took
+FROM ing_pcpu
+WHERE list_contains($ws, w) AND pid <> $pid AND pid <> 0
+GROUP BY pid HAVING sum(oncpu_ns) >= $min_oncpu_ns
+ORDER BY oncpu_ns DESC LIMIT 8
+"""
+
+TRACED_SQL = "SELECT DISTINCT pid FROM ing_sched UNION SELECT pid FROM ing_loop"
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    chains = []
+    loops = baseline.loop_threads(ctx)
+    traced = {int(r[0]) for r in con.execute(TRACED_SQL).fetchall()}
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        chain = _evaluate_pid(con, ctx, pid, loops.get(pid, pid), rows, traced)
+        if chain:
+            chains.append(chain)
+    return chains
+
+
+def _share(r: baseline.Row) -> float:
+    return r["cpu_wait_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+
+
+def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
+    s = baseline.split(rows, _share, T.min_wait_share)
+    if not s.evidence:
+        return None
+    wait_share = baseline.mean_share(s.evidence, "cpu_wait_ns")
+    base_rate, ev_rate, drop = baseline.throughput(s)
+    corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+    if s.has_baseline:
+        # time-aligned effect required: the loop is slower where it waits
+        if drop < T.min_drop or (corr is not None and corr > 0):
+            return None
+        severity = "HIGH" if (wait_share >= T.high_wait_share or drop >= T.high_drop) else "MEDIUM"
+    else:
+        # present throughout: the waited time itself is the loss
+        severity = "HIGH" if wait_share >= T.high_wait_share else "LOW"
+
+    ws = [int(r["w"]) for r in s.evidence]
+    ev_wall = sum(r["wall_ns"] for r in s.evidence)
+    wait_ns = sum(r["cpu_wait_ns"] for r in s.evidence)
+    preempt_n = sum(r["preempt_n"] for r in s.evidence)
+    wake_ns = sum(r["wake_runq_ns"] for r in s.evidence)
+
+    pre = con.execute(PREEMPTORS_SQL, {"pid": pid, "ws": ws}).fetchall()
+    busy = con.execute(
+        BUSY_SQL,
+        {"pid": pid, "ws": ws, "min_oncpu_ns": T.busy_cpu_share * ctx.window_ns * len(ws)},
+    ).fetchall()
+    names = procs.lookup(con, [pid] + [r[0] for r in pre] + [r[0] for r in busy])
+    me = names[pid]
+
+    outsiders: dict[int, str] = {}
+    own: dict[int, str] = {}
+    for other, n, off in pre:
+        bucket = own if other in traced else outsiders
+        bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
+    for other, comm, oncpu, took in busy:
+        if other in traced or other in outsiders:
+            continue
+        outsiders[other] = f"{units.ns(oncpu)} on CPU"
+    culprits = [Culprit(p, names[p].name if p in names else str(p), d) for p, d in outsiders.items()]
+    culprits += [Culprit(p, names[p].name if p in names else str(p), d + " (same job)") for p, d in own.items()]
+    own_only = bool(own) and not outsiders
+    if own_only and severity == "HIGH":
+        # the job competes with itself: real, but the fix is its own sizing
+        severity = "MEDIUM"
+
+    root = [
+        f"{units.count(preempt_n)} involuntary context switches on {me.label}",
+        f"waiting for a CPU {units.ns(wait_ns)} of {units.ns(ev_wall)} "
+        f"({units.pct(wait_share)} of wall clock) in {len(ws)} of {len(rows)} windows",
+    ]
+    if outsiders:
+        top = list(outsiders)[:3]
+        root.append("CPU taken by " + ", ".join(f"{names[p].name} (PID {p})" for p in top if p in names))
+    effect = []
+    for op, clean_p99, ev_p99 in baseline.op_p99(ctx, pid, tid, _sync_ops(), s)[:2]:
+        if s.has_baseline and clean_p99 > 0 and ev_p99 >= T.min_p99_ratio * clean_p99:
+            effect.append(
+                f"{op} p99 {units.ratio(ev_p99, clean_p99)} baseline ({units.ns(clean_p99)} → {units.ns(ev_p99)})"
+            )
+    if s.has_baseline:
+        effect.append(
+            f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+        )
+    else:
+        effect.append(
+            f"present in every active window: {units.pct(wait_share)} of the loop's wall clock lost waiting for a CPU"
+        )
+    contributing = []
+    if outsiders:
+        comms = sorted({names[p].comm or names[p].name for p in outsiders if p in names})
+        contributing.append(f"{len(outsiders)} busy processes ({', '.join(comms[:4])}) on {ctx.ncpu} cores")
+    if own:
+        contributing.append(f"{len(own)} processes of the same job also preempted the loop")
+    if wake_ns > 0:
+        contributing.append(f"run-queue wait after wakeups {units.ns(wake_ns)}")
+    fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
+    return Chain(
+        rule_id=ID,
+        severity=severity,
+        title=TITLE,
+        root=root,
+        effect=effect,
+        contributing=contributing,
+        fix=fix,
+        pids=[pid],
+        culprits=culprits,
+        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
+        windows_total=len(rows),
+        correlation=corr,
+        impact=wait_share,
+        numbers={
+            "cpu_wait_share": round(wait_share, 4),
+            "cpu_wait_ns": wait_ns,
+            "preemptions": preempt_n,
+            "ops_per_s_clean": round(base_rate, 1),
+            "ops_per_s_evidence": round(ev_rate, 1),
+            "throughput_drop": round(drop, 4),
+        },
+    )
+
+
+def _sync_ops() -> list[str]:
+    from ingero.analyze.windows import SYNC_OPS
+
+    return SYNC_OPS
+
+
+def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int) -> list[str]:
+    fix = []
+    if ctx.ncpu >= 2:
+        last = ctx.ncpu - 1
+        fix.append(f"taskset -c {last} {me.command}   (give the loop its own core)")
+        if outsiders:
+            others = " ".join(str(p.pid) for p in outsiders)
+            rest = "0" if last == 1 else f"0-{last - 1}"
+            fix.append(f"taskset -acp {rest} {others}   (keep {', '.join(sorted({p.comm or p.name for p in outsiders}))} off it)")
+    if outsiders:
+        fix.append("renice -n 19 -p " + " ".join(str(p.pid) for p in outsiders))
+    if own_n:
+        workers = max(1, ctx.ncpu - 1)
+        fix.append(
+            f"DataLoader(num_workers={workers}, persistent_workers=True)   "
+            f"(at most one worker per spare core: {ctx.ncpu} cores)"
+        )
+    return fix

@@ -1,0 +1,66 @@
+"""ingero explain: causal chains (host cause -> slow CUDA calls -> fix) from the store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ingero.commands.options import DURATION, db_option, json_option, resolve_db, since_option
+
+
+class Time(click.ParamType):
+    name = "time"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from ingero.analyze.context import parse_time
+
+        try:
+            return parse_time(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.command("explain")
+@since_option
+@click.option("--from", "from_ns", type=Time(), default=None, help="Start (ISO time or epoch seconds).")
+@click.option("--to", "to_ns", type=Time(), default=None, help="End (ISO time or epoch seconds).")
+@click.option("--session", type=int, default=None, help="Session id (default: the latest).")
+@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("--window", "window_s", type=DURATION, default=None,
+              help="Window length (default: span/30, between 1 s and 60 s).")
+@click.option("--stack", is_flag=True, help="Add the top callers and most-preempted source lines.")
+@json_option
+@db_option
+def command(since: float | None, from_ns: int | None, to_ns: int | None, session: int | None,
+            pids: tuple[int, ...], window_s: float | None, stack: bool, as_json: bool,
+            db_path: Path | None) -> None:
+    """Explain why the traced GPU job was slow: causal chains with fixes.
+
+    \b
+      ingero explain                       the latest session
+      ingero explain --since 2m            its last two minutes
+      ingero explain --pid 4242 --json     one process, machine-readable
+      ingero explain --session 3 --stack   with source lines (needs trace --stack)
+    """
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+    from ingero.store.db import Store
+
+    opts = Options(session=session, since_s=since, from_ns=from_ns, to_ns=to_ns,
+                   pids=pids, window_s=window_s, stack=stack)
+    store = Store.open(resolve_db(db_path), read_only=True)
+    try:
+        report = explain(store.con, opts)
+    finally:
+        store.close()
+    if as_json:
+        from ingero.render import json as render_json
+
+        render_json.write(report, sys.stdout)
+    else:
+        from ingero.render import terminal
+
+        terminal.write(report, sys.stdout)

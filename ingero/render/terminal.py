@@ -1,0 +1,119 @@
+"""explain's terminal view: a pure function of a Report, written to a stream."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from ingero.analyze import units
+from ingero.analyze.model import Chain, Report
+
+INDENT = "  "
+
+
+def span_text(seconds: float) -> str:
+    """120 -> '2 min', 45 -> '45 s', 5400 -> '1 h 30 min'."""
+    s = round(seconds)
+    if s < 120:
+        return f"{max(seconds, 0):.0f} s" if seconds >= 1 else f"{seconds:.1f} s"
+    if s < 7200:
+        return f"{s // 60} min" + (f" {s % 60} s" if s % 60 and s < 600 else "")
+    return f"{s // 3600} h" + (f" {(s % 3600) // 60} min" if (s % 3600) // 60 else "")
+
+
+def system_line(report: Report) -> str:
+    sc = report.system
+    parts = []
+    if sc.cpu_pct is not None:
+        parts.append(f"CPU: {sc.cpu_pct:.1f}%")
+    if sc.mem_pct is not None:
+        parts.append(f"Memory: {sc.mem_pct:.1f}%")
+    if sc.load1 is not None:
+        parts.append(f"Load: {sc.load1:.1f} ({sc.ncpu} cores)")
+    elif sc.ncpu:
+        parts.append(f"{sc.ncpu} cores")
+    if sc.swap_used_bytes is not None:
+        parts.append(f"Swap: {sc.swap_used_bytes / 1e6:.0f} MB")
+    if sc.gpu_util_pct is not None:
+        parts.append(f"GPU: {sc.gpu_util_pct:.0f}%")
+    else:
+        parts.append("GPU: no NVML samples")
+    return "System Context: " + " | ".join(parts)
+
+
+def analysed_line(report: Report) -> str:
+    a = report.analysed
+    span = (a.end_ns - a.start_ns) / 1e9
+    procs = len(a.processes)
+    text = (
+        f"Analysed: {a.events:,} events ({a.cuda_events:,} CUDA calls) from {procs} traced "
+        f"process{'es' if procs != 1 else ''} over {span_text(span)} "
+        f"({a.windows} windows of {span_text(a.window_s)}), session {a.session_id}; "
+        f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
+    )
+    return text
+
+
+def _block(out: IO[str], label: str, lines: list[str]) -> None:
+    if not lines:
+        return
+    head = f"{INDENT}{label}: "
+    out.write(head + lines[0] + "\n")
+    pad = " " * len(head)
+    for line in lines[1:]:
+        out.write(pad + line + "\n")
+
+
+def write_chain(chain: Chain, out: IO[str]) -> None:
+    out.write(f"[{chain.severity}] {chain.title}\n")
+    _block(out, "Root", chain.root)
+    _block(out, "Effect", chain.effect)
+    _block(out, "Contributing", chain.contributing)
+    _block(out, "Fix", chain.fix)
+    ev = f"{len(chain.evidence_windows)} of {chain.windows_total} windows"
+    if chain.correlation is not None:
+        ev += f", cause/effect correlation {chain.correlation:+.2f} across windows"
+    out.write(f"{INDENT}Evidence: {ev}  [{chain.rule_id}]\n")
+
+
+def _stack_lines(stack: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, value in stack.items():
+        title = key.replace("_", " ")
+        if isinstance(value, str):
+            lines.append(f"{title}: {value}")
+            continue
+        lines.append(f"{title.capitalize()}:")
+        for item in value or []:
+            if isinstance(item, dict):
+                lines.append(INDENT + "  ".join(f"{v}" for v in item.values()))
+            elif isinstance(item, (list, tuple)):
+                lines.append(INDENT + "  ".join(str(v) for v in item))
+            else:
+                lines.append(INDENT + str(item))
+        if not value:
+            lines.append(INDENT + "(none)")
+    return lines
+
+
+def write(report: Report, out: IO[str]) -> None:
+    out.write(system_line(report) + "\n")
+    span = (report.analysed.end_ns - report.analysed.start_ns) / 1e9
+    if report.chains:
+        out.write(f"Causal Chains (last {span_text(span)}):\n")
+        for chain in report.chains:
+            out.write("\n")
+            write_chain(chain, out)
+        out.write("\n")
+    else:
+        out.write("No causal chains: nothing on the host explains a slowdown in this range.\n")
+    for note in report.notes:
+        out.write(f"Note: {note}\n")
+    if report.stack is not None:
+        for line in _stack_lines(report.stack):
+            out.write(line + "\n")
+    out.write(analysed_line(report) + "\n")
+    if not report.chains and report.analysed.processes:
+        out.write("Processes: " + ", ".join(report.analysed.processes[:8]) + "\n")
+
+
+__all__ = ["write", "span_text", "units"]

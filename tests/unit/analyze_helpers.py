@@ -1,0 +1,223 @@
+"""Hand-made traces for rule tests: they look like what the tracer stores.
+
+``Trace`` writes a training loop step by step (launches, copies, syncs, the
+off-CPU intervals around and inside them, page faults), DataLoader workers,
+competing processes, block I/O and host metrics, into an in-memory Store
+with the real schema.  The loop follows the same physics as the simulated
+runtime: launches are async, the device works ``device_ms`` per step, a sync
+waits for what is left of it, and everything the host does (preemption, data
+waits, I/O, pageable copies) stretches the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ingero.analyze.context import Options
+from ingero.analyze.explain import explain
+from ingero.analyze.model import Report
+from ingero.store.db import Store
+
+S = 1_000_000_000
+MS = 1_000_000
+US = 1_000
+T0 = 1_763_800_000 * S
+SESSION = 1
+
+MAIN_PID = 4242
+MAIN_TID = 4242
+
+
+@dataclass
+class Step:
+    """What one training step does; every field in milliseconds unless named otherwise."""
+
+    cpu_ms: float = 4.0  # Python work of the loop thread between steps (on CPU)
+    device_ms: float = 30.0  # GPU work queued by the step's kernels
+    launches: int = 40
+    launch_us: float = 6.0
+    launch_gap_us: float = 25.0  # Python between two launches
+    syncs: int = 1
+    small_d2h: int = 0  # scalar read-backs (.item()) per step, each before a sync
+    copy_op: str | None = "cudaMemcpyAsync"
+    copy_kind: str = "H2D"
+    copy_bytes: int = 4 << 20
+    copy_ms: float = 0.02  # host time of the copy call (pinned async: tiny)
+    wait_ms: float = 0.0  # sleeping outside CUDA calls (waiting for a batch)
+    preempt_ms: float = 0.0  # runnable but off CPU, outside CUDA calls
+    preempt_by: int = 0
+    preempt_slices: int = 4
+    wake_runq_ms: float = 0.01  # run-queue wait after waking from the sync
+    io_ms: float = 0.0  # uninterruptible (D) outside CUDA calls
+    faults: int = 0  # page faults per step
+
+
+@dataclass
+class Trace:
+    ncpu: int = 2
+    events: list[dict[str, Any]] = field(default_factory=list)
+    pcpu: list[dict[str, Any]] = field(default_factory=list)
+    sysm: list[dict[str, Any]] = field(default_factory=list)
+    gpu: list[dict[str, Any]] = field(default_factory=list)
+    names: list[dict[str, Any]] = field(default_factory=list)
+    end_ns: int = T0
+
+    # -- building blocks ---------------------------------------------------
+
+    def ev(self, ts: int, op: str, pid: int, tid: int, dur: float = 0, **kw: Any) -> None:
+        row = {"session_id": SESSION, "timestamp": int(ts), "duration_ns": int(dur), "pid": pid,
+               "tid": tid, "op": op, "kind": None, "bytes": None, "preempted": None,
+               "other_pid": None, "runq_ns": None, "cpu": 0, "ret": 0}
+        row.update(kw)
+        self.events.append(row)
+        self.end_ns = max(self.end_ns, int(ts + dur))
+
+    def switch(self, ts: int, pid: int, tid: int, dur: float, kind: str, runq: float = 0,
+               other: int = 0) -> None:
+        self.ev(ts, "sched_switch", pid, tid, dur, kind=kind, preempted=(kind == "preempted"),
+                other_pid=other, runq_ns=int(runq))
+
+    def name(self, pid: int, name: str, comm: str, cmdline: str = "") -> "Trace":
+        self.names.append({"pid": pid, "name": name, "comm": comm, "cmdline": cmdline,
+                           "session_id": SESSION, "first_seen_ns": T0, "last_seen_ns": T0})
+        return self
+
+    # -- the training loop ---------------------------------------------------
+
+    def loop(self, start_s: float, end_s: float, step: Step | None = None, *, pid: int = MAIN_PID,
+             tid: int = MAIN_TID, **overrides: Any) -> "Trace":
+        """Steps of ``step`` (with overrides) from start_s to end_s; returns self."""
+        st = Step(**{**(step.__dict__ if step else {}), **overrides})
+        t = T0 + int(start_s * S)
+        end = T0 + int(end_s * S)
+        while t < end:
+            t = self._step(t, st, pid, tid)
+        return self
+
+    def _step(self, t: int, st: Step, pid: int, tid: int) -> int:
+        if st.wait_ms:
+            self.switch(t, pid, tid, st.wait_ms * MS, "sleep", runq=0.01 * MS)
+            t += int(st.wait_ms * MS)
+        if st.io_ms:
+            self.switch(t, pid, tid, st.io_ms * MS, "io", runq=0.01 * MS)
+            t += int(st.io_ms * MS)
+        if st.copy_op:
+            self.ev(t, st.copy_op, pid, tid, st.copy_ms * MS, kind=st.copy_kind, bytes=st.copy_bytes)
+            if st.copy_ms >= 1:  # a long synchronous copy sleeps while the DMA runs
+                self.switch(t + 20 * US, pid, tid, (st.copy_ms - 0.05) * MS, "sleep", runq=0.01 * MS)
+            t += int(st.copy_ms * MS)
+        first_launch = t
+        slice_every = max(1, st.launches // max(1, st.preempt_slices))
+        for i in range(st.launches):
+            self.ev(t, "cudaLaunchKernel", pid, tid, st.launch_us * US)
+            t += int((st.launch_us + st.launch_gap_us) * US)
+            if st.preempt_ms and i % slice_every == 0:
+                d = st.preempt_ms / max(1, st.preempt_slices) * MS
+                self.switch(t, pid, tid, d, "preempted", runq=d, other=st.preempt_by)
+                t += int(d)
+        for k in range(st.faults):
+            self.ev(t + k * 200, "page_fault", pid, tid, 0)
+        t += int(st.cpu_ms * MS)
+        for k in range(st.syncs):
+            if k < st.small_d2h:
+                self.ev(t, "cudaMemcpyAsync", pid, tid, 8 * US, kind="D2H", bytes=4)
+                t += 8 * US
+            share = st.device_ms * MS / st.syncs
+            left = max(0.0, first_launch + share * (k + 1) - t)
+            runq = st.wake_runq_ms * MS
+            dur = left + runq + 15 * US
+            self.ev(t, "cudaStreamSync", pid, tid, dur)
+            if left > 50 * US:
+                self.switch(t + 5 * US, pid, tid, left + runq, "sleep", runq=runq)
+            t += int(dur)
+        return t
+
+    # -- other processes -----------------------------------------------------
+
+    def worker(self, pid: int, start_s: float, end_s: float, *, oncpu: float = 0.3,
+               wait: float = 0.0, io: float = 0.0, comm: str = "pt_data_worker") -> "Trace":
+        """A DataLoader worker: on-CPU share, CPU-wait share, D-state share per second."""
+        for s in range(int(start_s), int(end_s)):
+            ts = T0 + s * S
+            self.pcpu.append(self._pcpu(pid, comm, ts + S, oncpu))
+            if wait:
+                for k in range(10):
+                    self.switch(ts + k * S // 10, pid, pid, wait * S / 10, "preempted",
+                                runq=wait * S / 10, other=9999)
+            if io:
+                self.switch(ts + S // 2, pid, pid, io * S, "io", runq=10 * US)
+            sleep = max(0.0, 1 - oncpu - wait - io)
+            if sleep > 0.01:
+                self.switch(ts + S // 3, pid, pid, sleep * S, "sleep", runq=10 * US)
+        return self
+
+    def competitor(self, pid: int, comm: str, start_s: float, end_s: float, *, oncpu: float = 0.95,
+                   took: int = 50) -> "Trace":
+        for s in range(int(start_s), int(end_s)):
+            self.pcpu.append(self._pcpu(pid, comm, T0 + (s + 1) * S, oncpu, took))
+        return self
+
+    @staticmethod
+    def _pcpu(pid: int, comm: str, ts: int, oncpu: float, took: int = 0) -> dict[str, Any]:
+        return {"session_id": SESSION, "timestamp": ts, "interval_ns": S, "pid": pid, "comm": comm,
+                "oncpu_ns": int(oncpu * S), "involuntary": int(took * 2), "voluntary": 10,
+                "preempted_traced": took}
+
+    def block_io(self, pid: int, start_s: float, end_s: float, *, per_s: int = 50,
+                 bytes_: int = 1 << 20, lat_ms: float = 40.0, kind: str = "write") -> "Trace":
+        t = T0 + int(start_s * S)
+        step = S // per_s
+        while t < T0 + int(end_s * S):
+            self.ev(t, "block_io", pid, pid, lat_ms * MS, kind=kind, bytes=bytes_, other_pid=259)
+            t += step
+        return self
+
+    def system(self, start_s: float, end_s: float, **fields: Any) -> "Trace":
+        for s in range(int(start_s), int(end_s)):
+            row = {"session_id": SESSION, "timestamp": T0 + (s + 1) * S, "cpu_pct": 45.0,
+                   "iowait_pct": 0.5, "mem_pct": 40.0, "swap_used_bytes": 0, "swap_in_bytes": 0,
+                   "swap_out_bytes": 0, "major_faults": 0, "load1": 1.2, "ncpu": self.ncpu}
+            row.update(fields)
+            self.sysm = [r for r in self.sysm if r["timestamp"] != row["timestamp"]] + [row]
+        return self
+
+    # -- output --------------------------------------------------------------
+
+    def store(self, *, drops: int = 0) -> Store:
+        store = Store.memory()
+        end = max(self.end_ns, T0 + S)
+        store.con.execute(
+            """INSERT INTO sessions (session_id, started_ns, ended_ns, status, events,
+                   drops_kernel, drops_user, ncpu)
+               VALUES ($sid, $t0, $end, 'closed', $n, $d, 0, $ncpu)""",
+            {"sid": SESSION, "t0": T0, "end": end, "n": len(self.events), "d": drops, "ncpu": self.ncpu},
+        )
+        for table, rows in (("events", self.events), ("process_cpu", self.pcpu),
+                            ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),
+                            ("process_names", self.names)):
+            if rows:
+                store.append(table, pa.Table.from_pylist(rows))
+        return store
+
+    def explain(self, **opts: Any) -> Report:
+        store = self.store()
+        return explain(store.con, Options(**opts))
+
+
+def healthy(seconds: float = 30, **step: Any) -> Trace:
+    """A GPU-bound run: pinned async copies, one sync per step, workers keep up."""
+    tr = Trace()
+    tr.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py --epochs 3")
+    for k in range(2):
+        tr.name(5000 + k, "python3 (train.py)", "pt_data_worker", "python3 train.py --epochs 3")
+        tr.worker(5000 + k, 0, seconds, oncpu=0.3)
+    tr.loop(0, seconds, **step)
+    tr.system(0, seconds)
+    return tr
+
+
+def chains_of(report: Report, rule_id: str) -> list:
+    return [c for c in report.chains if c.rule_id == rule_id]
