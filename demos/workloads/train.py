@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""A training loop on the simulated CUDA runtime, shaped like a PyTorch job.
+
+The main thread is "the training loop": per step it takes a batch from a
+DataLoader-like producer (worker processes feeding a queue), copies it to
+the device (pinned or pageable host memory), launches the step's kernels,
+synchronises (``loss.item()``-like) and does some host work (optimizer
+bookkeeping).  Every CUDA call goes through ctypes into libcudart.so.12 (ours
+from demos/build, or any other), so uprobes on the library see a real
+process making real calls.
+
+Work is measured in amounts, not wall time, so contention slows it down the
+way it slows real code: worker decode and host work are SHA-256 over a fixed
+number of bytes, calibrated once at start (best of several runs) to the
+microseconds asked for.
+
+Prints nothing until the end, then one JSON summary line (steps, step time
+mean/p50/p99, data-wait and sync p99, device busy %).  ``--progress N``
+prints one line per N steps to stderr.  Stops after --steps or --duration,
+or on SIGINT/SIGTERM (the summary is still printed); workers are always
+terminated.
+
+Example:
+    python3 demos/workloads/train.py --duration 30 --kernel-us 2000 \\
+        --kernels-per-step 8 --batch-bytes 16MiB --pinned --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import mmap
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_LIB = HERE.parent / "build" / "libcudart.so.12"
+
+CUDA_H2D = 1
+SIMCUDA_HOST_ALLOC_DEFAULT = 0
+# Work calibration buffer: 256 KiB hashes in ~0.2-0.5 ms here, long enough to
+# time and short enough to repeat.
+CALIBRATION_BYTES = 256 * 1024
+CALIBRATION_RUNS = 5
+
+
+class Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
+             "g": 1e9, "gb": 1e9, "gib": 1 << 30}
+    t = text.strip().lower()
+    num = t.rstrip("kmgib")
+    return int(float(num) * units[t[len(num):]])
+
+
+def load_cudart(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    p, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    lib.cudaLaunchKernel.argtypes = [p, Dim3, Dim3, ctypes.POINTER(ctypes.c_void_p), sz, p]
+    lib.cudaMemcpy.argtypes = [p, p, sz, i]
+    lib.cudaMemcpyAsync.argtypes = [p, p, sz, i, p]
+    lib.cudaStreamSynchronize.argtypes = [p]
+    lib.cudaMalloc.argtypes = [ctypes.POINTER(p), sz]
+    lib.cudaMallocHost.argtypes = [ctypes.POINTER(p), sz]
+    lib.cudaFreeHost.argtypes = [p]
+    lib.cudaFree.argtypes = [p]
+    lib.cudaStreamCreate.argtypes = [ctypes.POINTER(p)]
+    lib.cudaEventCreate.argtypes = [ctypes.POINTER(p)]
+    lib.cudaEventRecord.argtypes = [p, p]
+    lib.cudaEventSynchronize.argtypes = [p]
+    for name in ("simcudaDeviceBusyNs", "simcudaUptimeNs"):
+        if hasattr(lib, name):
+            getattr(lib, name).restype = ctypes.c_uint64
+    return lib
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SystemExit(f"train.py: {what} failed with cudaError {rc}")
+
+
+def calibrate_bytes_per_us() -> float:
+    """SHA-256 throughput of this CPU, best of a few runs (least disturbed)."""
+    buf = os.urandom(CALIBRATION_BYTES)
+    best = float("inf")
+    for _ in range(CALIBRATION_RUNS):
+        t = time.perf_counter()
+        hashlib.sha256(buf).digest()
+        best = min(best, time.perf_counter() - t)
+    return CALIBRATION_BYTES / max(best * 1e6, 1e-3)
+
+
+def cpu_work(nbytes: int, buf: bytes) -> bytes:
+    """A fixed amount of CPU work: hash nbytes (in slices of buf)."""
+    h = hashlib.sha256()
+    while nbytes > 0:
+        n = min(nbytes, len(buf))
+        h.update(buf[:n])
+        nbytes -= n
+    return h.digest()
+
+
+def worker_main(wid: int, args: argparse.Namespace, work_bytes: int, out: mp.Queue, stop) -> None:
+    """One DataLoader worker: per batch, optional file reads, then decode each sample."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    if args.worker_cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.worker_cpus.split(",")})
+    rng = random.Random(wid)
+    scratch = os.urandom(1 << 20)
+    fd = os.open(args.read_path, os.O_RDONLY) if args.read_path else -1
+    size = os.fstat(fd).st_size if fd >= 0 else 0
+    batch = 0
+    try:
+        while not stop.is_set():
+            for _ in range(args.reads_per_batch if fd >= 0 else 0):
+                off = rng.randrange(0, max(1, size - args.read_bytes)) & ~4095
+                if args.cold_reads:
+                    # a dataset larger than RAM: the block is not in the page cache
+                    os.posix_fadvise(fd, off, args.read_bytes, os.POSIX_FADV_DONTNEED)
+                os.pread(fd, args.read_bytes, off)
+            digest = b""
+            for _ in range(args.batch_size):
+                digest = cpu_work(work_bytes, scratch)
+            while not stop.is_set():
+                try:
+                    out.put((wid, batch, digest), timeout=0.2)
+                    break
+                except queue_mod.Full:
+                    continue
+            batch += 1
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default=os.environ.get("INGERO_DEMO_CUDART", str(DEFAULT_LIB)),
+                    help="libcudart.so.12 to load (default: the simulated one in demos/build)")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: use --duration)")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds to run when --steps is 0")
+    ap.add_argument("--kernel-us", type=int, default=2000, help="modelled duration of each kernel")
+    ap.add_argument("--kernels-per-step", type=int, default=8)
+    ap.add_argument("--batch-bytes", type=parse_size, default=parse_size("8MiB"), help="H2D copy per step")
+    mem = ap.add_mutually_exclusive_group()
+    mem.add_argument("--pinned", dest="pinned", action="store_true", default=True,
+                     help="batch in cudaMallocHost memory, copied with cudaMemcpyAsync (default)")
+    mem.add_argument("--pageable", dest="pinned", action="store_false",
+                     help="batch in ordinary (pageable) memory: staged, synchronous copies")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0: load inline)")
+    ap.add_argument("--batch-size", type=int, default=8, help="samples per batch")
+    ap.add_argument("--decode-us", type=float, default=100.0, help="CPU per sample in a worker")
+    ap.add_argument("--prefetch", type=int, default=2, help="batches queued per worker")
+    ap.add_argument("--worker-cpus", default="", help="pin workers to these cores (e.g. 1)")
+    ap.add_argument("--syncs-per-step", type=int, default=1,
+                    help="cudaStreamSynchronize calls per step, spread over the kernels (.item()-like)")
+    ap.add_argument("--host-us", type=float, default=500.0, help="CPU on the loop thread per step")
+    ap.add_argument("--read-path", default="", help="file the workers read from per batch")
+    ap.add_argument("--reads-per-batch", type=int, default=0)
+    ap.add_argument("--read-bytes", type=parse_size, default=parse_size("256KiB"))
+    ap.add_argument("--cold-reads", action="store_true", help="drop each block from the page cache first")
+    ap.add_argument("--mmap-path", default="",
+                    help="take each batch from a window of this memory-mapped file (mapped per step)")
+    ap.add_argument("--fresh-buffers", action="store_true",
+                    help="allocate the host batch buffer anew each step (first-touch page faults)")
+    ap.add_argument("--cpu", default="", help="pin the training loop to these cores (e.g. 0)")
+    ap.add_argument("--progress", type=int, default=0, help="print a line every N steps to stderr")
+    ap.add_argument("--summary-json", default="", help="also write the JSON summary to this file")
+    return ap
+
+
+class Stop:
+    def __init__(self) -> None:
+        self.flag = False
+
+    def __call__(self, signum, frame) -> None:  # noqa: ANN001
+        self.flag = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cpu:
+        os.sched_setaffinity(0, {int(c) for c in args.cpu.split(",")})
+    stop_signal = Stop()
+    signal.signal(signal.SIGTERM, stop_signal)
+    signal.signal(signal.SIGINT, stop_signal)
+
+    lib = load_cudart(args.lib)
+    check(lib.cudaSetDevice(0), "cudaSetDevice")
+    stream = ctypes.c_void_p()
+    check(lib.cudaStreamCreate(ctypes.byref(stream)), "cudaStreamCreate")
+    dev = ctypes.c_void_p()
+    check(lib.cudaMalloc(ctypes.byref(dev), args.batch_bytes), "cudaMalloc")
+
+    host = ctypes.c_void_p()
+    keep = None
+    if args.pinned and not args.fresh_buffers and not args.mmap_path:
+        check(lib.cudaMallocHost(ctypes.byref(host), args.batch_bytes), "cudaMallocHost")
+        ctypes.memset(host, 1, args.batch_bytes)
+    else:
+        keep = ctypes.create_string_buffer(args.batch_bytes)
+        host = ctypes.c_void_p(ctypes.addressof(keep))
+    mfd = os.open(args.mmap_path, os.O_RDONLY) if args.mmap_path else -1
+    msize = os.fstat(mfd).st_size if mfd >= 0 else 0
+    rng = random.Random(0)
+
+    bytes_per_us = calibrate_bytes_per_us()
+    host_work = int(args.host_us * bytes_per_us)
+    decode_work = int(args.decode_us * bytes_per_us)
+    scratch = os.urandom(1 << 20)
+
+    kernel_fn = getattr(lib, "simcudaTimedKernel", None)
+    kernel_ptr = ctypes.cast(kernel_fn, ctypes.c_void_p) if kernel_fn is not None else ctypes.c_void_p()
+    us = ctypes.c_uint32(args.kernel_us)
+    kargs = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(us), ctypes.c_void_p))
+    grid, block = Dim3(64, 1, 1), Dim3(256, 1, 1)
+    syncs = max(0, args.syncs_per_step)
+    sync_every = max(1, args.kernels_per_step // syncs) if syncs else 0
+
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    q: mp.Queue = ctx.Queue(maxsize=max(1, args.workers * args.prefetch))
+    workers = [ctx.Process(target=worker_main, args=(w, args, decode_work, q, stop), daemon=True)
+               for w in range(args.workers)]
+    for w in workers:
+        w.start()
+
+    step_ms: list[float] = []
+    wait_ms: list[float] = []
+    sync_ms: list[float] = []
+    busy0 = lib.simcudaDeviceBusyNs() if hasattr(lib, "simcudaDeviceBusyNs") else 0
+    t_start = time.perf_counter()
+    deadline = t_start + args.duration
+    step = 0
+    try:
+        while not stop_signal.flag:
+            if args.steps and step >= args.steps:
+                break
+            if not args.steps and time.perf_counter() >= deadline:
+                break
+            t0 = time.perf_counter()
+            # -- data: from the workers, or loaded inline
+            if args.workers:
+                while not stop_signal.flag:
+                    try:
+                        q.get(timeout=0.2)
+                        break
+                    except queue_mod.Empty:
+                        continue
+            else:
+                for _ in range(args.batch_size):
+                    cpu_work(decode_work, scratch)
+            t1 = time.perf_counter()
+            # -- host -> device copy
+            window = None
+            src = host
+            if args.fresh_buffers:
+                keep = ctypes.create_string_buffer(args.batch_bytes)  # fresh pages, first touch faults
+                src = ctypes.c_void_p(ctypes.addressof(keep))
+            if mfd >= 0:
+                length = min(args.batch_bytes, msize)
+                off = rng.randrange(0, max(1, msize - length)) & ~(mmap.ALLOCATIONGRANULARITY - 1)
+                # a private writable map so ctypes can take its address; only read here
+                window = mmap.mmap(mfd, length, flags=mmap.MAP_PRIVATE,
+                                   prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=off)
+                anchor = ctypes.c_char.from_buffer(window)
+                src = ctypes.c_void_p(ctypes.addressof(anchor))
+            if args.pinned and mfd < 0 and not args.fresh_buffers:
+                check(lib.cudaMemcpyAsync(dev, src, args.batch_bytes, CUDA_H2D, stream), "cudaMemcpyAsync")
+            else:
+                n = min(args.batch_bytes, msize) if mfd >= 0 else args.batch_bytes
+                check(lib.cudaMemcpy(dev, src, n, CUDA_H2D), "cudaMemcpy")
+            if window is not None:
+                del anchor  # the export must go before the map can close
+                window.close()
+            # -- forward/backward: kernels, with syncs spread among them
+            for k in range(args.kernels_per_step):
+                check(lib.cudaLaunchKernel(kernel_ptr, grid, block, kargs, 0, stream), "cudaLaunchKernel")
+                if sync_every and (k + 1) % sync_every == 0 and (k + 1) // sync_every <= syncs:
+                    ts = time.perf_counter()
+                    check(lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+                    sync_ms.append((time.perf_counter() - ts) * 1e3)
+            # -- optimizer bookkeeping on the host
+            if host_work:
+                cpu_work(host_work, scratch)
+            t2 = time.perf_counter()
+            step_ms.append((t2 - t0) * 1e3)
+            wait_ms.append((t1 - t0) * 1e3)
+            step += 1
+            if args.progress and step % args.progress == 0:
+                print(f"step {step}: {step_ms[-1]:.2f} ms (data wait {wait_ms[-1]:.2f} ms)",
+                      file=sys.stderr, flush=True)
+        lib.cudaDeviceSynchronize()
+    finally:
+        stop.set()
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.join(timeout=2)
+        q.cancel_join_thread()
+        if mfd >= 0:
+            os.close(mfd)
+    wall = time.perf_counter() - t_start
+    busy = (lib.simcudaDeviceBusyNs() - busy0) / 1e9 if hasattr(lib, "simcudaDeviceBusyNs") else None
+    summary = {
+        "steps": step,
+        "wall_s": round(wall, 3),
+        "steps_per_s": round(step / wall, 2) if wall else 0.0,
+        "step_ms_mean": round(sum(step_ms) / len(step_ms), 3) if step_ms else 0.0,
+        "step_ms_p50": round(percentile(step_ms, 50), 3),
+        "step_ms_p99": round(percentile(step_ms, 99), 3),
+        "data_wait_ms_mean": round(sum(wait_ms) / len(wait_ms), 3) if wait_ms else 0.0,
+        "sync_ms_p99": round(percentile(sync_ms, 99), 3),
+        "device_busy_pct": round(100 * busy / wall, 1) if busy is not None and wall else None,
+        "pid": os.getpid(),
+    }
+    print(json.dumps(summary), flush=True)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
