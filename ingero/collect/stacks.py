@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ingero.collect import pyframes, symbols
+
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 STACK_HEADER = "stack.h"
 # Must equal INGERO_PY_MAX_FRAMES in bpf/stack.h (checked by tests/unit/test_pyframes.py).
@@ -59,3 +61,280 @@ def bpf_text(main: Path | str, *, inline: tuple[str, ...] = (STACK_HEADER,)) -> 
         else:
             out.append(line)
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ records
+
+class PyProcConfig(ctypes.Structure):
+    """Mirror of struct ingero_py_proc (bpf/stack.h)."""
+
+    _fields_ = [
+        ("runtime_addr", ctypes.c_uint64),
+        ("interp_head", ctypes.c_uint32),
+        ("threads_head", ctypes.c_uint32),
+        ("tstate_next", ctypes.c_uint32),
+        ("tstate_tid", ctypes.c_uint32),
+        ("pthread_tid", ctypes.c_int32),
+        ("tstate_frame", ctypes.c_uint32),
+        ("cframe_frame", ctypes.c_int32),
+        ("frame_code", ctypes.c_uint32),
+        ("frame_previous", ctypes.c_uint32),
+        ("frame_instr", ctypes.c_uint32),
+    ]
+
+
+class StackRecord(ctypes.Structure):
+    """Mirror of struct ingero_stack (bpf/stack.h)."""
+
+    _fields_ = [
+        ("tgid", ctypes.c_uint32),
+        ("native_id", ctypes.c_int32),
+        ("nframes", ctypes.c_uint32),
+        ("truncated", ctypes.c_uint32),
+        ("code", ctypes.c_uint64 * PY_MAX_FRAMES),
+        ("instr", ctypes.c_uint64 * PY_MAX_FRAMES),
+    ]
+
+
+def proc_config(interp: pyframes.Interpreter) -> PyProcConfig:
+    lay = interp.layout
+    return PyProcConfig(
+        runtime_addr=interp.runtime_addr,
+        interp_head=lay.interp_head,
+        threads_head=lay.threads_head,
+        tstate_next=lay.tstate_next,
+        tstate_tid=lay.tstate_tid,
+        pthread_tid=interp.pthread_tid if lay.tid_is_pthread else -1,
+        tstate_frame=lay.tstate_frame,
+        cframe_frame=lay.cframe_frame,
+        frame_code=lay.frame_code,
+        frame_previous=lay.frame_previous,
+        frame_instr=lay.frame_instr,
+    )
+
+
+# Frames the interpreter adds that are not user code (3.12's entry shim).
+_SYNTHETIC_FRAMES = frozenset({"<interpreter trampoline>", "<shim>"})
+
+STACK_COLUMNS = ("stack_id", "depth", "frame_kind", "function", "module", "file", "line", "source")
+
+
+def content_id(frames: list[tuple]) -> int:
+    """63-bit content hash of a resolved stack: the stored ``stack_id``."""
+    h = hashlib.blake2b(repr(frames).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def source_line(pid: int, filename: str, line: int) -> str | None:
+    """Text of ``filename:line`` as the process sees it (through /proc/PID/root)."""
+    if not filename or line <= 0 or filename.startswith("<"):
+        return None
+    for path in (f"/proc/{pid}/root{filename}" if filename.startswith("/") else None, filename):
+        if path and os.path.exists(path):
+            text = linecache.getline(path, line)
+            if text:
+                return text.strip()
+    return None
+
+
+class _Proc:
+    """What we know about one traced process."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.native = symbols.NativeSymbolizer(pid)
+        self.interp: pyframes.Interpreter | None = None
+        self.mem: pyframes.ProcessMemory | None = None
+        self.code: pyframes.CodeReader | None = None
+        try:
+            self.mem = pyframes.ProcessMemory(pid)
+            self.interp = pyframes.find_interpreter(pid, self.mem)
+        except OSError:
+            self.interp = None
+        if self.interp is not None and self.mem is not None:
+            self.code = pyframes.CodeReader(self.mem, self.interp)
+        # Native frames from these files are the interpreter's own: a Python
+        # stack replaces them.
+        self.interp_files = {self.interp.binary} if self.interp else set()
+
+
+class StackResolver:
+    """BPF stack ids -> stored ``stacks.stack_id`` (see the module docstring).
+
+    ``bpf`` is the loaded BCC program that includes stack.h; ``store`` an
+    ingero Store (``append`` + ``con``).  Not thread-safe: call from the
+    decode thread.
+    """
+
+    def __init__(self, bpf: Any, store: Any, *, session_id: int | None = None):
+        self.bpf = bpf
+        self.store = store
+        self.session_id = session_id
+        self.procs: dict[int, _Proc] = {}
+        self._ids: dict[int, int] = {}          # BPF id -> stored id (the BPF id hashes the tgid)
+        self._stored: set[int] = set()
+        self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
+                      "python_frames": 0, "python_unreadable": 0, "missing": 0}
+
+    # -- targets -----------------------------------------------------------
+
+    def prepare(self, pids) -> list[int]:
+        """Register processes as targets; returns the pids found to run CPython."""
+        python = []
+        table = self.bpf.get_table("ingero_py_procs")
+        for pid in pids:
+            pid = int(pid)
+            if pid in self.procs:
+                if self.procs[pid].interp:
+                    python.append(pid)
+                continue
+            proc = _Proc(pid)
+            self.procs[pid] = proc
+            if proc.interp is not None:
+                table[table.Key(pid)] = proc_config(proc.interp)
+                python.append(pid)
+        return python
+
+    def forget(self, pid: int) -> None:
+        proc = self.procs.pop(int(pid), None)
+        if proc and proc.mem:
+            proc.mem.close()
+        try:
+            table = self.bpf.get_table("ingero_py_procs")
+            del table[table.Key(int(pid))]
+        except KeyError:
+            pass
+
+    def counters(self) -> dict[str, int]:
+        """The BPF side's counters (stored, stackid errors, thread not found, map full, truncated)."""
+        table = self.bpf.get_table("ingero_stack_counters")
+        names = ("stored", "native_errors", "thread_not_found", "map_full", "truncated")
+        return {n: int(table[table.Key(i)].value) for i, n in enumerate(names)}
+
+    # -- resolving ---------------------------------------------------------
+
+    def resolve(self, stack_ids: np.ndarray, pids: np.ndarray) -> np.ndarray:
+        """Stored stack ids (int64, -1 where none) for BPF ids; new stacks are written once."""
+        stack_ids = np.asarray(stack_ids, dtype=np.int64)
+        out = np.full(stack_ids.shape, -1, dtype=np.int64)
+        if stack_ids.size == 0:
+            return out
+        pids = np.asarray(pids)
+        rows: list[tuple] = []
+        uniq, inverse = np.unique(stack_ids, return_inverse=True)
+        mapped = np.full(uniq.shape, -1, dtype=np.int64)
+        first_pid = {}
+        for i, pid in zip(inverse.tolist(), pids.tolist()):
+            first_pid.setdefault(i, pid)
+        for k, bpf_id in enumerate(uniq.tolist()):
+            if bpf_id < 0:
+                continue
+            hit = self._ids.get(bpf_id)
+            if hit is None:
+                hit = self._resolve_one(bpf_id, int(first_pid[k]), rows)
+                if hit is None:
+                    continue
+                self._ids[bpf_id] = hit
+            mapped[k] = hit
+        out[:] = mapped[inverse]
+        if rows:
+            self._write(rows)
+        return out
+
+    def frames(self, bpf_id: int, pid: int) -> list[tuple]:
+        """Resolved frames of one BPF id, innermost first:
+        (frame_kind, function, module, file, line, source)."""
+        table = self.bpf.get_table("ingero_stacks")
+        try:
+            rec = table[table.Key(bpf_id)]
+        except KeyError:
+            return []
+        pid = int(rec.tgid) or pid
+        proc = self.procs.get(pid)
+        if proc is None:
+            self.prepare([pid])
+            proc = self.procs[pid]
+        native = self._native(proc, int(rec.native_id))
+        python = self._python(proc, rec)
+        if not python:
+            return native
+        # Native frames above the interpreter (the library called from
+        # Python: libcudart, ctypes, ...), then the Python frames.
+        merged = []
+        for f in native:
+            if f[2] in proc.interp_files or f[1] == symbols.UNKNOWN:
+                break
+            merged.append(f)
+        return merged + python
+
+    def _resolve_one(self, bpf_id: int, pid: int, rows: list[tuple]) -> int | None:
+        frames = self.frames(bpf_id, pid)
+        if not frames:
+            self.stats["missing"] += 1
+            return None
+        sid = content_id(frames)
+        if sid not in self._stored:
+            self._stored.add(sid)
+            for depth, f in enumerate(frames):
+                rows.append((sid, depth) + f)
+            self.stats["stacks"] += 1
+            self.stats["frames"] += len(frames)
+        return sid
+
+    def _native(self, proc: _Proc, native_id: int) -> list[tuple]:
+        if native_id < 0:
+            return []
+        try:
+            addrs = list(self.bpf.get_table("ingero_native_stacks").walk(native_id))
+        except KeyError:
+            return []
+        out = []
+        for addr in addrs:
+            nf = proc.native.symbolize(addr)
+            self.stats["native_frames"] += 1
+            if nf.function == symbols.UNKNOWN:
+                self.stats["native_unknown"] += 1
+            out.append(("native", nf.function, nf.module, None, None, None))
+        return out
+
+    def _python(self, proc: _Proc, rec: StackRecord) -> list[tuple]:
+        if proc.code is None:
+            return []
+        out = []
+        for i in range(min(int(rec.nframes), PY_MAX_FRAMES)):
+            fr = proc.code.frame(int(rec.code[i]), int(rec.instr[i]))
+            self.stats["python_frames"] += 1
+            if fr is None:
+                self.stats["python_unreadable"] += 1
+                continue
+            if fr.function in _SYNTHETIC_FRAMES:
+                continue
+            out.append(("python", fr.function, fr.filename, fr.filename, fr.line,
+                        source_line(proc.pid, fr.filename, fr.line)))
+        return out
+
+    def _write(self, rows: list[tuple]) -> None:
+        import pyarrow as pa
+
+        ids = sorted({r[0] for r in rows})
+        existing = {
+            r[0]
+            for r in self.store.con.execute(
+                "SELECT DISTINCT stack_id FROM stacks WHERE list_contains($ids, stack_id)", {"ids": ids}
+            ).fetchall()
+        }
+        rows = [r for r in rows if r[0] not in existing]
+        if not rows:
+            return
+        cols = list(zip(*rows))
+        batch = pa.table({
+            "stack_id": pa.array(cols[0], pa.int64()),
+            "depth": pa.array(cols[1], pa.int32()),
+            "frame_kind": pa.array(cols[2], pa.string()),
+            "function": pa.array(cols[3], pa.string()),
+            "module": pa.array(cols[4], pa.string()),
+            "file": pa.array(cols[5], pa.string()),
+            "line": pa.array(cols[6], pa.int32()),
+            "source": pa.array(cols[7], pa.string()),
+        })
+        self.store.append("stacks", batch)

@@ -1,0 +1,182 @@
+"""--stack against NVIDIA's real libcudart, through the test harness program.
+
+tests/live/stack_harness.bpf.c includes bpf/stack.h and puts a uprobe on
+libcudart functions; a Python workload (stack_workload.py) calls them from
+known lines.  The stored stacks must name those exact files and lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ingero.collect.records import EVENT_DTYPE, Op
+from ingero.store.db import Store
+
+pytestmark = pytest.mark.live
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "stack_workload.py"
+PYENV = Path("/root/.pyenv/versions")
+
+
+def libcudart() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in spec.submodule_search_locations if spec else []:
+        p = Path(base) / "cuda_runtime" / "lib" / "libcudart.so.12"
+        if p.exists():
+            return str(p)
+    pytest.skip("nvidia-cuda-runtime-cu12 is not installed (pip install nvidia-cuda-runtime-cu12)")
+
+
+class Harness:
+    """The harness BPF program, its ring buffer and a StackResolver."""
+
+    def __init__(self, store: Store):
+        from bcc import BPF
+
+        from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
+        from ingero.collect.stacks import StackResolver, bpf_text
+
+        ensure_tracefs()
+        find_kernel_headers().export()
+        self.bpf = BPF(
+            text=bpf_text(HERE / "stack_harness.bpf.c"),
+            cflags=[f"-I{HERE.parent.parent / 'bpf'}", "-D__BPF__", "-Wno-macro-redefined"],
+        )
+        self.events: list[np.ndarray] = []
+        self.bpf["harness_events"].open_ring_buffer(self._on_event)
+        self.resolver = StackResolver(self.bpf, store, session_id=1)
+
+    def _on_event(self, _ctx, data, size):
+        self.events.append(np.frombuffer(ctypes.string_at(data, size), dtype=EVENT_DTYPE).copy())
+
+    def attach(self, lib: str, symbols: list[str]) -> None:
+        for sym in symbols:
+            self.bpf.attach_uprobe(name=lib, sym=sym, fn_name="harness_uprobe")
+
+    def target(self, pid: int) -> None:
+        self.resolver.prepare([pid])
+        t = self.bpf["harness_pids"]
+        t[t.Key(pid)] = t.Leaf(1)
+
+    def drain(self) -> np.ndarray:
+        self.bpf.ring_buffer_consume()
+        return np.concatenate(self.events) if self.events else np.zeros(0, dtype=EVENT_DTYPE)
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+def run_workload(harness: Harness, python: str, n: int) -> tuple[int, dict]:
+    lib = libcudart()
+    proc = subprocess.Popen([python, str(WORKLOAD), lib, str(n)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    harness.target(proc.pid)
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    lines = json.loads(proc.stdout.readline())
+    return proc, lines
+
+
+def finish(proc: subprocess.Popen) -> None:
+    proc.stdin.write("exit\n")
+    proc.stdin.flush()
+    proc.wait(timeout=30)
+
+
+def stack_rows(store: Store, stack_id: int) -> list[tuple]:
+    return store.con.execute(
+        "SELECT depth, frame_kind, function, module, file, line, source FROM stacks "
+        "WHERE stack_id = $id ORDER BY depth", {"id": stack_id}).fetchall()
+
+
+@pytest.fixture
+def harness():
+    store = Store.memory()
+    h = Harness(store)
+    h.attach(libcudart(), ["cudaMalloc", "cudaDeviceSynchronize"])
+    yield h, store
+    h.close()
+
+
+def check_python(harness, store, python: str, n: int = 5):
+    h = harness
+    proc, lines = run_workload(h, python, n)
+    pid = proc.pid
+    ev = h.drain()
+    ev = ev[(ev["pid"] == pid) & (ev["op"] == Op.CUDA_MALLOC)]
+    # cudaMalloc and cudaDeviceSynchronize both land in the one uprobe handler.
+    assert len(ev) == n + 1, f"expected {n + 1} calls, got {len(ev)}"
+    assert (ev["stack_id"] >= 0).all(), ev["stack_id"]
+    try:
+        ids = h.resolver.resolve(ev["stack_id"], ev["pid"])
+    finally:
+        finish(proc)
+    assert (ids >= 0).all()
+    # The n cudaMalloc calls come from one line: one stack, stored once.
+    assert len(set(ids[:n].tolist())) == 1
+    malloc = stack_rows(store, int(ids[0]))
+    sync = stack_rows(store, int(ids[-1]))
+    py_malloc = [r for r in malloc if r[1] == "python"]
+    py_sync = [r for r in sync if r[1] == "python"]
+    assert py_malloc[0][2:] == ("alloc_loop", str(WORKLOAD), str(WORKLOAD), lines["MALLOC_LINE"],
+                                "cudart.cudaMalloc(ctypes.byref(ptr), 1024)  # MALLOC_LINE")
+    assert py_malloc[1][2] == "main" and py_malloc[1][5] == lines["LOOP_CALL_LINE"]
+    assert py_sync[0][2] == "main" and py_sync[0][5] == lines["SYNC_LINE"]
+    assert [r[2] for r in py_malloc[-2:]] == ["main", "<module>"]
+    # The innermost frame is the CUDA call itself, symbolised natively.
+    assert malloc[0][1:4] == ("native", "cudaMalloc", libcudart())
+    assert sync[0][1:4] == ("native", "cudaDeviceSynchronize", libcudart())
+    return h.resolver
+
+
+def test_debian_python311_static_binary_exact_lines(harness):
+    h, store = harness
+    resolver = check_python(h, store, sys.executable if sys.version_info[:2] == (3, 11) else "/usr/bin/python3")
+    assert resolver.stats["python_unreadable"] == 0
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+def test_pyenv_libpython_exact_lines(harness, version):
+    found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
+    if not found:
+        pytest.skip(f"no python{version} under {PYENV}")
+    h, store = harness
+    check_python(h, store, str(found[-1]))
+
+
+def test_native_only_process_gets_native_stack(harness, tmp_path):
+    """A non-Python caller: the stack is the native one, innermost = the CUDA call."""
+    h, store = harness
+    src = tmp_path / "caller.c"
+    src.write_text(
+        '#include <dlfcn.h>\n#include <stdio.h>\n'
+        'int main(int c, char **v) { void *h = dlopen(v[1], RTLD_NOW); if (!h) return 1;\n'
+        ' int (*f)(void **, unsigned long) = dlsym(h, "cudaMalloc"); void *p;\n'
+        ' getchar(); for (int i = 0; i < 3; i++) f(&p, 64); return 0; }\n')
+    exe = tmp_path / "caller"
+    subprocess.run(["cc", "-O0", "-fno-omit-frame-pointer", "-o", str(exe), str(src), "-ldl"], check=True)
+    proc = subprocess.Popen([str(exe), libcudart()], stdin=subprocess.PIPE)
+    time.sleep(0.3)
+    h.target(proc.pid)
+    proc.communicate(b"\n", timeout=30)
+    ev = h.drain()
+    ev = ev[(ev["pid"] == proc.pid) & (ev["op"] == Op.CUDA_MALLOC)]
+    assert len(ev) == 3
+    ids = h.resolver.resolve(ev["stack_id"], ev["pid"])
+    rows = stack_rows(store, int(ids[0]))
+    assert rows[0][1:4] == ("native", "cudaMalloc", libcudart())
+    assert "main" in [r[2] for r in rows if r[3] == str(exe)]
+    assert all(r[1] == "native" for r in rows)
