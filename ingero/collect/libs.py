@@ -191,16 +191,13 @@ _SITE_LIB_GLOBS = (
     "nvidia/*/lib",  # cu13 wheels (nvidia/cu13/lib) and anything alike
     "torch/lib",
     "*.libs",  # auditwheel-repaired wheels: torch.libs/libcudart-<hash>.so.12
-    "jaxlib/cuda",
-    "tensorflow",
 )
 
 
 def _homes() -> list[Path]:
     homes = {Path.home(), Path("/root")}
-    for user in (os.environ.get("SUDO_USER"),):
-        if user:
-            homes.add(Path("~" + user).expanduser())
+    if os.environ.get("SUDO_USER"):  # `sudo ingero trace`: the user's own conda and ~/.local
+        homes.add(Path("~" + os.environ["SUDO_USER"]).expanduser())
     homes.update(Path(p) for p in glob.glob("/home/*"))
     return sorted(homes)
 
@@ -436,10 +433,9 @@ def _check_extra(path: Path) -> list[Path]:
     return [path]
 
 
-def _gather(registry: _Registry, extra: Iterable[Path], places: SearchPlaces, proc: Path | None) -> None:
-    for p in extra:
-        for path in _check_extra(Path(p)):
-            registry.add_path(path)
+def _gather(registry: _Registry, extra: list[Path], places: SearchPlaces, proc: Path | None) -> None:
+    for path in extra:
+        registry.add_path(path)
     for path in static_candidates(places):
         if "/stubs/" in str(path):  # link-time stubs; never what a process runs
             continue
@@ -459,7 +455,8 @@ def find_cuda_libraries(
     ``places`` and ``proc`` exist for tests (proc=None skips processes).
     """
     registry = _Registry()
-    _gather(registry, extra, places or default_places(proc), proc)
+    extra_files = [f for p in extra for f in _check_extra(Path(p))]
+    _gather(registry, extra_files, places or default_places(proc), proc)
     return sorted(registry.libs.values(), key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
 
 
@@ -507,7 +504,7 @@ class LibraryWatcher:
     """
 
     def __init__(self, extra: Iterable[Path] = (), *, places: SearchPlaces | None = None, proc: Path = PROC):
-        self._extra = list(extra)
+        self._extra = [f for p in extra for f in _check_extra(Path(p))]  # a bad --cuda-lib fails here, early
         self._places = places
         self._proc = proc
         self._registry = _Registry()

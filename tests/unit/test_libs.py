@@ -258,10 +258,10 @@ def test_watcher_reports_each_copy_once_and_reads_only_changed_maps(host, proc, 
     assert w.maps_read == 1
 
 
-def test_watcher_rejects_bad_extra_on_first_poll(host, proc):
-    w = LibraryWatcher([host["root"] / "nope.so"], places=_places(host), proc=proc)
-    with pytest.raises(IngeroError):
-        w.poll()
+def test_watcher_rejects_bad_extra_when_created(host, proc):
+    with pytest.raises(IngeroError) as err:
+        LibraryWatcher([host["root"] / "nope.so"], places=_places(host), proc=proc)
+    assert err.value.message == f"--cuda-lib {host['root'] / 'nope.so'}: no such file or directory"
 
 
 # ---------------------------------------------------------------- NVIDIA's real libcudart
@@ -309,3 +309,13 @@ def test_elf_cache_reads_each_file_once(host, monkeypatch):
     find_cuda_libraries(places=_places(host), proc=None)
     assert len(calls) == n  # second search parses nothing
     assert n == 5  # runtime, bundled runtime, driver, the no-CUDA .so.99, the ld script
+
+
+def test_watcher_first_poll_includes_extra_paths(built, tmp_path):
+    odd = tmp_path / "mycudart.so"
+    shutil.copy(built["runtime"], odd)
+    empty_proc = tmp_path / "proc"
+    empty_proc.mkdir()
+    w = LibraryWatcher([odd], places=SearchPlaces((), (), False), proc=empty_proc)
+    assert [(lib.path, lib.kind) for lib in w.poll()] == [(odd, RUNTIME)]
+    assert w.poll() == []
