@@ -220,6 +220,11 @@ class QueryServer:
                     cur.interrupt()
                 except duckdb.Error:
                     pass
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() on Linux
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout=ACCEPT_POLL_S * 4)
         if self._sock is not None:

@@ -52,6 +52,11 @@ def metrics_row(session_id: int, ts_ns: int) -> pa.Table:
                      "cpu_pct": [50.0], "mem_pct": [40.0], "ncpu": pa.array([2], pa.int32())})
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             acked += n
             last_event_ns = now_ev
             store.update_session(sid, events=acked, heartbeat_ns=time.time_ns())
-            out: dict[str, Any] = {"acked": acked, "event_ns": now_ev}
+            out: dict[str, Any] = {"acked": acked, "event_ns": now_ev, "rss_bytes": _rss_bytes()}
             if retention and time.monotonic() - last_retention >= args.retention_every:
                 out["retention"] = retention.apply(store.con, now_ev)
                 last_retention = time.monotonic()
