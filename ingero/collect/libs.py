@@ -48,9 +48,11 @@ _LIB_NAME = re.compile(r"^libcuda(?P<rt>rt)?(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$
 _RUNTIME_MARKERS = frozenset({"cudaLaunchKernel", "cudaMalloc", "cudaGetDeviceCount", "cudaMemcpy"})
 _DRIVER_MARKERS = frozenset({"cuInit", "cuLaunchKernel", "cuDriverGetVersion"})
 
-# Suffixes CUDA appends to an API name: _v2.._vN (driver ABI revisions) and
-# _ptds / _ptsz (per-thread default stream builds of the same call).
-_VARIANT_SUFFIX = re.compile(r"^(?:_v[0-9]+)?(?:_ptds|_ptsz)?$")
+# _ptds / _ptsz: per-thread-default-stream builds of the same call (same
+# arguments).  Driver ABI revisions (_v2, _v3) are different entry points with
+# possibly different arguments, so a probe table names them explicitly.  The
+# same rule as probes.variants, so describe() counts what the loader attaches.
+_VARIANT_SUFFIX = re.compile(r"^(?:_ptds|_ptsz)?$")
 
 _FIX_CUDA_LIB = "pass the path of a libcudart.so* or libcuda.so* (list them with: ldconfig -p | grep libcuda)"
 
@@ -76,18 +78,20 @@ class CudaLib:
 def describe(lib: CudaLib, bases: Iterable[str] | None = None) -> str:
     """One line for ``ingero check``: path, kind, how many functions can be probed.
 
-    With ``bases`` (the probe table's base names) it counts those the library
-    exports, variants included; without, every exported API function.
+    ``bases`` are the probe table's base names for this kind of library
+    (default: ingero.collect.probes.CUDA_PROBES); variants are counted too.
     """
     if bases is None:
-        count = len(lib.api_functions())
-        what = "API functions"
-    else:
-        bases = list(bases)
-        count = sum(len(lib.variants(b)) for b in bases)
-        present = sum(1 for b in bases if lib.variants(b))
-        what = f"probe-able symbols ({present}/{len(bases)} ops, variants included)"
-    return f"{lib.path}  {lib.kind}  {count} {what}"
+        from ingero.collect.probes import CUDA_PROBES  # only here: libs must not need the BPF side
+
+        bases = [p.symbol for p in CUDA_PROBES if p.library == lib.kind]
+    bases = list(dict.fromkeys(bases))
+    present = sum(1 for b in bases if lib.variants(b))
+    symbols = sum(len(lib.variants(b)) for b in bases)
+    return (
+        f"{lib.path}  {lib.kind}  {present}/{len(bases)} probed functions exported, "
+        f"{symbols} symbols with variants ({len(lib.api_functions())} API functions)"
+    )
 
 
 # ---------------------------------------------------------------- ELF reading

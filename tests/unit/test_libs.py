@@ -22,6 +22,7 @@ from ingero.collect.libs import (
     find_cuda_libraries,
     pids_mapping_cuda,
 )
+from ingero.collect.probes import CUDA_PROBES
 from ingero.errors import IngeroError
 
 RUNTIME_C = """
@@ -125,16 +126,24 @@ def test_symbols_and_variants(host):
     assert runtime.variants("cudaLaunchKernel") == ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"]
     assert runtime.variants("cudaMemcpy") == ["cudaMemcpy", "cudaMemcpy_ptds"]
     assert runtime.variants("cudaMemcpyAsync") == []
-    assert driver.variants("cuMemAlloc") == ["cuMemAlloc", "cuMemAlloc_v2"]
-    assert driver.variants("cuMemcpyHtoDAsync") == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
+    # ABI revisions are separate entry points, named explicitly by the probe table
+    assert driver.variants("cuMemAlloc") == ["cuMemAlloc"]
+    assert driver.variants("cuMemAlloc_v2") == ["cuMemAlloc_v2"]
+    assert driver.variants("cuMemcpyHtoDAsync") == []
+    assert driver.variants("cuMemcpyHtoDAsync_v2") == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
     assert driver.variants("cuLaunchKernel") == ["cuLaunchKernel", "cuLaunchKernel_ptsz"]
 
 
 def test_describe(host):
     runtime = find_cuda_libraries(places=_places(host), proc=None)[0]
-    assert describe(runtime) == f"{runtime.path}  runtime  6 API functions"
-    assert describe(runtime, ["cudaLaunchKernel", "cudaMemcpy", "cudaStreamSynchronize"]) == (
-        f"{runtime.path}  runtime  4 probe-able symbols (2/3 ops, variants included)"
+    assert describe(runtime, ["cudaLaunchKernel", "cudaMemcpy", "cudaStreamSynchronize", "cudaMemcpy"]) == (
+        f"{runtime.path}  runtime  2/3 probed functions exported, 4 symbols with variants (6 API functions)"
+    )
+    # by default, the probe table's runtime rows: cudaLaunchKernel(+_ptsz), ExC, cudaMemcpy(+_ptds), cudaMalloc
+    n_runtime_probes = len({p.symbol for p in CUDA_PROBES if p.library == RUNTIME})
+    assert describe(runtime) == (
+        f"{runtime.path}  runtime  4/{n_runtime_probes} probed functions exported, "
+        "6 symbols with variants (6 API functions)"
     )
 
 
