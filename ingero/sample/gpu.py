@@ -64,6 +64,8 @@ class GpuSampler:
             return read()
         except self._nvml.NVMLError:
             return None
+        except AttributeError:  # an nvidia-ml-py too old or too new to have this call
+            return None
 
     def sample(self) -> list[dict]:
         if not self.available:

@@ -203,6 +203,14 @@ def test_gpu_sampler_rows_and_unsupported_fields(monkeypatch):
     assert g.sample() == []
 
 
+def test_call_missing_from_this_pynvml_is_none(monkeypatch):
+    nvml = fake_pynvml([A100])
+    del nvml.nvmlDeviceGetPowerUsage
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    row = GpuSampler().sample()[0]
+    assert (row["power_w"], row["sm_clock_mhz"], row["temperature_c"]) == (None, 1410, 63)
+
+
 def test_gpu_rows_fit_the_schema(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([A100, CONSUMER]))
     rows = GpuSampler().sample()
