@@ -255,6 +255,9 @@ def _python_prefixes(proc: Path | None) -> list[Path]:
         prefixes.add(Path(os.environ["VIRTUAL_ENV"]))
     for home in _homes():
         prefixes.add(home / ".local")
+        # interpreter managers and venv homes: pyenv, virtualenvwrapper, uv-managed Pythons
+        for pattern in (".pyenv/versions/*", ".virtualenvs/*", ".local/share/uv/python/*"):
+            prefixes.update(Path(p) for p in glob.glob(str(home / pattern)))
     if proc is not None:
         prefixes |= _running_python_prefixes(proc)
     return sorted(prefixes)
