@@ -8,25 +8,41 @@ from typing import Any
 
 import click
 
-from ingero.commands.options import DURATION, db_option, json_option, resolve_db, since_option
+from ingero.commands.options import DURATION, db_option, json_option, parse_duration, resolve_db
+from ingero.errors import IngeroError
 
 
-class Time(click.ParamType):
-    name = "time"
+def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """--since parsed like options.DURATION, but a bad value is one line (IngeroError, exit 2)."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise IngeroError(f"bad --since: {exc}") from None
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+
+def _time(flag: str) -> "click.Parameter":
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
         from ingero.analyze.context import parse_time
 
+        if value is None:
+            return None
         try:
             return parse_time(value)
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            raise IngeroError(f"bad {flag}: {exc}") from None
+
+    return convert
 
 
 @click.command("explain")
-@since_option
-@click.option("--from", "from_ns", type=Time(), default=None, help="Start (ISO time or epoch seconds).")
-@click.option("--to", "to_ns", type=Time(), default=None, help="End (ISO time or epoch seconds).")
+@click.option("--since", metavar="DURATION", callback=_since, default=None,
+              help="Only the last DURATION of the session (30s, 2m, 1h30m).")
+@click.option("--from", "from_ns", metavar="TIME", callback=_time("--from"), default=None,
+              help="Start (ISO time, local unless it has an offset, or epoch seconds).")
+@click.option("--to", "to_ns", metavar="TIME", callback=_time("--to"), default=None,
+              help="End (ISO time or epoch seconds).")
 @click.option("--session", type=int, default=None, help="Session id (default: the latest).")
 @click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
 @click.option("--window", "window_s", type=DURATION, default=None,

@@ -13,6 +13,14 @@ from types import ModuleType
 
 RULE_MODULES = (
     "cpu_contention",
+    "input_bound",
+    "transfer_bound",
+    "io_stall",
+    "memory_pressure",
+    "launch_bound",
+    "sync_heavy",
+    "gpu_idle",
+    "straggler",
 )
 
 

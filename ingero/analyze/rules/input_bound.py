@@ -1,0 +1,156 @@
+"""input-bound: the loop waits for its next batch while the GPU idles.
+
+Physics: when DataLoader workers produce batches slower than the GPU eats
+them, the loop thread sleeps on the batch queue between steps: off CPU,
+voluntarily, outside any CUDA call (a sleep inside a sync is waiting for the
+GPU and does not count).  Meanwhile nothing is queued on the device, so the
+syncs that follow return at once.  The cause metric is the loop thread's
+sleep outside CUDA calls per window; the workers' CPU use says whether they
+are the bottleneck (busy) or are themselves starved of CPU (contention).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain, Culprit
+
+ID = "input-bound"
+TITLE = "Input pipeline starvation → training loop waits for data, GPU idles"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Evidence window: the loop sleeps outside CUDA calls at least this share
+    # of wall clock.  A loop fed by a prefetching DataLoader finds its next
+    # batch ready: its between-step sleeps stay under a few percent.
+    min_wait_share: float = 0.20
+    high_wait_share: float = 0.40
+    # Device idle proxy: waiting in syncs under this share of wall clock means
+    # the GPU had finished before the host asked (it was not the bottleneck).
+    max_sync_share: float = 0.25
+    # A worker is "busy" above this share of one CPU (it works, not waits).
+    busy_worker_share: float = 0.5
+
+
+T = Thresholds()
+
+WORKERS_SQL = """
+SELECT pid, sum(coalesce(oncpu_ns, 0)) AS oncpu_ns, sum(cpu_wait_ns) AS cpu_wait_ns,
+       sum(sleep_ns) AS sleep_ns, sum(io_ns) AS io_ns, count(*) AS nw
+FROM ing_helper WHERE list_contains($ws, w)
+GROUP BY pid ORDER BY oncpu_ns DESC
+"""
+
+
+def _share(r: baseline.Row) -> float:
+    return r["sleep_out_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    chains = []
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        s = baseline.split(rows, _share, T.min_wait_share)
+        if not s.evidence:
+            continue
+        wait = baseline.mean_share(s.evidence, "sleep_out_ns")
+        sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
+        if sync_share >= T.max_sync_share:
+            continue  # the GPU was busy too: the wait is not what limits the job
+        ws = [int(r["w"]) for r in s.evidence]
+        wall = sum(r["wall_ns"] for r in s.evidence)
+        wait_ns = sum(r["sleep_out_ns"] for r in s.evidence)
+        workers = con.execute(WORKERS_SQL, {"ws": ws}).fetchall()
+        names = procs.lookup(con, [pid] + [w[0] for w in workers])
+        me = names[pid]
+        n_workers = len(workers)
+        w_oncpu = sum(w[1] for w in workers) / wall if wall else 0.0  # in CPUs
+        w_wait = sum(w[2] for w in workers) / wall if wall else 0.0
+        w_io = sum(w[4] for w in workers) / wall if wall else 0.0
+        severity = "HIGH" if wait >= T.high_wait_share else "MEDIUM"
+        starved_workers = n_workers and w_wait > w_oncpu
+        if starved_workers and severity == "HIGH":
+            severity = "MEDIUM"  # workers wait for a CPU: contention is the deeper cause
+        base_rate, ev_rate, drop = baseline.throughput(s)
+        corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+
+        root = [
+            f"{me.label} waited outside CUDA calls {units.ns(wait_ns)} of {units.ns(wall)} "
+            f"({units.pct(wait)} of wall clock) in {len(ws)} of {len(rows)} windows",
+        ]
+        if n_workers:
+            root.append(
+                f"{n_workers} DataLoader worker process{'es' if n_workers != 1 else ''} used "
+                f"{w_oncpu:.2f} CPUs of {ctx.ncpu} ({w_oncpu / n_workers * 100:.0f}% of a core each)"
+            )
+        else:
+            root.append("no worker processes traced: the loop loads its data itself, or waits on something else")
+        effect = [f"GPU idle between steps: the loop waited for the GPU only {units.pct(sync_share)} of wall clock"]
+        if s.has_baseline and drop > 0:
+            effect.append(
+                f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+            )
+        contributing = []
+        if starved_workers:
+            contributing.append(f"workers waited for a CPU {w_wait:.2f} CPU-s per s: see cpu-contention")
+        if w_io > 0.05:
+            contributing.append(f"workers in uninterruptible I/O {units.pct(w_io / max(n_workers, 1))} of the time")
+        fix = _fixes(ctx, me, n_workers, wait, workers[0][0] if workers else None)
+        culprits = [
+            Culprit(w[0], names[w[0]].name, f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
+            for w in workers[:4]
+        ]
+        chains.append(
+            Chain(
+                rule_id=ID,
+                severity=severity,
+                title=TITLE,
+                root=root,
+                effect=effect,
+                contributing=contributing,
+                fix=fix,
+                pids=[pid],
+                culprits=culprits,
+                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
+                windows_total=len(rows),
+                correlation=corr,
+                impact=wait,
+                numbers={
+                    "input_wait_share": round(wait, 4),
+                    "input_wait_ns": wait_ns,
+                    "sync_wait_share": round(sync_share, 4),
+                    "workers": n_workers,
+                    "worker_cpus": round(w_oncpu, 3),
+                    "throughput_drop": round(drop, 4),
+                },
+            )
+        )
+    return chains
+
+
+def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker: int | None) -> list[str]:
+    # The loop needs batches 1/(1-wait) times faster; workers scale about
+    # linearly while there are idle cores for them.
+    spare = max(1, ctx.ncpu - 1)
+    need = max(n_workers + 1, math.ceil(max(n_workers, 1) / max(1e-3, 1.0 - wait)))
+    fix = []
+    if n_workers < spare:
+        n = min(need, spare)
+        fix.append(
+            f"DataLoader(num_workers={n}, pin_memory=True, persistent_workers=True, prefetch_factor=4)"
+            f"   ({n_workers} workers now, {ctx.ncpu} cores)"
+        )
+    else:
+        fix.append(
+            f"DataLoader(num_workers={n_workers}, pin_memory=True, persistent_workers=True, prefetch_factor=4)"
+            f"   (already {n_workers} workers on {ctx.ncpu} cores: more will not help)"
+        )
+        fix.append("make each sample cheaper: cache decoded/augmented samples, move augmentation to the GPU")
+    if top_worker is not None:
+        fix.append(f"py-spy top --pid {top_worker}   (see where the busiest worker spends its time)")
+    else:
+        fix.append(f"py-spy top --pid {me.pid}   (see what the loop waits on between steps)")
+    return fix

@@ -1,0 +1,151 @@
+"""io-stall: block I/O stalls the loop (a checkpoint writer flooding the disk).
+
+Physics: when the disk queue is deep, every request waits; a loop that reads
+data, writes a checkpoint, or hits dirty-page throttling sits in
+uninterruptible sleep (D state) until its request completes.  The cause is
+block I/O latency in a window (host-wide: any process can fill the queue);
+the effect is the loop's D-state time and its CUDA call rate in the same
+windows, against windows without the I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain, Culprit
+
+ID = "io-stall"
+TITLE = "Block I/O stalls the training loop"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Block request p99 latency marking a stalled window: SSD/NVMe requests
+    # complete in well under 5 ms when the queue is short; 20 ms means the
+    # queue is backed up (a bulk writer, writeback storm).
+    stall_latency_ns: float = 20e6
+    # The loop in D state (outside CUDA calls) this share of a window counts as stalled.
+    min_io_share: float = 0.05
+    high_io_share: float = 0.20
+    # Without D-state time, a stall still counts when the loop's CUDA call rate
+    # drops this much in stalled windows vs clean ones, moving with latency.
+    min_drop: float = 0.15
+    high_drop: float = 0.30
+    max_corr: float = -0.3
+    # Swap or major-fault traffic this large in the stalled windows makes it
+    # memory pressure (the other rule), not a disk hog: 1 MB of swap, 100 faults.
+    swap_bytes: float = 1e6
+    major_faults: float = 100
+
+
+T = Thresholds()
+
+HOST_SQL = """
+SELECT w, max(p99_ns) AS p99_ns, sum(bytes) AS bytes, sum(n) AS n
+FROM ing_bio GROUP BY w
+"""
+
+MEM_SQL = """
+SELECT coalesce(sum(swap_io_bytes), 0), coalesce(sum(major_faults), 0)
+FROM ing_sys WHERE list_contains($ws, w)
+"""
+
+ISSUERS_SQL = """
+SELECT pid, sum(bytes) AS bytes, sum(n) AS n, max(p99_ns) AS p99_ns, string_agg(DISTINCT kind, '/') AS kinds
+FROM ing_bio WHERE list_contains($ws, w)
+GROUP BY pid ORDER BY bytes DESC, n DESC LIMIT 5
+"""
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    host = {int(w): (p99, b, n) for w, p99, b, n in con.execute(HOST_SQL).fetchall()}
+    chains = []
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        for r in rows:
+            r["bio_p99_ns"] = float(host.get(int(r["w"]), (0, 0, 0))[0] or 0)
+        chain = _evaluate_pid(con, ctx, pid, rows)
+        if chain:
+            chains.append(chain)
+    return chains
+
+
+def _stall(r: baseline.Row) -> float:
+    """1 when the window is stalled, scaled so split() can use threshold 1."""
+    io = r["io_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+    return max(io / T.min_io_share, r["bio_p99_ns"] / T.stall_latency_ns)
+
+
+def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
+    s = baseline.split(rows, _stall, 1.0)
+    if not s.evidence:
+        return None
+    ws = [int(r["w"]) for r in s.evidence]
+    swap, majors = con.execute(MEM_SQL, {"ws": ws}).fetchone()
+    if swap >= T.swap_bytes or majors >= T.major_faults:
+        return None  # memory-pressure explains these windows
+    io_share = baseline.mean_share(s.evidence, "io_ns")
+    base_rate, ev_rate, drop = baseline.throughput(s)
+    corr = baseline.correlation([r["bio_p99_ns"] for r in rows], [baseline.ops_rate(r) for r in rows])
+    direct = io_share >= T.min_io_share
+    aligned = s.has_baseline and drop >= T.min_drop and corr is not None and corr <= T.max_corr
+    if not (direct or aligned):
+        return None
+    severity = "HIGH" if io_share >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
+    issuers = con.execute(ISSUERS_SQL, {"ws": ws}).fetchall()
+    names = procs.lookup(con, [pid] + [i[0] for i in issuers])
+    me = names[pid]
+    wall = sum(r["wall_ns"] for r in s.evidence)
+    io_ns = sum(r["io_ns"] for r in s.evidence)
+    p99 = max(r["bio_p99_ns"] for r in s.evidence)
+    root = []
+    if issuers:
+        top = issuers[0]
+        root.append(
+            f"{names[top[0]].label} issued {units.size(top[1])} of block I/O ({top[4]}, "
+            f"{units.count(top[2])} requests), request p99 {units.ns(top[3])}"
+        )
+    root.append(f"block I/O p99 latency up to {units.ns(p99)} in {len(ws)} of {len(rows)} windows")
+    effect = []
+    if io_ns:
+        effect.append(
+            f"{me.label} in uninterruptible I/O wait {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})"
+        )
+    if s.has_baseline and drop > 0:
+        effect.append(
+            f"CUDA ops/s down {units.pct(drop)} in I/O windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+        )
+    contributing = [
+        f"{names[i[0]].name} (PID {i[0]}): {units.size(i[1])}, {units.count(i[2])} requests" for i in issuers[1:3]
+    ]
+    fix = []
+    writers = [names[i[0]] for i in issuers if i[0] != pid and i[0] in names and i[0] != 0]
+    if any(i[0] == pid for i in issuers[:1]):
+        fix.append("save checkpoints from a background thread or process (or less often), not inside the step")
+    if writers:
+        fix.append("ionice -c 3 -p " + " ".join(str(p.pid) for p in writers) + "   (idle-class I/O for the writer)")
+        fix.append(f"move the writer ({writers[0].command}) to another disk, or run it between epochs")
+    fix.append("put the dataset / checkpoints on local NVMe; DataLoader prefetch_factor=4 hides read latency")
+    culprits = [Culprit(i[0], names[i[0]].name, f"{units.size(i[1])} block I/O") for i in issuers[:3]]
+    return Chain(
+        rule_id=ID,
+        severity=severity,
+        title=TITLE,
+        root=root,
+        effect=effect,
+        contributing=contributing,
+        fix=fix,
+        pids=[pid],
+        culprits=culprits,
+        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
+        windows_total=len(rows),
+        correlation=corr,
+        impact=max(io_share, drop),
+        numbers={
+            "io_wait_share": round(io_share, 4),
+            "io_wait_ns": io_ns,
+            "block_p99_ns": p99,
+            "throughput_drop": round(drop, 4),
+        },
+    )

@@ -1,0 +1,108 @@
+"""launch-bound: the GPU waits for a host that launches many tiny kernels.
+
+Physics: each launch costs the host microseconds of API and Python time; if
+the kernels run for less than that, the device drains faster than the host
+fills it.  Signs, per window of the loop thread: a high launch rate, the
+thread on CPU nearly all the time, and syncs that return at once (the
+device was already idle).  Not this rule when syncs are frequent
+(sync-heavy) or the thread is off CPU (contention, input, I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain
+
+ID = "launch-bound"
+TITLE = "Launch-bound: many tiny kernels, the GPU waits for the host"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Launches per second of one thread: 2,000/s leaves 500 µs per kernel on
+    # average; kernels that short cannot hide ~5-20 µs of launch overhead
+    # plus framework time.  Real launch-bound loops run 10k-50k/s.
+    min_launch_rate_per_s: float = 2000.0
+    high_launch_rate_per_s: float = 8000.0
+    # The loop thread on CPU at least this share of the window (it is the bottleneck).
+    min_oncpu_share: float = 0.80
+    # Waiting in syncs at most this share: the device finished before the host asked.
+    max_sync_wait_share: float = 0.10
+    # At or above one sync per 5 launches the pattern is sync-heavy instead.
+    max_syncs_per_launch: float = 0.2
+    # Steady-state property: at least this share of active windows must show it.
+    min_window_share: float = 0.5
+
+
+T = Thresholds()
+
+
+def _is_launch_bound(r: baseline.Row) -> bool:
+    wall = r["wall_ns"]
+    if not wall or not r["launch_n"]:
+        return False
+    rate = r["launch_n"] / (wall / 1e9)
+    oncpu = 1.0 - r["off_ns"] / wall
+    return (
+        rate >= T.min_launch_rate_per_s
+        and oncpu >= T.min_oncpu_share
+        and r["sleep_sync_ns"] / wall <= T.max_sync_wait_share
+        and r["sync_n"] / r["launch_n"] < T.max_syncs_per_launch
+    )
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    chains = []
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        ev = [r for r in rows if _is_launch_bound(r)]
+        if not ev or len(ev) < T.min_window_share * len(rows):
+            continue
+        wall = sum(r["wall_ns"] for r in ev)
+        launches = sum(r["launch_n"] for r in ev)
+        launch_ns = sum(r["launch_ns"] for r in ev)
+        rate = launches / (wall / 1e9)
+        oncpu = 1.0 - sum(r["off_ns"] for r in ev) / wall
+        sync_wait = baseline.mean_share(ev, "sleep_sync_ns")
+        p50 = baseline.median([r["launch_p50_ns"] for r in ev])
+        me = procs.lookup(con, [pid])[pid]
+        severity = "HIGH" if rate >= T.high_launch_rate_per_s else "MEDIUM"
+        launch_share = launch_ns / wall
+        chains.append(
+            Chain(
+                rule_id=ID,
+                severity=severity,
+                title=TITLE,
+                root=[
+                    f"{me.label} launched {units.count(rate)} kernels/s ({units.count(launches)} in "
+                    f"{len(ev)} of {len(rows)} windows), one every {units.ns(1e9 / rate)}",
+                    f"launch calls take {units.ns(p50)} each (median), {units.pct(launch_share)} of wall clock; "
+                    f"the thread is on CPU {units.pct(oncpu)} of the time",
+                ],
+                effect=[
+                    f"GPU starved: the loop waited for the GPU only {units.pct(sync_wait)} of wall clock",
+                    f"throughput capped by the host at {units.count(rate)} kernels/s",
+                ],
+                contributing=[f"{units.count(sum(r['sync_n'] for r in ev))} syncs in the same windows"],
+                fix=[
+                    "capture the step in a CUDA graph: torch.compile(model, mode=\"reduce-overhead\") or torch.cuda.CUDAGraph",
+                    "fuse small kernels: torch.compile, fused optimizers (torch.optim.AdamW(..., fused=True))",
+                    "raise work per kernel: larger batch size",
+                ],
+                pids=[pid],
+                evidence_windows=baseline.evidence_windows(ctx, ev),
+                windows_total=len(rows),
+                correlation=None,
+                impact=1.0 - sync_wait,
+                numbers={
+                    "launches_per_s": round(rate, 1),
+                    "launch_p50_ns": p50,
+                    "launch_share": round(launch_share, 4),
+                    "oncpu_share": round(oncpu, 4),
+                    "sync_wait_share": round(sync_wait, 4),
+                },
+            )
+        )
+    return chains

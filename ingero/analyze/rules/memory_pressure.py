@@ -1,0 +1,140 @@
+"""memory-pressure: the host is short of memory and the loop pays in faults.
+
+Physics: under memory pressure pages are reclaimed, swapped out and faulted
+back in; a major fault or a swap-in puts the faulting thread in D state for
+a disk read, and direct reclaim stalls allocations.  Cause per window: swap
+traffic, host major faults, memory use, and the traced processes' page
+faults against their quiet windows; effect: the loop's D-state time and CUDA
+call rate in the same windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain
+
+ID = "memory-pressure"
+TITLE = "Memory pressure (page faults, swap) stalls the training loop"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Per second of window: any real swap traffic (1 MB/s) or 100 major
+    # faults/s is reclaim at work; an idle box shows ~0 of both.
+    swap_bytes_per_s: float = 1e6
+    major_faults_per_s: float = 100.0
+    # Memory use at which the kernel reclaims aggressively (signal 1), scaled
+    # from 80% (signal 0: page cache still gives back easily).
+    mem_pct: float = 95.0
+    mem_floor_pct: float = 80.0
+    # The traced processes' own page faults count as a cause when they exceed
+    # this many per second and this multiple of their quiet-window median.
+    faults_per_s: float = 2000.0
+    faults_ratio: float = 5.0
+    # Effect needed: D-state share or a time-aligned throughput drop.
+    min_io_share: float = 0.05
+    high_io_share: float = 0.20
+    min_drop: float = 0.15
+    high_drop: float = 0.30
+
+
+T = Thresholds()
+
+SYS_SQL = "SELECT w, swap_io_bytes, major_faults, mem_pct FROM ing_sys"
+
+FAULTERS_SQL = """
+SELECT pid, sum(n) AS n FROM ing_faults WHERE list_contains($ws, w)
+GROUP BY pid ORDER BY n DESC LIMIT 4
+"""
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    sysw = {int(w): (float(s or 0), float(m or 0), float(p or 0)) for w, s, m, p in con.execute(SYS_SQL).fetchall()}
+    chains = []
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        chain = _evaluate_pid(con, ctx, pid, rows, sysw)
+        if chain:
+            chains.append(chain)
+    return chains
+
+
+def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
+    fault_rates = [r["faults_n"] / (r["wall_ns"] / 1e9) for r in rows]
+    quiet = sorted(fault_rates)[: max(1, len(rows) // 4)]
+    quiet_rate = baseline.median(quiet)
+    for r, rate in zip(rows, fault_rates):
+        swap, majors, mem = sysw.get(int(r["w"]), (0.0, 0.0, 0.0))
+        secs = r["wall_ns"] / 1e9
+        r["mem_signal"] = max(
+            swap / secs / T.swap_bytes_per_s,
+            majors / secs / T.major_faults_per_s,
+            max(0.0, (mem - T.mem_floor_pct) / (T.mem_pct - T.mem_floor_pct)),
+            min(rate / T.faults_per_s, rate / (T.faults_ratio * quiet_rate) if quiet_rate else rate / T.faults_per_s),
+        )
+        r["fault_rate"] = rate
+    s = baseline.split(rows, lambda r: r["mem_signal"], 1.0)
+    if not s.evidence:
+        return None
+    io_share = baseline.mean_share(s.evidence, "io_ns")
+    base_rate, ev_rate, drop = baseline.throughput(s)
+    corr = baseline.correlation([r["mem_signal"] for r in rows], [baseline.ops_rate(r) for r in rows])
+    if not (io_share >= T.min_io_share or (s.has_baseline and drop >= T.min_drop)):
+        return None
+    severity = "HIGH" if io_share >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
+    ws = [int(r["w"]) for r in s.evidence]
+    wall = sum(r["wall_ns"] for r in s.evidence)
+    swap = sum(sysw.get(w, (0, 0, 0))[0] for w in ws)
+    majors = sum(sysw.get(w, (0, 0, 0))[1] for w in ws)
+    mem = max(sysw.get(w, (0, 0, 0))[2] for w in ws)
+    faulters = con.execute(FAULTERS_SQL, {"ws": ws}).fetchall()
+    names = procs.lookup(con, [pid] + [f[0] for f in faulters])
+    me = names[pid]
+    ev_fault_rate = baseline.median([r["fault_rate"] for r in s.evidence])
+    root = []
+    if swap or majors:
+        root.append(f"{units.size(swap)} swapped in/out and {units.count(majors)} major faults host-wide in {len(ws)} windows")
+    if mem:
+        root.append(f"memory in use up to {mem:.1f}%")
+    if faulters:
+        root.append(
+            f"{names[faulters[0][0]].label}: {units.count(ev_fault_rate)} page faults/s "
+            f"(quiet windows: {units.count(quiet_rate)}/s)"
+        )
+    effect = []
+    io_ns = sum(r["io_ns"] for r in s.evidence)
+    if io_ns:
+        effect.append(f"{me.label} in D state (faults, reclaim) {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})")
+    if s.has_baseline and drop > 0:
+        effect.append(
+            f"CUDA ops/s down {units.pct(drop)} under pressure ({units.count(base_rate)} → {units.count(ev_rate)})"
+        )
+    fix = [
+        "lower host memory use: smaller batch or prefetch_factor, fewer DataLoader workers (each holds a copy)",
+        "stop or cap the memory hog: systemd-run --scope -p MemoryMax=<limit> <its command>",
+        f"reuse buffers instead of allocating per step in {me.command}; pre-allocate pinned buffers once",
+    ]
+    return Chain(
+        rule_id=ID,
+        severity=severity,
+        title=TITLE,
+        root=root,
+        effect=effect,
+        contributing=[f"{names[f[0]].name} (PID {f[0]}): {units.count(f[1])} page faults" for f in faulters[1:3]],
+        fix=fix,
+        pids=[pid],
+        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
+        windows_total=len(rows),
+        correlation=corr,
+        impact=max(io_share, drop),
+        numbers={
+            "io_wait_share": round(io_share, 4),
+            "swap_bytes": swap,
+            "major_faults": majors,
+            "faults_per_s": round(ev_fault_rate, 1),
+            "faults_per_s_quiet": round(quiet_rate, 1),
+            "throughput_drop": round(drop, 4),
+        },
+    )

@@ -1,0 +1,132 @@
+"""transfer-bound: the loop spends its wall clock inside host<->device copies.
+
+Physics: a copy from pageable memory is synchronous (the driver stages it
+through a pinned bounce buffer) and runs at a few GB/s, so the loop thread
+waits inside cudaMemcpy / cudaMemcpyAsync for the whole transfer while no
+kernel is queued.  From pinned memory, cudaMemcpyAsync returns at once and
+the transfer overlaps compute.  The cause metric is the share of the loop's
+wall clock spent in copy calls; effective bandwidth (bytes / host time) and
+the absence of cudaMallocHost / cudaHostRegister say whether memory is pageable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import baseline, procs, units
+from ingero.analyze.context import Context
+from ingero.analyze.model import Chain
+
+ID = "transfer-bound"
+TITLE = "Host↔device copies block the training loop"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Evidence window: copies hold the loop at least this share of wall clock.
+    # A pinned, overlapped pipeline spends < 2% of host time in copy calls.
+    min_copy_share: float = 0.20
+    # HIGH from this share: the loop spends more time copying than anything else.
+    high_copy_share: float = 0.40
+    # Below this host-side bandwidth a copy is staged through pageable memory:
+    # pinned PCIe gen3 x16 moves ~12 GB/s, gen4 ~25 GB/s; pageable copies
+    # measure 2-6 GB/s.  8 GB/s separates the two on any current bus.
+    pageable_max_bw_bytes_per_s: float = 8e9
+
+
+T = Thresholds()
+
+PINNED_SQL = """
+SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND cat = 'pinned'
+"""
+
+DIRECTIONS_SQL = """
+SELECT kind, op, sum(n) AS n, sum(bytes) AS bytes, sum(dur_ns) AS dur_ns
+FROM ing_cuda
+WHERE pid = $pid AND tid = $tid AND cat = 'copy' AND list_contains($ws, w)
+GROUP BY ALL ORDER BY dur_ns DESC
+"""
+
+
+def _share(r: baseline.Row) -> float:
+    return r["copy_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+
+
+def evaluate(con, ctx: Context) -> list[Chain]:
+    chains = []
+    loops = baseline.loop_threads(ctx)
+    for pid, rows in baseline.windows_by_pid(ctx).items():
+        s = baseline.split(rows, _share, T.min_copy_share)
+        if not s.evidence:
+            continue
+        tid = loops.get(pid, pid)
+        share = baseline.mean_share(s.evidence, "copy_ns")
+        severity = "HIGH" if share >= T.high_copy_share else "MEDIUM"
+        ws = [int(r["w"]) for r in s.evidence]
+        copy_ns = sum(r["copy_ns"] for r in s.evidence)
+        copy_bytes = sum(r["copy_bytes"] for r in s.evidence)
+        copy_n = sum(r["copy_n"] for r in s.evidence)
+        wall = sum(r["wall_ns"] for r in s.evidence)
+        bw = copy_bytes / (copy_ns / 1e9) if copy_ns else 0.0
+        pinned = int(con.execute(PINNED_SQL, {"pid": pid}).fetchone()[0])
+        pageable = pinned == 0 and bw < T.pageable_max_bw_bytes_per_s
+        dirs = con.execute(DIRECTIONS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
+        me = procs.lookup(con, [pid])[pid]
+        base_rate, ev_rate, drop = baseline.throughput(s)
+        corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+
+        root = [
+            f"{me.label} spent {units.ns(copy_ns)} of {units.ns(wall)} ({units.pct(share)} of wall clock) "
+            f"inside {units.count(copy_n)} copy calls",
+            f"effective bandwidth {units.rate(copy_bytes, copy_ns)} for {units.size(copy_bytes)} "
+            f"({units.size(copy_bytes / copy_n if copy_n else 0)} per copy)",
+        ]
+        if pinned == 0:
+            root.append("no cudaMallocHost / cudaHostRegister seen: host buffers are pageable")
+        effect = []
+        sync_copy = sum(r["sync_copy_ns"] for r in s.evidence)
+        if sync_copy:
+            effect.append(f"synchronous cudaMemcpy held the loop {units.ns(sync_copy)}: no kernel queued meanwhile")
+        if s.has_baseline and drop > 0:
+            effect.append(
+                f"CUDA ops/s down {units.pct(drop)} in copy-heavy windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+            )
+        else:
+            effect.append(f"present in {len(ws)} of {len(rows)} active windows: the loop copies instead of computing")
+        contributing = [
+            f"{kind or 'default'} {op}: {units.count(n)} calls, {units.size(b)}, {units.ns(d)}"
+            for kind, op, n, b, d in dirs[:3]
+        ]
+        fix = []
+        if pageable:
+            fix.append("DataLoader(..., pin_memory=True) and batch.to('cuda', non_blocking=True)   (pinned, async copies)")
+            fix.append("or allocate host buffers pinned: torch.empty(..., pin_memory=True) / cudaMallocHost")
+        else:
+            fix.append("overlap copies with compute: non_blocking=True on a side stream, prefetch the next batch")
+        if any(kind == "D2H" for kind, *_ in dirs[:1]):
+            fix.append("keep results on the GPU; copy back to the host less often")
+        chains.append(
+            Chain(
+                rule_id=ID,
+                severity=severity,
+                title=TITLE + (" (pageable memory)" if pageable else ""),
+                root=root,
+                effect=effect,
+                contributing=contributing,
+                fix=fix,
+                pids=[pid],
+                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
+                windows_total=len(rows),
+                correlation=corr,
+                impact=share,
+                numbers={
+                    "copy_share": round(share, 4),
+                    "copy_ns": copy_ns,
+                    "copy_bytes": copy_bytes,
+                    "bandwidth_bytes_per_s": round(bw),
+                    "pinned_allocs": pinned,
+                    "throughput_drop": round(drop, 4),
+                },
+            )
+        )
+    return chains
