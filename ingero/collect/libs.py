@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -99,11 +100,30 @@ def describe(lib: CudaLib, bases: Iterable[str] | None = None) -> str:
 _elf_cache: dict[tuple[int, int, int, int], frozenset[str] | None] = {}
 
 
+# ELF e_machine of this host.  A 32-bit or foreign-architecture copy (NVIDIA's
+# driver installs an i386 libcuda next to the 64-bit one, and ldconfig -p
+# lists both) cannot be what a process here runs, and the BPF argument
+# readers assume the host's calling convention.
+_HOST_MACHINE = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "s390x": 22}.get(platform.machine())
+
+
+def _foreign_elf(header: bytes) -> str | None:
+    """Why this ELF header is not loadable here (e.g. 'ELF32, machine 3'), or None if it is."""
+    if len(header) < 20:
+        return "truncated ELF header"
+    elf_class, data = header[4], header[5]
+    machine = int.from_bytes(header[18:20], "little" if data == 1 else "big")
+    if elf_class != 2 or (_HOST_MACHINE is not None and machine != _HOST_MACHINE):
+        return f"ELF{32 if elf_class == 1 else 64} for machine {machine}, this host is {platform.machine()}"
+    return None
+
+
 def _read_exports(path: Path) -> frozenset[str] | None:
-    """Exported function names of an ELF shared object; None if it is not one."""
+    """Exported function names of an ELF shared object for this host; None if it is not one."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != b"\x7fELF":
+            header = f.read(20)
+            if header[:4] != b"\x7fELF" or _foreign_elf(header):
                 return None
             f.seek(0)
             elf = ELFFile(f)
@@ -431,6 +451,13 @@ def _check_extra(path: Path) -> list[Path]:
     st = os.stat(path)
     symbols = _exports(path, st)
     if symbols is None:
+        try:
+            with open(path, "rb") as f:
+                header = f.read(20)
+        except OSError as e:
+            raise IngeroError(f"--cuda-lib {path}: cannot read it ({e.strerror})", "run as root, or check its permissions")
+        if header[:4] == b"\x7fELF" and (why := _foreign_elf(header)):
+            raise IngeroError(f"--cuda-lib {path}: built for another architecture ({why})", _FIX_CUDA_LIB)
         raise IngeroError(f"--cuda-lib {path}: not an ELF shared library", _FIX_CUDA_LIB)
     if _kind(symbols) is None:
         raise IngeroError(

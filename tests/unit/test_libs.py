@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import shutil
 import site
 import subprocess
@@ -318,6 +319,24 @@ def test_elf_cache_reads_each_file_once(host, monkeypatch):
     find_cuda_libraries(places=_places(host), proc=None)
     assert len(calls) == n  # second search parses nothing
     assert n == 5  # runtime, bundled runtime, driver, the no-CUDA .so.99, the ld script
+
+
+def test_32bit_copy_is_skipped_and_refused_as_extra(host, tmp_path):
+    # like NVIDIA's i386 libcuda that ldconfig -p lists next to the 64-bit one
+    data = bytearray((host["lib"] / "libcuda.so.550.54.14").read_bytes())
+    data[4] = 1  # ELFCLASS32
+    data[18:20] = (3).to_bytes(2, "little")  # EM_386
+    lib32 = tmp_path / "lib32"
+    lib32.mkdir()
+    (lib32 / "libcuda.so.1").write_bytes(bytes(data))
+    found = find_cuda_libraries(places=SearchPlaces((lib32,), (), False), proc=None)
+    assert found == []
+    with pytest.raises(IngeroError) as err:
+        find_cuda_libraries([lib32 / "libcuda.so.1"], places=SearchPlaces((), (), False), proc=None)
+    assert err.value.message == (
+        f"--cuda-lib {lib32 / 'libcuda.so.1'}: built for another architecture "
+        f"(ELF32 for machine 3, this host is {platform.machine()})"
+    )
 
 
 def test_watcher_first_poll_includes_extra_paths(built, tmp_path):
