@@ -312,7 +312,7 @@ def _ldconfig_paths() -> list[Path]:
     paths = []
     for line in out.splitlines():
         name, sep, target = line.strip().partition(" => ")
-        if sep and name.startswith("libcuda"):
+        if sep and _LIB_NAME.match(os.path.basename(target)):  # not libcudadebugger, libcudnn...
             paths.append(Path(target))
     return paths
 
