@@ -347,3 +347,23 @@ def test_watcher_first_poll_includes_extra_paths(built, tmp_path):
     w = LibraryWatcher([odd], places=SearchPlaces((), (), False), proc=empty_proc)
     assert [(lib.path, lib.kind) for lib in w.poll()] == [(odd, RUNTIME)]
     assert w.poll() == []
+
+
+def test_ldconfig_listing_is_filtered_by_name(monkeypatch):
+    listing = (
+        "612 libs found in cache `/etc/ld.so.cache'\n"
+        "\tlibcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12\n"
+        "\tlibcudadebugger.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudadebugger.so.1\n"
+        "\tlibcudnn.so.9 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcudnn.so.9\n"
+        "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+        "\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1\n"
+        "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6\n"
+    )
+    monkeypatch.setattr(
+        libs.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listing, stderr="")
+    )
+    assert libs._ldconfig_paths() == [
+        Path("/usr/local/cuda/lib64/libcudart.so.12"),
+        Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        Path("/usr/lib/i386-linux-gnu/libcuda.so.1"),  # dropped later by the ELF class check
+    ]
