@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * cuda.bpf.c - uprobes on the CUDA runtime (libcudart) and driver (libcuda).
+ * Included by ingero.bpf.c.  Which symbol attaches to which function below is
+ * decided in one place: the table in ingero/collect/probes.py.
+ *
+ * The programs themselves (thin wrappers named in probes.py) are defined at
+ * the end of ingero.bpf.c: BCC only loads functions of the main file.
+ *
+ * Entry probes read the arguments (SysV x86-64 ABI) into per-thread state;
+ * the one return probe emits the row with the duration and return code.  A
+ * probed call made inside another probed call (cudaMemcpy -> cudaMemcpy_ptds,
+ * runtime -> driver) only bumps a depth counter: one row per outer call.
+ */
+
+/* The 7th and later integer arguments are on the stack: at the first
+ * instruction SP points at the return address, so slot n is SP + 8n. */
+static __always_inline u64 stack_arg(struct pt_regs *ctx, int slot)
+{
+	u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * slot));
+	return v;
+}
+
+static __always_inline u64 user_u64(u64 addr)
+{
+	u64 v = 0;
+	if (addr)
+		bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+static __always_inline int cuda_traced(u32 tgid)
+{
+	if (is_target(tgid))
+		return 1;
+#if TRACE_ALL_CUDA
+	add_target(tgid); /* default mode: whoever calls CUDA is traced */
+	return 1;
+#else
+#ifdef TARGET_COMM
+	if (comm_matches()) {
+		add_target(tgid);
+		return 1;
+	}
+#endif
+	return 0;
+#endif
+}
+
+static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream)
+{
+	EMPTY_RETURN();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id;
+	if (!cuda_traced(id >> 32))
+		return 0;
+	struct call_state *cur = inflight_get(&tid);
+	if (cur) {
+		cur->depth++;
+		count(CNT_NEST_SKIPPED);
+		return 0;
+	}
+	struct call_state s = {};
+	s.stack_id = ingero_stack_id(ctx);
+	s.op = op;
+	s.kind = kind;
+	s.arg = arg;
+	s.stream = stream;
+	s.depth = 1;
+	s.ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
+	inflight_put(&tid, &s);
+	return 0;
+}
+
+static __always_inline int on_cuda_return(struct pt_regs *ctx)
+{
+	EMPTY_RETURN();
+	u64 now = bpf_ktime_get_ns();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id;
+	struct call_state *s = inflight_get(&tid);
+	if (!s)
+		return 0;
+	if (s->depth > 1) {
+		s->depth--;
+		return 0;
+	}
+	struct ingero_event *e = event_reserve();
+	if (e) {
+		e->ts_ns = s->ts;
+		e->duration_ns = now - s->ts;
+		e->arg = s->arg;
+		e->stream = s->stream;
+		e->pid = id >> 32;
+		e->tid = tid;
+		e->other_pid = 0;
+		e->ret = (s32)PT_REGS_RC(ctx);
+		e->stack_id = s->stack_id;
+		e->op = s->op;
+		e->kind = s->kind;
+		e->cpu = bpf_get_smp_processor_id();
+		event_submit(e);
+	}
+	inflight_del(&tid);
+	return 0;
+}
+
+/* cudaMemcpyKind is 0..4 (H2H, H2D, D2H, D2D, default); anything else is
+ * stored as "no kind" rather than a wrong name. */
+static __always_inline u8 copy_kind(u64 k)
+{
+	return k <= KIND_DEFAULT ? (u8)k : KIND_NONE;
+}
+
+/* ---- runtime API (libcudart) ------------------------------------------ */
+
+/* cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream):
+ * each 12-byte dim3 goes in two registers (rsi:rdx, rcx:r8), args in r9, so
+ * sharedMem and stream spill to the stack: stream is stack slot 2. */
+static __always_inline int on_cuda_launch_kernel_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 2));
+}
+
+/* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args):
+ * config = {dim3 grid; dim3 block; size_t dynamicSmem; cudaStream_t stream; ...},
+ * stream at offset 32. */
+static __always_inline int on_cuda_launch_kernel_exc_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
+}
+
+/* cudaMemcpy(dst, src, count, kind) */
+static __always_inline int on_cuda_memcpy_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_MEMCPY, copy_kind(PT_REGS_PARM4(ctx)), PT_REGS_PARM3(ctx), 0);
+}
+
+/* cudaMemcpyAsync(dst, src, count, kind, stream) */
+static __always_inline int on_cuda_memcpy_async_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_MEMCPY_ASYNC, copy_kind(PT_REGS_PARM4(ctx)), PT_REGS_PARM3(ctx),
+			  PT_REGS_PARM5(ctx));
+}
+
+/* cudaStreamSynchronize(stream) */
+static __always_inline int on_cuda_stream_sync_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx));
+}
+
+static __always_inline int on_cuda_device_sync_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_DEVICE_SYNC, KIND_NONE, 0, 0);
+}
+
+static __always_inline int on_cuda_event_sync_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_EVENT_SYNC, KIND_NONE, 0, 0);
+}
+
+/* cudaMalloc(void **devPtr, size_t size) */
+static __always_inline int on_cuda_malloc_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_MALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+}
+
+static __always_inline int on_cuda_free_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_FREE, KIND_NONE, 0, 0);
+}
+
+/* cudaGraphLaunch(graphExec, stream) */
+static __always_inline int on_cuda_graph_launch_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_GRAPH_LAUNCH, KIND_NONE, 0, PT_REGS_PARM2(ctx));
+}
+
+/* cudaMallocHost(void **ptr, size) and cudaHostAlloc(void **ptr, size, flags) */
+static __always_inline int on_cuda_malloc_host_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_MALLOC_HOST, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+}
+
+/* cudaHostRegister(ptr, size, flags) */
+static __always_inline int on_cuda_host_register_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CUDA_HOST_REGISTER, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+}
+
+/* ---- driver API (libcuda) --------------------------------------------- */
+
+/* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sharedMem, hStream, params, extra):
+ * f..by fill the six registers; bz, sharedMem, hStream are stack slots 1..3. */
+static __always_inline int on_cu_launch_kernel_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 3));
+}
+
+/* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra):
+ * config = {7 x unsigned int; CUstream hStream; ...}: stream at offset 32. */
+static __always_inline int on_cu_launch_kernel_ex_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
+}
+
+/* cuMemcpy*(dst, src, ByteCount): the direction is in the symbol name. */
+static __always_inline int on_cu_memcpy_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_DEFAULT, PT_REGS_PARM3(ctx), 0);
+}
+
+static __always_inline int on_cu_memcpy_htod_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_H2D, PT_REGS_PARM3(ctx), 0);
+}
+
+static __always_inline int on_cu_memcpy_dtoh_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2H, PT_REGS_PARM3(ctx), 0);
+}
+
+static __always_inline int on_cu_memcpy_dtod_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2D, PT_REGS_PARM3(ctx), 0);
+}
+
+/* cuMemcpy*Async(dst, src, ByteCount, hStream) */
+static __always_inline int on_cu_memcpy_async_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_DEFAULT, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+}
+
+static __always_inline int on_cu_memcpy_htod_async_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_H2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+}
+
+static __always_inline int on_cu_memcpy_dtoh_async_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2H, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+}
+
+static __always_inline int on_cu_memcpy_dtod_async_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+}
+
+static __always_inline int on_cu_ctx_sync_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_CTX_SYNC, KIND_NONE, 0, 0);
+}
+
+/* cuStreamSynchronize(hStream) */
+static __always_inline int on_cu_stream_sync_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx));
+}
+
+/* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
+static __always_inline int on_cu_mem_alloc_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEM_ALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+}
+
+static __always_inline int on_cu_mem_free_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_MEM_FREE, KIND_NONE, 0, 0);
+}

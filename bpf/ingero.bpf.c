@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * ingero.bpf.c - the one BPF object `ingero trace` loads.
+ *
+ * Compiled by BCC from this file (src_file=) with cflags set by
+ * ingero/collect/loader.py; `ingero trace --print-bpf` shows the source and
+ * the flags.  Every record is a struct ingero_event (bpf/events.h) in ONE
+ * ring buffer, so user space decodes whole spans with a fixed 64-byte stride.
+ *
+ * Settings (all -DNAME=value):
+ *   RING_PAGES      ring buffer size in pages (power of two)
+ *   TRACE_ALL_CUDA  1: any process calling CUDA becomes a target (default
+ *                   mode); 0: only pids user space / fork / TARGET_COMM add
+ *   TARGET_COMM     "name": processes with this comm become targets
+ *   INGERO_STACK    include stack.h and collect stack ids
+ *   INGERO_BENCH    only the throughput generator probe (bench.bpf.c)
+ *   INGERO_EMPTY    every program returns at once: the kernel floor of the
+ *                   same attach points, for bench/bench_overhead.py
+ *
+ * Layout.  BCC rewrites map calls (`m.lookup(&k)`) and generates tracepoint
+ * argument structs only in the main file, so this file holds every map, a
+ * one-line accessor per map operation, and the list of tracepoints; the
+ * family files (cuda, sched, mm, blockio, bench) hold the logic and touch
+ * maps only through these accessors.
+ */
+#include <uapi/linux/ptrace.h>
+/* events.h keys its kernel-side branch on __BPF__, which BCC's front end
+ * does not define while preprocessing: define it just for that include. */
+#ifndef __BPF__
+#define __BPF__ 1
+#define INGERO_DEFINED_BPF
+#endif
+#include "events.h"
+#ifdef INGERO_DEFINED_BPF
+#undef __BPF__
+#endif
+
+#ifndef RING_PAGES
+#define RING_PAGES 16384 /* 64 MiB with 4 KiB pages: ~1 s of records at 1 M/s */
+#endif
+#ifndef TRACE_ALL_CUDA
+#define TRACE_ALL_CUDA 1
+#endif
+/* Thread-keyed maps hold one entry per thread currently inside a probed
+ * call / off CPU; 65536 threads is far above any training job. */
+#define MAX_THREADS 65536
+#define MAX_TARGETS 16384
+#define MAX_PROCS 32768
+
+#ifdef INGERO_EMPTY
+#define EMPTY_RETURN() return 0
+#else
+#define EMPTY_RETURN() do { } while (0)
+#endif
+
+/* ---- state kept between probes ---------------------------------------- */
+
+/* cuda: a thread inside a probed CUDA call (entry -> return). */
+struct call_state {
+	u64 ts;
+	u64 arg;
+	u64 stream;
+	s32 stack_id;
+	u16 depth; /* >1: probed calls nested inside the outer one */
+	u8 op;
+	u8 kind;
+};
+
+/* sched: a traced thread off CPU (switch-out -> switch-in). */
+struct offcpu_state {
+	u64 ts;      /* switch-out */
+	u64 wake_ts; /* became runnable again (0 until woken) */
+	u32 tgid;
+	u32 other_pid;
+	s32 stack_id;
+	u16 cpu;
+	u8 kind;
+};
+
+/* blockio: a request between issue and completion. */
+struct rq_key {
+	u64 sector;
+	u32 dev;
+	u32 pad;
+};
+
+struct rq_state {
+	u64 ts;
+	u64 bytes;
+	u32 tgid;
+	u32 tid;
+	u8 kind;
+};
+
+BPF_RINGBUF_OUTPUT(events, RING_PAGES);
+BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
+BPF_HASH(targets, u32, u8, MAX_TARGETS);
+BPF_HASH(inflight, u32, struct call_state, MAX_THREADS);
+BPF_HASH(offcpu, u32, struct offcpu_state, MAX_THREADS);
+BPF_HASH(proc_stats, u32, struct ingero_proc_stat, MAX_PROCS);
+/* tid -> tgid of every thread seen switching out: sched_switch names the
+ * next task only by tid.  LRU so it never fills up. */
+BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS);
+/* When the task now on this CPU was switched in. */
+BPF_PERCPU_ARRAY(oncpu_since, u64, 1);
+/* Block requests in flight: device queues hold at most a few thousand. */
+BPF_HASH(block_rqs, struct rq_key, struct rq_state, 16384);
+
+static __always_inline struct call_state *inflight_get(u32 *tid) { return inflight.lookup(tid); }
+static __always_inline void inflight_put(u32 *tid, struct call_state *s) { inflight.update(tid, s); }
+static __always_inline void inflight_del(u32 *tid) { inflight.delete(tid); }
+static __always_inline struct offcpu_state *offcpu_get(u32 *tid) { return offcpu.lookup(tid); }
+static __always_inline void offcpu_put(u32 *tid, struct offcpu_state *s) { offcpu.update(tid, s); }
+static __always_inline void offcpu_del(u32 *tid) { offcpu.delete(tid); }
+static __always_inline struct ingero_proc_stat *proc_stats_get(u32 *tgid) { return proc_stats.lookup(tgid); }
+static __always_inline void proc_stats_put(u32 *tgid, struct ingero_proc_stat *s) { proc_stats.update(tgid, s); }
+static __always_inline u32 *tid_tgid_get(u32 *tid) { return tid_tgid.lookup(tid); }
+static __always_inline void tid_tgid_put(u32 *tid, u32 *tgid) { tid_tgid.update(tid, tgid); }
+static __always_inline void tid_tgid_del(u32 *tid) { tid_tgid.delete(tid); }
+static __always_inline u64 *oncpu_since_get(void) { u32 zero = 0; return oncpu_since.lookup(&zero); }
+static __always_inline struct rq_state *block_rqs_get(struct rq_key *k) { return block_rqs.lookup(k); }
+static __always_inline void block_rqs_put(struct rq_key *k, struct rq_state *s) { block_rqs.update(k, s); }
+static __always_inline void block_rqs_del(struct rq_key *k) { block_rqs.delete(k); }
+
+static __always_inline void count(int idx)
+{
+	u64 *v = counters.lookup(&idx);
+	if (v)
+		(*v)++; /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline struct ingero_event *event_reserve(void)
+{
+	struct ingero_event *e = events.ringbuf_reserve(sizeof(struct ingero_event));
+	if (!e)
+		count(CNT_RB_DROPS);
+	return e;
+}
+
+/* No wakeup: user space polls on a short timer, which saves a wakeup per
+ * record at high rates. */
+static __always_inline void event_submit(struct ingero_event *e)
+{
+	events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline int is_target(u32 tgid)
+{
+	return targets.lookup(&tgid) != NULL;
+}
+
+static __always_inline void add_target(u32 tgid)
+{
+	u8 one = 1;
+	targets.update(&tgid, &one);
+}
+
+static __always_inline void del_target(u32 tgid)
+{
+	targets.delete(&tgid);
+}
+
+#ifdef TARGET_COMM
+static __always_inline int comm_matches(void)
+{
+	char want[16] = TARGET_COMM;
+	char comm[16] = {};
+	bpf_get_current_comm(&comm, sizeof(comm));
+#pragma unroll
+	for (int i = 0; i < 16; i++) {
+		if (comm[i] != want[i])
+			return 0;
+		if (comm[i] == 0)
+			return 1;
+	}
+	return 1;
+}
+#endif
+
+#ifdef INGERO_STACK
+#include "stack.h"
+#else
+#define ingero_stack_id(ctx) (-1)
+#endif
+
+/* Tracepoints.  BCC generates the `struct tracepoint__<cat>__<event>` argument
+ * types from the running kernel's format files, but only for
+ * TRACEPOINT_PROBE()s written in this (main) file.  So the attach points are
+ * listed here, each a one-line call into a handler defined by its family
+ * file, which is included after the types exist. */
+#define TP_DECLARE(cat, event) \
+	struct tracepoint__##cat##__##event; \
+	static __always_inline int on_##event(struct tracepoint__##cat##__##event *args);
+/* BCC puts its section attribute in front of the text where the function
+ * starts, so TRACEPOINT_PROBE must open its own line (not hide in a macro). */
+#define TP_BODY(event) { EMPTY_RETURN(); return on_##event(args); }
+
+#ifdef INGERO_BENCH
+TP_DECLARE(syscalls, sys_enter_getppid)
+TRACEPOINT_PROBE(syscalls, sys_enter_getppid) TP_BODY(sys_enter_getppid)
+#include "bench.bpf.c"
+#else
+TP_DECLARE(sched, sched_switch)
+TP_DECLARE(sched, sched_wakeup)
+TP_DECLARE(sched, sched_wakeup_new)
+TP_DECLARE(sched, sched_process_fork)
+TP_DECLARE(sched, sched_process_exec)
+TP_DECLARE(sched, sched_process_exit)
+TP_DECLARE(exceptions, page_fault_user)
+TP_DECLARE(block, block_rq_issue)
+TP_DECLARE(block, block_rq_complete)
+TRACEPOINT_PROBE(sched, sched_switch) TP_BODY(sched_switch)
+TRACEPOINT_PROBE(sched, sched_wakeup) TP_BODY(sched_wakeup)
+TRACEPOINT_PROBE(sched, sched_wakeup_new) TP_BODY(sched_wakeup_new)
+TRACEPOINT_PROBE(sched, sched_process_fork) TP_BODY(sched_process_fork)
+TRACEPOINT_PROBE(sched, sched_process_exec) TP_BODY(sched_process_exec)
+TRACEPOINT_PROBE(sched, sched_process_exit) TP_BODY(sched_process_exit)
+TRACEPOINT_PROBE(exceptions, page_fault_user) TP_BODY(page_fault_user)
+TRACEPOINT_PROBE(block, block_rq_issue) TP_BODY(block_rq_issue)
+TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
+
+#include "cuda.bpf.c"
+#include "sched.bpf.c"
+#include "mm.bpf.c"
+#include "blockio.bpf.c"
+
+/* Uprobe programs: BCC only loads functions written in the main file; each
+ * is a one-line wrapper around its handler in cuda.bpf.c.  ingero/collect/
+ * probes.py says which symbol attaches to which. */
+#define UPROBE_PROGRAM(name) int name(struct pt_regs *ctx) { return on_##name(ctx); }
+UPROBE_PROGRAM(cuda_return)
+UPROBE_PROGRAM(cuda_launch_kernel_enter)
+UPROBE_PROGRAM(cuda_launch_kernel_exc_enter)
+UPROBE_PROGRAM(cuda_memcpy_enter)
+UPROBE_PROGRAM(cuda_memcpy_async_enter)
+UPROBE_PROGRAM(cuda_stream_sync_enter)
+UPROBE_PROGRAM(cuda_device_sync_enter)
+UPROBE_PROGRAM(cuda_event_sync_enter)
+UPROBE_PROGRAM(cuda_malloc_enter)
+UPROBE_PROGRAM(cuda_free_enter)
+UPROBE_PROGRAM(cuda_graph_launch_enter)
+UPROBE_PROGRAM(cuda_malloc_host_enter)
+UPROBE_PROGRAM(cuda_host_register_enter)
+UPROBE_PROGRAM(cu_launch_kernel_enter)
+UPROBE_PROGRAM(cu_launch_kernel_ex_enter)
+UPROBE_PROGRAM(cu_memcpy_enter)
+UPROBE_PROGRAM(cu_memcpy_htod_enter)
+UPROBE_PROGRAM(cu_memcpy_dtoh_enter)
+UPROBE_PROGRAM(cu_memcpy_dtod_enter)
+UPROBE_PROGRAM(cu_memcpy_async_enter)
+UPROBE_PROGRAM(cu_memcpy_htod_async_enter)
+UPROBE_PROGRAM(cu_memcpy_dtoh_async_enter)
+UPROBE_PROGRAM(cu_memcpy_dtod_async_enter)
+UPROBE_PROGRAM(cu_ctx_sync_enter)
+UPROBE_PROGRAM(cu_stream_sync_enter)
+UPROBE_PROGRAM(cu_mem_alloc_enter)
+UPROBE_PROGRAM(cu_mem_free_enter)
+#endif

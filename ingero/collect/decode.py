@@ -1,0 +1,174 @@
+"""Kernel records (EVENT_DTYPE numpy arrays) -> Arrow tables for the store.
+
+Pure functions of their inputs: unit tests feed them hand-made records.
+Column semantics follow ingero/store/schema.sql:
+
+* ``timestamp`` = BPF CLOCK_MONOTONIC + the offset taken when the trace began;
+* ``op`` / ``kind`` are names, dictionary-encoded (a few distinct values in
+  millions of rows);
+* ``arg`` becomes ``bytes`` for copies, allocations and block I/O, and
+  ``runq_ns`` for sched_switch;
+* ``stream`` only for CUDA ops that take a stream; ``preempted`` only for
+  sched_switch; ``other_pid`` only where it means something; ``stack_id``
+  NULL for -1.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from ingero.collect.records import (
+    EVENT_DTYPE,
+    KIND_NAME_TABLE,
+    OP_NAME_TABLE,
+    Kind,
+    Op,
+)
+
+# Ops whose arg is a byte count.
+BYTES_OPS = frozenset(
+    {
+        Op.CUDA_MEMCPY,
+        Op.CUDA_MEMCPY_ASYNC,
+        Op.CUDA_MALLOC,
+        Op.CUDA_MALLOC_HOST,
+        Op.CUDA_HOST_REGISTER,
+        Op.CU_MEMCPY,
+        Op.CU_MEMCPY_ASYNC,
+        Op.CU_MEM_ALLOC,
+        Op.BLOCK_IO,
+        Op.BENCH,
+    }
+)
+# Ops whose stream argument the probes read.
+STREAM_OPS = frozenset(
+    {
+        Op.CUDA_LAUNCH_KERNEL,
+        Op.CUDA_MEMCPY_ASYNC,
+        Op.CUDA_STREAM_SYNC,
+        Op.CUDA_GRAPH_LAUNCH,
+        Op.CU_LAUNCH_KERNEL,
+        Op.CU_MEMCPY_ASYNC,
+        Op.CU_STREAM_SYNC,
+    }
+)
+# Ops whose other_pid carries a value (the next process; the block device).
+OTHER_PID_OPS = frozenset({Op.SCHED_SWITCH, Op.BLOCK_IO, Op.PROC_EXEC})
+# Ops without a return code.
+NO_RET_OPS = frozenset({Op.SCHED_SWITCH, Op.PROC_EXEC, Op.PROC_EXIT})
+
+
+def _op_mask(ops: frozenset[Op]) -> np.ndarray:
+    m = np.zeros(256, dtype=bool)
+    m[[int(o) for o in ops]] = True
+    return m
+
+
+_BYTES_MASK = _op_mask(BYTES_OPS)
+_STREAM_MASK = _op_mask(STREAM_OPS)
+_OTHER_MASK = _op_mask(OTHER_PID_OPS)
+_RET_MASK = ~_op_mask(NO_RET_OPS)
+
+# Dictionaries for the op / kind columns: index = raw u8 id.  Kinds without a
+# name (KIND_NONE) are masked to NULL instead of being a NULL dictionary entry.
+_OP_DICT = pa.array([str(x) for x in OP_NAME_TABLE], type=pa.string())
+_KIND_DICT = pa.array([x if x is not None else "" for x in KIND_NAME_TABLE], type=pa.string())
+_KIND_NULL = np.array([x is None for x in KIND_NAME_TABLE])
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("session_id", pa.int32()),
+        ("timestamp", pa.int64()),
+        ("duration_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("op", pa.dictionary(pa.uint8(), pa.string())),
+        ("kind", pa.dictionary(pa.uint8(), pa.string())),
+        ("bytes", pa.int64()),
+        ("stream", pa.uint64()),
+        ("ret", pa.int32()),
+        ("cpu", pa.int16()),
+        ("preempted", pa.bool_()),
+        ("other_pid", pa.int32()),
+        ("runq_ns", pa.int64()),
+        ("stack_id", pa.int64()),
+    ]
+)
+
+
+def monotonic_offset_ns(samples: int = 5) -> int:
+    """wall clock - CLOCK_MONOTONIC (what bpf_ktime_get_ns reads), from the tightest of a few samples."""
+    best = None
+    for _ in range(samples):
+        m0 = time.monotonic_ns()
+        w = time.time_ns()
+        m1 = time.monotonic_ns()
+        span = m1 - m0
+        if best is None or span < best[0]:
+            best = (span, w - (m0 + m1) // 2)
+    assert best is not None
+    return best[1]
+
+
+def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
+    if valid.all():
+        return pa.array(values, type=type_)
+    return pa.array(values, type=type_, mask=~valid)
+
+
+def events_table(
+    records: np.ndarray,
+    *,
+    session_id: int,
+    offset_ns: int,
+    stack_ids: np.ndarray | None = None,
+) -> pa.Table:
+    """Arrow table with the events columns of schema.sql for EVENT_DTYPE ``records``.
+
+    ``stack_ids``: stored stack ids (int64, -1 = none) that replace the kernel
+    ids, from StackResolver.resolve; by default the kernel id is kept when >= 0.
+    """
+    if records.dtype != EVENT_DTYPE:
+        raise TypeError(f"expected EVENT_DTYPE records, got {records.dtype}")
+    n = len(records)
+    op = records["op"]
+    kind = records["kind"]
+    arg = records["arg"].astype(np.int64)
+    is_switch = op == int(Op.SCHED_SWITCH)
+    has_bytes = _BYTES_MASK[op]
+    kind_valid = ~_KIND_NULL[kind]
+
+    op_col = pa.DictionaryArray.from_arrays(pa.array(op, type=pa.uint8()), _OP_DICT)
+    kind_col = pa.DictionaryArray.from_arrays(
+        pa.array(kind, type=pa.uint8(), mask=~kind_valid if not kind_valid.all() else None), _KIND_DICT
+    )
+    if stack_ids is None:
+        stack = records["stack_id"].astype(np.int64)
+    else:
+        stack = np.asarray(stack_ids, dtype=np.int64)
+    cols = [
+        pa.array(np.full(n, session_id, dtype=np.int32)),
+        pa.array(records["ts_ns"].astype(np.int64) + np.int64(offset_ns)),
+        pa.array(records["duration_ns"].astype(np.int64)),
+        pa.array(records["pid"].astype(np.int32)),
+        pa.array(records["tid"].astype(np.int32)),
+        op_col,
+        kind_col,
+        _masked(arg, has_bytes, pa.int64()),
+        _masked(records["stream"], _STREAM_MASK[op], pa.uint64()),
+        _masked(records["ret"], _RET_MASK[op], pa.int32()),
+        pa.array(records["cpu"].astype(np.int16)),
+        _masked(kind == int(Kind.PREEMPTED), is_switch, pa.bool_()),
+        _masked(records["other_pid"].astype(np.int32), _OTHER_MASK[op], pa.int32()),
+        _masked(arg, is_switch, pa.int64()),
+        _masked(stack, stack >= 0, pa.int64()),
+    ]
+    return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
+
+
+def op_names(records: np.ndarray) -> np.ndarray:
+    """The public op name of each record (object array)."""
+    return OP_NAME_TABLE[records["op"]]

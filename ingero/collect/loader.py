@@ -1,0 +1,269 @@
+"""Compile, load and attach bpf/ingero.bpf.c: the only module that imports bcc.
+
+``load_program(settings)`` compiles the one BPF object with ``src_file=``
+and ``-D`` cflags (never by editing the text), turning compiler and verifier
+failures into an IngeroError that quotes their key line.
+``Program.attach_library(lib)`` attaches every probe of the table in
+probes.py to one library file, once per file identity, and keeps a record of
+every attempt (ok or error) for the ``probes`` table.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from ingero.collect import probes
+from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
+from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter
+from ingero.errors import IngeroError
+
+MAIN_SOURCE = "ingero.bpf.c"
+DEFAULT_RING_MB = 64  # ~1 s of records at 1 M records/s (64 bytes each)
+RING_MAP = "events"
+
+
+def bpf_dir() -> Path:
+    """Where bpf/*.c live: INGERO_BPF_DIR, else the source tree next to the package."""
+    env = os.environ.get("INGERO_BPF_DIR")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [here.parents[2] / "bpf", here.parents[1] / "bpf"]
+    for c in candidates:
+        if (c / MAIN_SOURCE).exists():
+            return c
+    raise IngeroError(
+        f"BPF sources ({MAIN_SOURCE}) not found (looked in {', '.join(map(str, candidates))})",
+        "reinstall ingero, or set INGERO_BPF_DIR to the directory holding ingero.bpf.c",
+    )
+
+
+@dataclass(frozen=True)
+class BpfSettings:
+    """Everything that changes what is compiled; each becomes a -D flag."""
+
+    ring_bytes: int = DEFAULT_RING_MB << 20
+    trace_all_cuda: bool = True  # default mode: any process calling CUDA becomes a target
+    target_comm: str | None = None
+    stack: bool = False
+    bench_pid: int | None = None  # compile only the ingest benchmark generator
+    bench_burst: int | None = None
+    empty: bool = False  # every program returns at once (overhead floor)
+
+    def cflags(self, src: Path) -> list[str]:
+        pages = self.ring_bytes // mmap.PAGESIZE
+        flags = [f"-I{src}", f"-DRING_PAGES={pages}", f"-DTRACE_ALL_CUDA={int(self.trace_all_cuda)}"]
+        if self.target_comm:
+            flags.append(f'-DTARGET_COMM="{_c_string(self.target_comm[:15])}"')
+        if self.stack:
+            flags.append("-DINGERO_STACK")
+        if self.bench_pid is not None:
+            flags += ["-DINGERO_BENCH", f"-DBENCH_PID={self.bench_pid}"]
+            if self.bench_burst:
+                flags.append(f"-DBENCH_BURST={self.bench_burst}")
+        if self.empty:
+            flags.append("-DINGERO_EMPTY")
+        return flags
+
+
+def _c_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def ring_bytes_from_mb(mb: int) -> int:
+    """--ring-mb -> bytes, checked: the kernel wants a power-of-two number of pages."""
+    size = int(mb) << 20
+    if mb <= 0 or size & (size - 1):
+        raise IngeroError(f"--ring-mb {mb} is not a power of two", "use 16, 32, 64, 128 or 256")
+    return size
+
+
+def compiled_source(settings: BpfSettings) -> tuple[str, list[str]]:
+    """(source text, cflags) exactly as compiled: what --print-bpf shows."""
+    src = bpf_dir()
+    text = _source_text(src, settings)
+    return text, settings.cflags(src)
+
+
+def _source_text(src: Path, settings: BpfSettings) -> str:
+    if settings.stack:
+        # stack.h touches maps, and BCC only rewrites map calls in the main
+        # file, so --stack compiles the main file with stack.h inlined.
+        from ingero.collect.stacks import bpf_text
+
+        return bpf_text(src / MAIN_SOURCE)
+    return (src / MAIN_SOURCE).read_text()
+
+
+@dataclass
+class AttachRecord:
+    """One row of the probes table."""
+
+    target: str
+    symbol: str
+    op: str | None
+    probe_kind: str
+    attached: bool
+    error: str | None = None
+
+
+_KEY_LINE = re.compile(r"error:|unknown opcode|invalid|R\d+ |not allowed|too large|Permission denied", re.I)
+
+
+def _key_line(log: str, fallback: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error:" in ln:
+            return ln
+    for ln in reversed(lines):
+        if _KEY_LINE.search(ln) and not ln.startswith("HINT"):
+            return ln
+    return fallback
+
+
+class _CaptureStderr:
+    """BCC prints compiler and verifier output on fd 2 from C++: capture it to quote it."""
+
+    def __enter__(self) -> "_CaptureStderr":
+        self._tmp = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._tmp.fileno(), 2)
+        self.text = ""
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._tmp.seek(0)
+        self.text = self._tmp.read().decode(errors="replace")
+        self._tmp.close()
+
+
+class Program:
+    """The loaded BPF object: attach probes, read its maps."""
+
+    def __init__(self, bpf: Any, settings: BpfSettings):
+        self.bpf = bpf
+        self.settings = settings
+        self.records: list[AttachRecord] = []
+        self._attached_ids: set[tuple[int, int]] = set()
+        self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
+        for tp, op in self.tracepoints:
+            self.records.append(AttachRecord("kernel", tp, op, "tracepoint", True))
+
+    # -- attaching ---------------------------------------------------------
+
+    def attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str]) -> tuple[int, int]:
+        """Attach every probe of the table to one library file; (ok, failed).  Once per identity."""
+        if identity in self._attached_ids:
+            return 0, 0
+        self._attached_ids.add(identity)
+        ok = failed = 0
+        for a in probes.plan_library(str(path), kind, frozenset(exported)):
+            attach = self.bpf.attach_uprobe if a.probe_kind == "uprobe" else self.bpf.attach_uretprobe
+            try:
+                attach(name=a.path.encode(), sym=a.symbol.encode(), fn_name=a.fn.encode())
+            except Exception as exc:  # BCC raises bare Exception for every attach failure
+                failed += 1
+                self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False, str(exc)))
+                continue
+            ok += 1
+            self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
+        return ok, failed
+
+    def uprobe_count(self) -> int:
+        return int(self.bpf.num_open_uprobes())
+
+    # -- maps ----------------------------------------------------------------
+
+    def ring_fd(self) -> int:
+        return int(self.bpf[RING_MAP].map_fd)
+
+    def add_targets(self, pids: Iterable[int]) -> None:
+        t = self.bpf["targets"]
+        for pid in pids:
+            t[t.Key(pid)] = t.Leaf(1)
+
+    def remove_targets(self, pids: Iterable[int]) -> None:
+        t = self.bpf["targets"]
+        for pid in pids:
+            try:
+                del t[t.Key(pid)]
+            except KeyError:
+                pass
+
+    def targets(self) -> set[int]:
+        return {k.value for k in self.bpf["targets"].keys()}
+
+    def counters(self) -> np.ndarray:
+        """Per-counter totals summed over CPUs (index = Counter)."""
+        table = self.bpf["counters"]
+        out = np.zeros(int(Counter.MAX), dtype=np.int64)
+        for i in range(int(Counter.MAX)):
+            out[i] = sum(table[ctypes.c_int(i)])
+        return out
+
+    def proc_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tgids, PROC_STAT_DTYPE totals) of every process seen switching on this host."""
+        table = self.bpf["proc_stats"]
+        keys: list[int] = []
+        vals: list[bytes] = []
+        for k, v in table.items():
+            keys.append(k.value)
+            vals.append(ctypes.string_at(ctypes.addressof(v), PROC_STAT_DTYPE.itemsize))
+        arr = np.frombuffer(b"".join(vals), dtype=PROC_STAT_DTYPE) if vals else np.empty(0, PROC_STAT_DTYPE)
+        return np.array(keys, dtype=np.int64), arr
+
+    def forget_procs(self, pids: Iterable[int]) -> None:
+        table = self.bpf["proc_stats"]
+        for pid in pids:
+            try:
+                del table[table.Key(pid)]
+            except KeyError:
+                pass
+
+    def attach_bench(self) -> None:
+        """Nothing: the benchmark tracepoint is auto-attached by BCC (TRACEPOINT_PROBE)."""
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+def load_program(settings: BpfSettings) -> Program:
+    """Compile and load the object (tracepoints attach on load); IngeroError on failure."""
+    ensure_tracefs()
+    find_kernel_headers().export()
+    try:
+        from bcc import BPF
+    except ImportError as exc:
+        raise IngeroError(f"BCC is not importable ({exc})", "install python3-bpfcc (or run `make setup`)") from None
+    src = bpf_dir()
+    cflags = settings.cflags(src)
+    kwargs: dict[str, Any] = {"cflags": cflags}
+    if settings.stack:
+        kwargs["text"] = _source_text(src, settings).encode()
+    else:
+        kwargs["src_file"] = str(src / MAIN_SOURCE).encode()
+    with _CaptureStderr() as cap:
+        try:
+            bpf = BPF(**kwargs)
+        except Exception as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+    if failure is not None:
+        msg = str(failure)
+        stage = "compile" if "compile" in msg.lower() else "load (verifier)"
+        raise IngeroError(
+            f"BPF {stage} failed: {_key_line(cap.text, msg)}",
+            "run `ingero trace --print-bpf` to see the program and flags, and `ingero check` for the kernel setup",
+        ) from None
+    return Program(bpf, settings)

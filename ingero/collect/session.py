@@ -1,0 +1,553 @@
+"""One trace session: load, attach, then drain -> decode -> store until told to stop.
+
+Everything runs on one thread (the DuckDB writes included): the ring buffer
+holds ~1 s of records at 1 M/s (64 MiB), so the loop can afford a batched
+append once a second.  The loop, every POLL_INTERVAL_S:
+
+* reads every submitted record from the ring buffer (ringbuf.RingReader);
+* at least once a second (or when FLUSH_ROWS are buffered) decodes and
+  appends them to ``events`` (so stored data is at most ~1 s old);
+* once a second: system/GPU samplers, process_cpu harvest, process names of
+  pids that appeared, new CUDA library copies (LibraryWatcher), --comm rescan,
+  and a stats tick for the live view.
+
+--duration, SIGINT and SIGTERM end it the same way: drain the ring, store
+every decoded record, close the session with totals and drops.  With --cmd
+the trace also ends (after draining) when the command exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from ingero.collect import decode, targets
+from ingero.collect.loader import BpfSettings, Program, load_program, ring_bytes_from_mb
+from ingero.collect.records import OP_NAME_TABLE, Counter, Op
+from ingero.collect.ringbuf import RingReader
+from ingero.errors import IngeroError
+from ingero.store.db import Store, invoking_user
+
+POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k records (640 KiB) a poll
+FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
+FLUSH_ROWS = 1_000_000  # or sooner when this many rows wait (bounds memory: ~56 MB)
+READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
+DRAIN_QUIET_S = 0.05  # at the end: stop draining after the ring stayed empty this long
+PCT_WINDOW_S = 10  # live view percentiles cover the last 10 s
+PCT_SAMPLE = 20_000  # durations kept per op per second for percentiles
+
+
+@dataclass
+class TraceOptions:
+    db_path: Path | None = None
+    duration_s: float | None = None
+    pids: list[int] = field(default_factory=list)
+    comm: str | None = None
+    cmd: str | None = None
+    cuda_libs: list[Path] = field(default_factory=list)
+    stack: bool = False
+    ring_mb: int = 64
+    command_line: str = "ingero trace"
+    samplers: bool = True  # benchmarks turn them off
+
+
+@dataclass
+class OpStats:
+    count: int = 0
+    p50_ns: float | None = None
+    p95_ns: float | None = None
+    p99_ns: float | None = None
+
+
+@dataclass
+class StartInfo:
+    session_id: int
+    db_path: str
+    lines: list[str]  # what was attached where, what is traced
+
+
+@dataclass
+class TickStats:
+    elapsed_s: float
+    events: int  # stored so far
+    events_per_s: float  # over the last tick
+    drops_kernel: int
+    drops_user: int
+    nest_skipped: int
+    ops: dict[str, OpStats]
+    notes: list[str]  # new since the previous tick (new library attached ...)
+
+
+@dataclass
+class TraceSummary:
+    session_id: int
+    db_path: str
+    elapsed_s: float
+    events: int
+    drops_kernel: int
+    drops_user: int
+    nest_skipped: int
+    ops: dict[str, OpStats]
+    ended_by: str  # 'duration' | 'SIGINT' | 'SIGTERM' | 'command exited'
+    command_exit: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class _Stop:
+    """Signal handlers set a reason; the loop checks it."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.reason = self.reason or signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _Percentiles:
+    """Per-op counts since the start and duration samples of the last PCT_WINDOW_S seconds."""
+
+    def __init__(self) -> None:
+        self._window: list[tuple[np.ndarray, np.ndarray]] = []  # one entry per second
+        self._current: list[tuple[np.ndarray, np.ndarray]] = []
+        self.counts = np.zeros(256, dtype=np.int64)
+
+    def add(self, recs: np.ndarray) -> None:
+        self.counts += np.bincount(recs["op"], minlength=256)
+        if len(recs) > PCT_SAMPLE:
+            recs = recs[np.random.default_rng().choice(len(recs), PCT_SAMPLE, replace=False)]
+        self._current.append((recs["op"].copy(), recs["duration_ns"].copy()))
+
+    def roll(self) -> None:
+        """Close the current second."""
+        if self._current:
+            self._window.append(
+                (np.concatenate([c[0] for c in self._current]), np.concatenate([c[1] for c in self._current]))
+            )
+        self._current = []
+        self._window = self._window[-PCT_WINDOW_S:]
+
+    def stats(self) -> dict[str, OpStats]:
+        out: dict[str, OpStats] = {}
+        parts = self._window + self._current
+        ops = np.concatenate([w[0] for w in parts]) if parts else np.empty(0, np.uint8)
+        durs = np.concatenate([w[1] for w in parts]) if parts else np.empty(0, np.uint64)
+        for op in np.flatnonzero(self.counts):
+            st = OpStats(count=int(self.counts[op]))
+            d = durs[ops == op]
+            if d.size:
+                st.p50_ns, st.p95_ns, st.p99_ns = (float(x) for x in np.percentile(d, [50, 95, 99]))
+            out[str(OP_NAME_TABLE[op])] = st
+        return out
+
+
+class TraceSession:
+    """State of one running trace; ``run_trace`` drives it."""
+
+    def __init__(self, opts: TraceOptions, store: Store, program: Program, session_id: int):
+        self.opts = opts
+        self.store = store
+        self.program = program
+        self.session_id = session_id
+        self.offset_ns = decode.monotonic_offset_ns()
+        self.reader = RingReader(program.ring_fd(), program.settings.ring_bytes)
+        self.pending: list[np.ndarray] = []
+        self.pending_rows = 0
+        self.events = 0
+        self.drops_user = 0
+        self.pct = _Percentiles()
+        self.seen_pids: set[int] = set()
+        self.notes: list[str] = []
+        self.stacks: Any = None
+        self._proc_prev: dict[int, np.ndarray] = {}
+        self._proc_prev_ns = time.monotonic_ns()
+        self._probe_rows_written = 0
+
+    # -- events ----------------------------------------------------------------
+
+    def poll(self) -> int:
+        recs = self.reader.read(READ_BATCH)
+        if len(recs):
+            self.pending.append(recs)
+            self.pending_rows += len(recs)
+            self.pct.add(recs)
+            self._note_pids(recs)  # now, while short-lived processes still exist
+        return len(recs)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        recs = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        self.pending_rows = 0
+        stack_ids = None
+        if self.stacks is not None:
+            stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
+        table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids)
+        try:
+            self.events += self.store.append("events", table)
+        except Exception:
+            self.drops_user += len(recs)
+            raise
+        self.store.update_session(self.session_id, events=self.events, heartbeat_ns=time.time_ns())
+
+    def _note_pids(self, recs: np.ndarray) -> None:
+        pids = np.unique(recs["pid"])
+        switch = recs["op"] == int(Op.SCHED_SWITCH)
+        if switch.any():
+            pids = np.union1d(pids, np.unique(recs["other_pid"][switch]))
+        self.upsert_names(int(p) for p in pids)
+
+    def upsert_names(self, pids: Any) -> None:
+        new = [p for p in pids if p > 0 and p not in self.seen_pids]
+        if not new:
+            return
+        self.seen_pids.update(new)
+        rows = []
+        now = time.time_ns()
+        for pid in new:
+            info = _process_info(pid)
+            if info is not None:
+                rows.append({**info, "session_id": self.session_id, "seen_ns": now})
+        self.store.upsert_process_names(rows)
+
+    # -- once a second ---------------------------------------------------------
+
+    def harvest_process_cpu(self) -> None:
+        """process_cpu rows: per-process deltas since the last harvest (unchanged processes dropped)."""
+        now_mono = time.monotonic_ns()
+        interval = now_mono - self._proc_prev_ns
+        self._proc_prev_ns = now_mono
+        pids, stats = self.program.proc_stats()
+        if not len(pids):
+            return
+        cur = np.stack([stats["oncpu_ns"], stats["involuntary"], stats["voluntary"], stats["preempted_traced"]], axis=1).astype(np.int64)
+        prev = np.array([self._proc_prev.get(int(p), np.zeros(4, np.int64)) for p in pids]).reshape(-1, 4)
+        delta = cur - prev
+        changed = (delta != 0).any(axis=1)
+        for p, row in zip(pids, cur):
+            self._proc_prev[int(p)] = row
+        gone = [int(p) for p, ch in zip(pids, changed) if not ch and not targets.alive(int(p))]
+        if gone:
+            self.program.forget_procs(gone)
+            for p in gone:
+                self._proc_prev.pop(p, None)
+        if not changed.any():
+            return
+        idx = np.flatnonzero(changed)
+        comms = [bytes(c).split(b"\0", 1)[0].decode("utf-8", "replace") for c in stats["comm"][idx]]
+        table = pa.table(
+            {
+                "session_id": pa.array(np.full(len(idx), self.session_id, np.int32)),
+                "timestamp": pa.array(np.full(len(idx), now_mono + self.offset_ns, np.int64)),
+                "interval_ns": pa.array(np.full(len(idx), interval, np.int64)),
+                "pid": pa.array(pids[idx].astype(np.int32)),
+                "comm": pa.array(comms, pa.string()),
+                "oncpu_ns": pa.array(delta[idx, 0]),
+                "involuntary": pa.array(delta[idx, 1]),
+                "voluntary": pa.array(delta[idx, 2]),
+                "preempted_traced": pa.array(delta[idx, 3]),
+            }
+        )
+        self.store.append("process_cpu", table)
+        # competitors of traced threads get readable names too
+        self.upsert_names(int(p) for p, pt in zip(pids[idx], delta[idx, 3]) if pt > 0)
+
+    def write_probe_rows(self) -> None:
+        recs = self.program.records[self._probe_rows_written :]
+        if not recs:
+            return
+        self._probe_rows_written = len(self.program.records)
+        self.store.append(
+            "probes",
+            pa.Table.from_pylist(
+                [
+                    {
+                        "session_id": self.session_id,
+                        "target": r.target,
+                        "symbol": r.symbol,
+                        "op": r.op,
+                        "probe_kind": r.probe_kind,
+                        "attached": r.attached,
+                        "error": r.error,
+                    }
+                    for r in recs
+                ]
+            ),
+        )
+
+    def counters(self) -> np.ndarray:
+        return self.program.counters()
+
+    def drain(self) -> None:
+        """Read until the ring stayed empty for DRAIN_QUIET_S (records in flight get submitted)."""
+        quiet_since = time.monotonic()
+        while True:
+            if self.poll():
+                quiet_since = time.monotonic()
+                if self.pending_rows >= FLUSH_ROWS:
+                    self.flush()
+                continue
+            if time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+                break
+            time.sleep(POLL_INTERVAL_S / 2)
+        self.flush()
+
+
+def _process_info(pid: int) -> dict | None:
+    try:
+        from ingero.collect.procnames import process_info
+    except ImportError:  # pragma: no cover - discovery module not present
+        return None
+    return process_info(pid)
+
+
+def _find_libraries(extra: list[Path]) -> tuple[list[Any], Any]:
+    from ingero.collect.libs import LibraryWatcher
+
+    watcher = LibraryWatcher(extra=extra)
+    return watcher.poll(), watcher
+
+
+def _attach_line(lib: Any, ok: int, failed: int) -> str:
+    what = f"{ok // 2} functions ({ok} probes)"
+    if failed:
+        what += f", {failed} failed"
+    return f"attached {what} to {lib.path} ({lib.kind})"
+
+
+class _Samplers:
+    def __init__(self, enabled: bool):
+        self.system = self.gpu = None
+        self.note: str | None = None
+        if not enabled:
+            return
+        try:
+            from ingero.sample.system import SystemSampler
+
+            self.system = SystemSampler()
+        except ImportError:
+            self.system = None
+        try:
+            from ingero.sample.gpu import GpuSampler
+
+            self.gpu = GpuSampler()
+            self.note = self.gpu.note
+        except ImportError:
+            self.gpu = None
+
+    def sample(self, store: Store, session_id: int) -> None:
+        if self.system is not None:
+            row = self.system.sample()
+            if row:
+                store.append("system_metrics", pa.Table.from_pylist([{**row, "session_id": session_id}]))
+        if self.gpu is not None:
+            rows = self.gpu.sample()
+            if rows:
+                store.append("gpu_metrics", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
+
+
+def check_can_trace() -> None:
+    if os.geteuid() != 0:
+        raise IngeroError("trace needs root (eBPF): run with sudo")
+
+
+def settings_for(opts: TraceOptions) -> BpfSettings:
+    explicit = bool(opts.pids or opts.comm or opts.cmd)
+    return BpfSettings(
+        ring_bytes=ring_bytes_from_mb(opts.ring_mb),
+        trace_all_cuda=not explicit,
+        target_comm=opts.comm,
+        stack=opts.stack,
+    )
+
+
+def run_trace(
+    opts: TraceOptions,
+    on_tick: Callable[[TickStats], None] | None = None,
+    on_start: Callable[[StartInfo], None] | None = None,
+) -> TraceSummary:
+    """Trace until --duration, SIGINT/SIGTERM or --cmd's exit; everything decoded is stored."""
+    check_can_trace()
+    spec = targets.TargetSpec(pids=list(opts.pids), comm=opts.comm, cmd=opts.cmd)
+    targets.check_pids(spec.pids)
+    launcher = None
+    if spec.cmd:
+        user = invoking_user()
+        launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None)
+    settings = settings_for(opts)
+    libs, watcher = _find_libraries(list(opts.cuda_libs))
+    store = Store.open(opts.db_path)
+    store.mark_crashed_sessions()
+    program = load_program(settings)
+    stop = _Stop()
+    try:
+        lines: list[str] = []
+        for lib in libs:
+            ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            lines.append(_attach_line(lib, ok, failed))
+        lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
+        initial: list[int] = list(spec.pids)
+        if spec.comm:
+            initial += targets.pids_with_comm(spec.comm)
+        if not spec.explicit:
+            try:
+                from ingero.collect.libs import pids_mapping_cuda
+
+                initial += [p for p in pids_mapping_cuda() if p != os.getpid()]
+            except ImportError:
+                pass
+        program.add_targets(initial)
+        launched = None
+        if launcher is not None:
+            launched = launcher.spawn()
+            program.add_targets([launched])
+        if not libs and not spec.explicit:
+            lines.append("no CUDA runtime found: tracing host events only (block I/O, per-process CPU); "
+                         "pass --pid, --cmd or --comm to trace a process")
+        described = targets.describe(spec, launched)
+        lines.append(f"tracing {described}")
+        session_id = store.begin_session(command=opts.command_line, targets=described)
+        sess = TraceSession(opts, store, program, session_id)
+        if opts.stack:
+            from ingero.collect.stacks import StackResolver
+
+            sess.stacks = StackResolver(program.bpf, store)
+            prepare = getattr(sess.stacks, "prepare", None)
+            if prepare is not None:
+                prepare(initial)
+        sess.write_probe_rows()
+        sess.upsert_names(initial)
+        samplers = _Samplers(opts.samplers)
+        if samplers.note:
+            lines.append(samplers.note)
+        if on_start is not None:
+            on_start(StartInfo(session_id, str(store.path), lines))
+        stop.install()
+        if launcher is not None:
+            launcher.release()
+        summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
+    finally:
+        stop.restore()
+        if launcher is not None and stop.reason is not None:
+            launcher.stop()
+        program.close()
+        store.close()
+    return summary
+
+
+def _loop(
+    sess: TraceSession,
+    opts: TraceOptions,
+    stop: _Stop,
+    launcher: targets.Launcher | None,
+    watcher: Any,
+    samplers: _Samplers,
+    spec: targets.TargetSpec,
+    on_tick: Callable[[TickStats], None] | None,
+) -> TraceSummary:
+    start = time.monotonic()
+    deadline = start + opts.duration_s if opts.duration_s else None
+    next_flush = start + FLUSH_INTERVAL_S
+    next_second = start + 1.0
+    last_events = 0
+    last_tick = start
+    ended_by = None
+    nest_skipped = 0
+    drops_kernel = 0
+    while True:
+        n = sess.poll()
+        now = time.monotonic()
+        if sess.pending_rows >= FLUSH_ROWS or (now >= next_flush and sess.pending):
+            sess.flush()
+            next_flush = now + FLUSH_INTERVAL_S
+        if now >= next_second:
+            next_second = now + 1.0
+            _every_second(sess, watcher, samplers, spec)
+            counters = sess.counters()
+            drops_kernel = int(counters[Counter.RB_DROPS])
+            nest_skipped = int(counters[Counter.NEST_SKIPPED])
+            sess.pct.roll()
+            if on_tick is not None:
+                on_tick(
+                    TickStats(
+                        elapsed_s=now - start,
+                        events=sess.events + sess.pending_rows,
+                        events_per_s=(sess.events + sess.pending_rows - last_events) / max(now - last_tick, 1e-9),
+                        drops_kernel=drops_kernel,
+                        drops_user=sess.drops_user,
+                        nest_skipped=nest_skipped,
+                        ops=sess.pct.stats(),
+                        notes=sess.notes,
+                    )
+                )
+                sess.notes = []
+            last_events = sess.events + sess.pending_rows
+            last_tick = now
+        if stop.reason:
+            ended_by = stop.reason
+            break
+        if deadline is not None and now >= deadline:
+            ended_by = "duration"
+            break
+        if launcher is not None and launcher.poll() is not None:
+            ended_by = "command exited"
+            break
+        if n < READ_BATCH:
+            time.sleep(POLL_INTERVAL_S)
+    sess.drain()
+    sess.harvest_process_cpu()
+    counters = sess.counters()
+    drops_kernel = int(counters[Counter.RB_DROPS])
+    nest_skipped = int(counters[Counter.NEST_SKIPPED])
+    sess.write_probe_rows()
+    sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel, drops_user=sess.drops_user)
+    notes = list(sess.notes)
+    if launcher is not None and launcher.returncode is None and ended_by == "duration":
+        notes.append(f"the command (pid {launcher.pid}) is still running; it is no longer traced")
+    return TraceSummary(
+        session_id=sess.session_id,
+        db_path=str(sess.store.path),
+        elapsed_s=time.monotonic() - start,
+        events=sess.events,
+        drops_kernel=drops_kernel,
+        drops_user=sess.drops_user,
+        nest_skipped=nest_skipped,
+        ops=sess.pct.stats(),
+        ended_by=ended_by or "duration",
+        command_exit=launcher.returncode if launcher is not None else None,
+        notes=notes,
+    )
+
+
+def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> None:
+    sess.harvest_process_cpu()
+    samplers.sample(sess.store, sess.session_id)
+    if watcher is not None:
+        for lib in watcher.poll():
+            ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            sess.notes.append(_attach_line(lib, ok, failed))
+        sess.write_probe_rows()
+    if spec.comm:
+        found = targets.pids_with_comm(spec.comm)
+        sess.program.add_targets(found)
+        sess.upsert_names(found)
+    # targets whose process is gone (exit handler missed them, e.g. thread keys)
+    for pid in sess.program.targets():
+        if not targets.alive(pid):
+            sess.program.remove_targets([pid])

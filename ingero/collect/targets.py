@@ -1,0 +1,167 @@
+"""Who is traced: --pid, --comm, --cmd, and the processes that use CUDA.
+
+The BPF hash ``targets`` (keyed by tgid) is the filter every probe checks.
+User space fills it from here; the kernel side adds children of targets
+(fork), processes exec'ing with --comm's name, and, in the default mode,
+any process that calls a probed CUDA function.
+
+``Launcher`` starts --cmd so that it cannot run a single instruction before
+its pid is a target: the child waits on a pipe between fork and exec until
+the tracer has added it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ingero.errors import IngeroError
+
+PROC = Path("/proc")
+
+
+@dataclass
+class TargetSpec:
+    pids: list[int] = field(default_factory=list)
+    comm: str | None = None
+    cmd: str | None = None
+
+    @property
+    def explicit(self) -> bool:
+        """True when the user named what to trace (else: every CUDA process)."""
+        return bool(self.pids or self.comm or self.cmd)
+
+
+def parse_pids(text: str | None) -> list[int]:
+    """'123,456' -> [123, 456]; IngeroError on junk."""
+    if not text:
+        return []
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) <= 0:
+            raise IngeroError(f"--pid {part!r} is not a process id", "pass numbers separated by commas: --pid 123,456")
+        out.append(int(part))
+    return out
+
+
+def check_pids(pids: list[int], proc: Path = PROC) -> None:
+    for pid in pids:
+        if not (proc / str(pid)).is_dir():
+            raise IngeroError(f"no process with pid {pid}", "check the pid with `ps -p PID` (the process may have exited)")
+
+
+def pids_with_comm(comm: str, proc: Path = PROC) -> list[int]:
+    """Processes whose kernel name (/proc/PID/comm, 15 chars) is ``comm``."""
+    want = comm[:15]
+    out = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().rstrip("\n") == want:
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def alive(pid: int, proc: Path = PROC) -> bool:
+    return (proc / str(pid)).is_dir()
+
+
+def describe(spec: TargetSpec, launched_pid: int | None = None) -> str:
+    """Human-readable 'what was traced' for the sessions row."""
+    parts = []
+    if spec.pids:
+        parts.append("pid " + ",".join(map(str, spec.pids)))
+    if spec.comm:
+        parts.append(f"comm {spec.comm}")
+    if spec.cmd:
+        parts.append(f"cmd {spec.cmd!r}" + (f" (pid {launched_pid})" if launched_pid else ""))
+    if not parts:
+        parts.append("every process calling CUDA")
+    return "; ".join(parts) + " (and their children)"
+
+
+class Launcher:
+    """--cmd: fork, hold the child before exec until released, then exec the command."""
+
+    def __init__(self, cmd: str, *, run_as: tuple[int, int] | None = None):
+        argv = shlex.split(cmd)
+        if not argv:
+            raise IngeroError("--cmd is empty", 'pass a command line, e.g. --cmd "python3 train.py"')
+        exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+        if exe is None or not os.access(exe, os.X_OK):
+            raise IngeroError(f"--cmd: {argv[0]!r} not found or not executable", "check the command (it runs without a shell)")
+        self.argv = argv
+        self._exe = exe
+        self._run_as = run_as
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self._gate_w: int | None = None
+
+    def spawn(self) -> int:
+        """Fork the child; it waits until ``release()``.  Returns its pid."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: only async-signal-safe work until exec
+            try:
+                os.close(w)
+                os.read(r, 1)  # wait for the tracer
+                os.close(r)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if self._run_as is not None:
+                    uid, gid = self._run_as
+                    os.setgid(gid)
+                    os.setuid(uid)
+                os.execv(self._exe, self.argv)
+            finally:
+                os._exit(127)
+        os.close(r)
+        self._gate_w = w
+        self.pid = pid
+        return pid
+
+    def release(self) -> None:
+        if self._gate_w is not None:
+            os.write(self._gate_w, b"x")
+            os.close(self._gate_w)
+            self._gate_w = None
+
+    def poll(self) -> int | None:
+        """The exit code once the command has exited (negative: killed by that signal)."""
+        if self.pid is None or self.returncode is not None:
+            return self.returncode
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        if done:
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def stop(self) -> None:
+        """End the command if it still runs (the trace is ending)."""
+        self.release()
+        if self.pid is None or self.poll() is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        for _ in range(50):
+            if self.poll() is not None:
+                return
+            import time
+
+            time.sleep(0.02)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)

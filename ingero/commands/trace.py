@@ -1,0 +1,60 @@
+"""`ingero trace`: record CUDA calls and host events into the store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ingero.commands.options import DURATION, db_option, json_option, resolve_db
+
+
+@click.command("trace")
+@click.option("--duration", type=DURATION, default=None, help="Stop after DURATION (30s, 2m); default: until Ctrl-C.")
+@click.option("--pid", "pids", default=None, help="Trace these processes (comma list) and their children.")
+@click.option("--comm", default=None, help="Trace processes with this name (as in `ps -o comm`).")
+@click.option("--cmd", default=None, help='Start this command, trace it and its children; ends with it: --cmd "python3 train.py".')
+@click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
+              help="Also probe this libcudart/libcuda file (repeatable).")
+@click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
+@click.option("--ring-mb", type=int, default=64, show_default=True, help="Ring buffer size in MiB (power of two).")
+@click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
+@db_option
+@json_option
+def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, db_path, as_json) -> None:
+    """Record CUDA runtime calls and the host events around them (needs root).
+
+    \b
+    By default every process that calls CUDA is traced, with its scheduling,
+    page faults and block I/O; --pid / --comm / --cmd narrow it down.
+    \b
+      sudo ingero trace --duration 60s
+      sudo ingero trace --cmd "python3 train.py"
+      sudo ingero trace --pid 4242 --stack --json
+    """
+    from ingero.collect import session, targets
+
+    opts = session.TraceOptions(
+        db_path=resolve_db(db_path),
+        duration_s=duration,
+        pids=targets.parse_pids(pids),
+        comm=comm,
+        cmd=cmd,
+        cuda_libs=list(cuda_libs),
+        stack=stack,
+        ring_mb=ring_mb,
+        command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
+    )
+    if print_bpf:
+        from ingero.collect.loader import compiled_source
+
+        text, cflags = compiled_source(session.settings_for(opts))
+        click.echo(f"// cflags: {' '.join(cflags)}")
+        click.echo(text)
+        return
+    from ingero.render.live import LiveView
+
+    view = LiveView(as_json=as_json)
+    summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
+    view.finish(summary)
