@@ -1,0 +1,69 @@
+"""Native symbolisation against this very process's mappings."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+
+from ingero.collect import symbols
+from ingero.collect.symbols import ElfSymbols, NativeSymbolizer, read_maps
+
+
+def _addr(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def test_libc_function_resolves_to_its_name_and_module():
+    libc = ctypes.CDLL("libc.so.6")
+    addr = _addr(libc.getpid)
+    frame = NativeSymbolizer(os.getpid()).symbolize(addr + 1)  # inside, not only at the entry
+    assert frame.function in ("getpid", "__getpid")
+    assert os.path.basename(frame.module).startswith("libc.so")
+    assert frame.offset == 1
+
+
+def test_interpreter_function_resolves():
+    addr = _addr(ctypes.pythonapi.PyObject_GetAttr)
+    frame = NativeSymbolizer(os.getpid()).symbolize(addr)
+    assert frame.function == "PyObject_GetAttr"
+    assert frame.offset == 0
+
+
+def test_runtime_address_of_data_symbol_matches_the_loader():
+    """_PyRuntime (in .data/.bss) mapped through segments must equal what dlsym says."""
+    want = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+    maps = read_maps(os.getpid())
+    for path in dict.fromkeys(m.path for m in maps):
+        elf = ElfSymbols.load(path)
+        sym = elf.lookup_name("_PyRuntime") if elf else None
+        if sym is not None:
+            assert elf.runtime_address(sym, [m for m in maps if m.path == path]) == want
+            return
+    raise AssertionError("no mapped file defines _PyRuntime")
+
+
+def test_unmapped_address_is_unknown():
+    frame = NativeSymbolizer(os.getpid()).symbolize(0x10)
+    assert frame == symbols.NativeFrame(symbols.UNKNOWN, symbols.UNKNOWN, 0x10)
+
+
+def test_address_in_gap_after_sized_symbol_is_unknown_function():
+    sym = symbols.Symbol("f", 0x1000, 0x10)
+    elf = ElfSymbols("x", [sym, symbols.Symbol("g", 0x2000, 0x10)], [])
+    assert elf.lookup(0x1008) == sym
+    assert elf.lookup(0x1800) is None
+    assert elf.lookup(0x0fff) is None
+
+
+def test_maps_skip_anonymous_and_keep_deleted_paths(tmp_path, monkeypatch):
+    fake = tmp_path / "maps"
+    fake.write_text(
+        "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/x\n"
+        "7f00-8f00 rw-p 00000000 00:00 0 \n"
+        "9000-a000 r-xp 00001000 08:02 1 /tmp/lib.so (deleted)\n"
+        "b000-c000 r--p 00000000 00:00 0 [vdso]\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(fake if p == "/proc/1/maps" else p, *a, **k))
+    maps = read_maps(1)
+    assert [(m.start, m.path, m.offset) for m in maps] == [(0x400000, "/usr/bin/x", 0), (0x9000, "/tmp/lib.so", 0x1000)]
