@@ -17,8 +17,9 @@ explain stays linear in the number of events.
   ing_win      pid, w: the loop thread's metrics joined into one row (rules' main input)
   ing_helper   pid, w: traced processes without CUDA calls (DataLoader workers)
 
-Window index w = (timestamp - start) // window_ns.  Off-CPU time is clipped
-at the end of the window it starts in so a share never exceeds 100%.
+Window index w = (timestamp - start) // window_ns.  An off-CPU interval that
+crosses a window boundary is split: its remainder (up to one window) counts
+in the next window, so shares stay exact and never exceed 100%.
 """
 
 from __future__ import annotations
@@ -70,14 +71,19 @@ WITH sw AS (
 ), cu AS (
     SELECT pid, tid, timestamp, timestamp + duration_ns AS end_ns, {_CAT} AS cat
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND NOT list_contains($host_ops, op)
+), j AS (
+    SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
+           CASE WHEN cu.end_ns > sw.timestamp THEN cu.cat ELSE 'none' END AS inside,
+           sw.duration_ns AS dur, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp AS room,
+           sw.runq_ns
+    FROM sw ASOF LEFT JOIN cu ON sw.pid = cu.pid AND sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
+), parts AS (
+    SELECT pid, tid, w, kind, inside, 1 AS n, least(dur, room) AS off_ns, runq_ns FROM j
+    UNION ALL
+    SELECT pid, tid, w + 1, kind, inside, 0, least(dur - room, $wns), 0 FROM j WHERE dur > room
 )
-SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
-       CASE WHEN cu.end_ns > sw.timestamp THEN cu.cat ELSE 'none' END AS inside,
-       count(*) AS n,
-       sum(least(sw.duration_ns, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp))::DOUBLE
-           AS off_ns,
-       sum(sw.runq_ns)::DOUBLE AS runq_ns
-FROM sw ASOF LEFT JOIN cu ON sw.pid = cu.pid AND sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
+SELECT pid, tid, w, kind, inside, sum(n) AS n, sum(off_ns)::DOUBLE AS off_ns, sum(runq_ns)::DOUBLE AS runq_ns
+FROM parts
 GROUP BY ALL
 """
 

@@ -1,0 +1,88 @@
+"""cpu-contention: fires on preemption aligned with a slowdown, names the competitor."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyze_helpers import MAIN_PID, Trace, chains_of
+from ingero.analyze.rules import cpu_contention
+
+STRESS = 7000
+
+
+def contended(preempt_ms: float, **kw) -> Trace:
+    tr = Trace()
+    tr.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py --epochs 3")
+    tr.name(STRESS, "stress", "stress", "stress --cpu 2")
+    tr.loop(0, 10).loop(10, 20, preempt_ms=preempt_ms, preempt_by=STRESS, **kw).loop(20, 30)
+    tr.competitor(STRESS, "stress", 10, 20, oncpu=0.9)
+    return tr.system(0, 30)
+
+
+def test_fires_with_culprit_numbers_and_fix():
+    report = contended(40).explain()
+    [chain] = chains_of(report, "cpu-contention")
+    assert chain.severity == "HIGH"
+    assert report.chains[0] is chain
+    assert chain.culprits[0].pid == STRESS and chain.culprits[0].name == "stress"
+    # steps: 30 ms (GPU-bound) clean; 40 ms preempted + 5.3 ms host work when contended
+    assert len(chain.evidence_windows) == 10
+    assert chain.numbers["cpu_wait_share"] == pytest.approx(40 / 45.3, abs=0.02)
+    assert chain.numbers["throughput_drop"] == pytest.approx(1 - 30.05 / 45.3, abs=0.03)
+    assert chain.correlation is not None and chain.correlation < -0.9
+    assert "taskset -c 1 python3 train.py --epochs 3   (give the loop its own core)" in chain.fix
+    assert "renice -n 19 -p 7000" in chain.fix
+    assert any("involuntary context switches on python3 (train.py) (PID 4242)" in r for r in chain.root)
+
+
+def _throughout(preempt_ms: float) -> Trace:
+    # host-bound steps (~5.3 ms of host work, 2 ms of GPU work), preempted in every window
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.name(STRESS, "stress", "stress", "stress --cpu 2").competitor(STRESS, "stress", 0, 30)
+    return tr.loop(0, 30, device_ms=2, preempt_ms=preempt_ms, preempt_by=STRESS).system(0, 30)
+
+
+def test_just_below_threshold_is_silent():
+    # 0.4 ms of 5.7 ms per step = 7% < min_wait_share (10%)
+    assert chains_of(_throughout(0.4).explain(), "cpu-contention") == []
+    # 0.8 ms of 6.1 ms = 13%: above it, present throughout, under high_wait_share -> LOW
+    [chain] = chains_of(_throughout(0.8).explain(), "cpu-contention")
+    assert chain.severity == "LOW"
+    assert cpu_contention.T.min_wait_share <= chain.numbers["cpu_wait_share"] < cpu_contention.T.high_wait_share
+
+
+def test_voluntary_sleeps_only_are_not_contention():
+    # the same lost time, but sleeping (waiting for data), not runnable
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.loop(0, 10).loop(10, 20, wait_ms=40).loop(20, 30).system(0, 30)
+    report = tr.explain()
+    assert chains_of(report, "cpu-contention") == []
+
+
+def test_long_sync_waits_are_not_contention():
+    # GPU-bound: the loop sleeps 90% of the time inside cudaStreamSync
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.loop(0, 30, device_ms=200).system(0, 30)
+    assert tr.explain().chains == []
+
+
+def test_present_throughout_reports_lost_time():
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.name(STRESS, "gzip", "gzip", "gzip -9 big.tar")
+    tr.loop(0, 30, preempt_ms=30, preempt_by=STRESS).competitor(STRESS, "gzip", 0, 30).system(0, 30)
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    assert chain.severity == "HIGH"
+    assert chain.culprits[0].name == "gzip"
+    assert any("present in every active window" in e for e in chain.effect)
+
+
+def test_preempted_by_own_workers_is_medium_and_sizes_workers():
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    for k in range(4):
+        tr.name(5000 + k, "python3 (train.py)", "pt_data_worker", "python3 train.py")
+        tr.worker(5000 + k, 0, 30, oncpu=0.5)
+    tr.loop(0, 10).loop(10, 20, preempt_ms=40, preempt_by=5001).loop(20, 30).system(0, 30)
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    assert chain.severity == "MEDIUM"
+    assert chain.culprits[0].pid == 5001 and "(same job)" in chain.culprits[0].detail
+    assert any(f.startswith("DataLoader(num_workers=1,") for f in chain.fix)

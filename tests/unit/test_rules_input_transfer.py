@@ -1,0 +1,94 @@
+"""input-bound and transfer-bound: waits outside CUDA calls; time inside pageable copies."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyze_helpers import MAIN_PID, Trace, chains_of
+from ingero.analyze.rules import input_bound, transfer_bound
+
+
+def base() -> Trace:
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    return tr.system(0, 30)
+
+
+def with_workers(tr: Trace, n: int, oncpu: float, **kw) -> Trace:
+    for k in range(n):
+        tr.name(5000 + k, "python3 (train.py)", "pt_data_worker", "python3 train.py")
+        tr.worker(5000 + k, 0, 30, oncpu=oncpu, **kw)
+    return tr
+
+
+def test_input_bound_fires_names_workers_and_sizes_fix():
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=60)
+    report = tr.explain()
+    [chain] = chains_of(report, "input-bound")
+    assert report.chains[0] is chain
+    assert chain.severity == "HIGH"
+    # 60 ms of a 90 ms step waiting for the batch
+    assert chain.numbers["input_wait_share"] == pytest.approx(60 / 90.1, abs=0.02)
+    assert chain.numbers["workers"] == 1
+    assert chain.culprits[0].pid == 5000
+    # 1 worker on 2 cores: one spare core -> can't exceed 1; says more will not help
+    assert chain.fix[0].startswith("DataLoader(num_workers=1, pin_memory=True, persistent_workers=True")
+    assert chains_of(report, "cpu-contention") == []
+
+
+def test_input_bound_suggests_more_workers_with_spare_cores():
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=60)
+    tr.ncpu = 8
+    [chain] = chains_of(tr.explain(), "input-bound")
+    # needs 1/(1-0.67) = 3x the batches: 3 workers
+    assert chain.fix[0].startswith("DataLoader(num_workers=3,")
+
+
+def test_input_bound_just_below_threshold():
+    # 5 ms wait of a 35 ms step = 14% < 20%; and GPU-bound (sync wait larger)
+    tr = with_workers(base(), 2, 0.3).loop(0, 30, wait_ms=5, device_ms=30)
+    assert chains_of(tr.explain(), "input-bound") == []
+
+
+def test_input_bound_ignores_sleep_inside_syncs():
+    tr = with_workers(base(), 2, 0.3).loop(0, 30, device_ms=120)
+    assert chains_of(tr.explain(), "input-bound") == []
+
+
+def test_input_bound_with_starved_workers_defers_to_contention():
+    tr = with_workers(base(), 2, 0.2, wait=0.6).loop(0, 30, wait_ms=60)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    assert chain.severity == "MEDIUM"
+    assert any("see cpu-contention" in c for c in chain.contributing)
+
+
+def test_transfer_bound_pageable_fires():
+    tr = base().loop(0, 30, copy_op="cudaMemcpy", copy_bytes=64 << 20, copy_ms=25)
+    [chain] = chains_of(tr.explain(), "transfer-bound")
+    assert chain.severity == "HIGH"
+    assert chain.title.endswith("(pageable memory)")
+    assert chain.numbers["bandwidth_bytes_per_s"] == pytest.approx((64 << 20) / 0.025, rel=0.01)
+    assert chain.numbers["copy_share"] == pytest.approx(25 / 55.1, abs=0.02)
+    assert chain.numbers["pinned_allocs"] == 0
+    assert any("pin_memory=True" in f for f in chain.fix)
+    assert chains_of(tr.explain(), "input-bound") == []
+
+
+def test_transfer_bound_with_pinned_memory_says_overlap():
+    tr = base().loop(0, 30, copy_op="cudaMemcpy", copy_bytes=512 << 20, copy_ms=25)
+    tr.ev(tr.events[0]["timestamp"], "cudaMallocHost", MAIN_PID, MAIN_PID, 1000, bytes=512 << 20)
+    [chain] = chains_of(tr.explain(), "transfer-bound")
+    assert "pageable" not in chain.title
+    assert chain.fix[0].startswith("overlap copies with compute")
+
+
+def test_transfer_bound_just_below_threshold():
+    # 5 ms copies in a 35 ms step = 14% < 20%
+    tr = base().loop(0, 30, copy_op="cudaMemcpy", copy_bytes=16 << 20, copy_ms=5)
+    assert 5 / 35.1 < transfer_bound.T.min_copy_share
+    assert chains_of(tr.explain(), "transfer-bound") == []
+
+
+def test_pinned_async_copies_are_healthy():
+    tr = base().loop(0, 30, copy_op="cudaMemcpyAsync", copy_bytes=64 << 20, copy_ms=0.02)
+    assert tr.explain().chains == []
+    assert input_bound.T.min_wait_share > 0
