@@ -1,0 +1,90 @@
+"""Kernel records -> Arrow -> the events table, on hand-made records (no BPF)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ingero.collect.decode import EVENTS_SCHEMA, events_table, monotonic_offset_ns
+from ingero.collect.records import EVENT_DTYPE, Kind, Op
+from ingero.store.db import Store
+
+OFFSET = 1_700_000_000_000_000_000
+
+
+def rec(**fields) -> np.ndarray:
+    r = np.zeros(1, dtype=EVENT_DTYPE)
+    r["stack_id"] = -1
+    r["kind"] = int(Kind.NONE)
+    for k, v in fields.items():
+        r[k] = v
+    return r
+
+
+def records() -> np.ndarray:
+    return np.concatenate(
+        [
+            rec(ts_ns=100, duration_ns=5000, arg=4096, stream=0x10, pid=42, tid=43, ret=35,
+                op=int(Op.CUDA_MEMCPY_ASYNC), kind=int(Kind.H2D), cpu=1),
+            rec(ts_ns=200, duration_ns=7000, arg=2500, pid=42, tid=44, other_pid=99,
+                op=int(Op.SCHED_SWITCH), kind=int(Kind.PREEMPTED), stack_id=12),
+            rec(ts_ns=300, duration_ns=9000, arg=0, pid=42, tid=44, other_pid=0,
+                op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP)),
+            rec(ts_ns=400, duration_ns=1_000_000, arg=65536, pid=7, tid=7, other_pid=(254 << 20),
+                ret=0, op=int(Op.BLOCK_IO), kind=int(Kind.READ)),
+            rec(ts_ns=500, duration_ns=300, arg=1 << 20, stream=0xdead, pid=42, tid=43, ret=0,
+                op=int(Op.CUDA_MALLOC)),
+            rec(ts_ns=600, duration_ns=10, stream=0x77, pid=42, tid=43, ret=0, op=int(Op.CUDA_LAUNCH_KERNEL)),
+        ]
+    )
+
+
+def test_columns_follow_the_op() -> None:
+    t = events_table(records(), session_id=3, offset_ns=OFFSET)
+    assert t.schema == EVENTS_SCHEMA
+    rows = t.to_pylist()
+    copy, pre, sleep, bio, malloc, launch = rows
+    assert copy["timestamp"] == OFFSET + 100
+    assert (copy["op"], copy["kind"], copy["bytes"], copy["stream"], copy["ret"], copy["cpu"]) == (
+        "cudaMemcpyAsync", "H2D", 4096, 0x10, 35, 1)
+    assert copy["runq_ns"] is None and copy["preempted"] is None and copy["other_pid"] is None
+    assert copy["stack_id"] is None
+    # sched_switch: arg is the runqueue latency, not bytes; no stream, no ret
+    assert (pre["op"], pre["kind"], pre["preempted"], pre["runq_ns"], pre["bytes"]) == (
+        "sched_switch", "preempted", True, 2500, None)
+    assert (pre["other_pid"], pre["stack_id"], pre["stream"], pre["ret"]) == (99, 12, None, None)
+    assert (sleep["kind"], sleep["preempted"], sleep["runq_ns"]) == ("sleep", False, 0)
+    assert (bio["op"], bio["kind"], bio["bytes"], bio["other_pid"], bio["duration_ns"]) == (
+        "block_io", "read", 65536, 254 << 20, 1_000_000)
+    # allocations: bytes yes, stream no (cudaMalloc takes none)
+    assert (malloc["bytes"], malloc["stream"], malloc["kind"]) == (1 << 20, None, None)
+    assert (launch["op"], launch["stream"], launch["bytes"]) == ("cudaLaunchKernel", 0x77, None)
+    assert {r["session_id"] for r in rows} == {3}
+
+
+def test_resolved_stack_ids_replace_kernel_ids() -> None:
+    t = events_table(records(), session_id=1, offset_ns=0, stack_ids=np.array([-1, 555, -1, -1, 9, -1]))
+    assert t.column("stack_id").to_pylist() == [None, 555, None, None, 9, None]
+
+
+def test_empty_batch() -> None:
+    t = events_table(np.zeros(0, dtype=EVENT_DTYPE), session_id=1, offset_ns=0)
+    assert t.num_rows == 0 and t.schema == EVENTS_SCHEMA
+
+
+def test_appends_to_the_store_by_name() -> None:
+    store = Store.memory()
+    n = store.append("events", events_table(records(), session_id=1, offset_ns=OFFSET))
+    assert n == 6
+    got = store.con.execute(
+        "SELECT op, kind, bytes, runq_ns, preempted FROM events ORDER BY timestamp"
+    ).fetchall()
+    assert got[0] == ("cudaMemcpyAsync", "H2D", 4096, None, None)
+    assert got[1] == ("sched_switch", "preempted", None, 2500, True)
+    assert got[3] == ("block_io", "read", 65536, None, None)
+
+
+def test_monotonic_offset_maps_monotonic_to_wall_clock() -> None:
+    import time
+
+    off = monotonic_offset_ns()
+    assert abs(time.monotonic_ns() + off - time.time_ns()) < 50_000_000
