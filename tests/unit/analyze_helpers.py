@@ -186,8 +186,9 @@ class Trace:
 
     # -- output --------------------------------------------------------------
 
-    def store(self, *, drops: int = 0) -> Store:
-        store = Store.memory()
+    def store(self, path: Any = None, *, drops: int = 0) -> Store:
+        """The trace in a Store: in memory, or written to ``path`` (then closed and reopenable)."""
+        store = Store.memory() if path is None else Store.open(path)
         end = max(self.end_ns, T0 + S)
         store.con.execute(
             """INSERT INTO sessions (session_id, started_ns, ended_ns, status, events,
@@ -202,8 +203,8 @@ class Trace:
                 store.append(table, pa.Table.from_pylist(rows))
         return store
 
-    def explain(self, **opts: Any) -> Report:
-        store = self.store()
+    def explain(self, *, drops: int = 0, **opts: Any) -> Report:
+        store = self.store(drops=drops)
         return explain(store.con, Options(**opts))
 
 

@@ -1,0 +1,86 @@
+"""launch-bound, sync-heavy, gpu-idle, straggler."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyze_helpers import MAIN_PID, SESSION, T0, S, Trace, chains_of
+from ingero.analyze.rules import launch_bound, sync_heavy
+
+
+def base() -> Trace:
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    return tr.system(0, 20)
+
+
+def test_launch_bound_fires():
+    tr = base().loop(0, 20, launches=400, launch_us=8, launch_gap_us=20, device_ms=2, cpu_ms=1)
+    report = tr.explain()
+    [chain] = chains_of(report, "launch-bound")
+    assert report.chains[0] is chain
+    assert chain.severity == "HIGH"
+    # one launch every 28 µs plus the step's 1 ms of Python: ~32k/s
+    assert chain.numbers["launches_per_s"] == pytest.approx(400 / 0.0122, rel=0.05)
+    assert chain.numbers["launch_p50_ns"] == pytest.approx(8000)
+    assert chain.numbers["oncpu_share"] > 0.95
+    assert any("CUDA graph" in f for f in chain.fix)
+    assert chains_of(report, "sync-heavy") == []
+
+
+def test_launch_rate_just_below_threshold():
+    # 30 launches per 16 ms step = 1,900/s < 2,000/s
+    tr = base().loop(0, 20, launches=30, launch_us=8, launch_gap_us=20, device_ms=1, cpu_ms=15)
+    assert chains_of(tr.explain(), "launch-bound") == []
+
+
+def test_gpu_bound_loop_is_not_launch_bound():
+    # as many launches, but the loop waits for the GPU in its sync: device is the bottleneck
+    tr = base().loop(0, 20, launches=400, launch_us=8, launch_gap_us=20, device_ms=40, cpu_ms=1)
+    assert tr.explain().chains == []
+    assert launch_bound.T.max_sync_wait_share < 0.5
+
+
+def test_sync_heavy_fires_counts_read_backs():
+    tr = base().loop(0, 20, launches=40, syncs=20, small_d2h=20, device_ms=10)
+    report = tr.explain()
+    [chain] = chains_of(report, "sync-heavy")
+    assert report.chains[0] is chain
+    assert chain.severity == "HIGH"
+    assert chain.numbers["syncs_per_launch"] == pytest.approx(0.5, abs=0.01)
+    assert chain.numbers["small_d2h_copies"] > 0
+    assert any(".item()" in f for f in chain.fix)
+    assert chains_of(report, "launch-bound") == []
+
+
+def test_sync_per_launch_just_below_threshold():
+    # 7 syncs per 40 launches = 0.175 < 0.2
+    tr = base().loop(0, 20, launches=40, syncs=7, device_ms=10)
+    assert 7 / 40 < sync_heavy.T.min_syncs_per_launch
+    assert chains_of(tr.explain(), "sync-heavy") == []
+
+
+def test_gpu_idle_needs_nvml_and_reports_it():
+    tr = base().loop(0, 20)
+    assert chains_of(tr.explain(), "gpu-idle") == []  # no NVML samples: silent
+    for s in range(20):
+        tr.gpu.append({"session_id": SESSION, "timestamp": T0 + s * S + S // 2, "gpu": 0,
+                       "name": "A100", "util_pct": 20.0 if s >= 8 else 95.0})
+    [chain] = chains_of(tr.explain(), "gpu-idle")
+    assert chain.severity == "HIGH"  # 12 of 20 windows idle >= high_window_share
+    assert chain.numbers["util_pct_idle_windows"] == pytest.approx(20.0)
+    assert len(chain.evidence_windows) == 12
+
+
+def test_straggler_names_the_slow_rank_and_why():
+    tr = base().name(4300, "python3 (train.py rank1)", "python3", "torchrun train.py")
+    tr.loop(0, 20).loop(0, 20, pid=4300, tid=4300, preempt_ms=60, preempt_by=0)
+    [chain] = chains_of(tr.explain(), "straggler")
+    assert chain.pids == [4300]
+    assert chain.severity == "HIGH"
+    assert chain.numbers["rate_ratio"] == pytest.approx(30.05 / 65.3, abs=0.03)
+    assert any("waiting for a CPU" in r for r in chain.root)
+
+
+def test_equal_ranks_are_not_stragglers():
+    tr = base().loop(0, 20).loop(0, 20, pid=4300, tid=4300)
+    assert chains_of(tr.explain(), "straggler") == []
