@@ -1,0 +1,332 @@
+"""Runs a demo scenario: slow run traced live -> explain -> fixed run -> before/after.
+
+Live mode (root + BCC + a C compiler or a built library + the tracer): the
+workload (demos/workloads/train.py) runs on the simulated CUDA runtime
+under ``python -m ingero trace --cmd ... --db ...``, with the scenario's
+interference processes beside it; explain reads that DB.  The interference
+starts after a clean baseline share of the run, so explain compares windows
+of the same session.  Then the fixed workload runs (traced too, into its own
+DB) and both workloads' summaries are compared.
+
+Otherwise: a synthetic replay (ingero.demo.synthetic) through the same
+store and explain, with the reason in ``DemoResult.reason``.
+
+Library code: never prints; progress goes to a callback.  Interference
+processes run in their own process groups and are killed in ``finally``
+blocks, including on KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ingero.demo import scenarios as scn
+from ingero.demo import synthetic
+from ingero.demo.scenarios import BASELINE_SHARE, Interferer, Scenario
+from ingero.errors import IngeroError
+from ingero.store.db import Store
+
+REPO = Path(__file__).resolve().parents[2]
+DEMOS = REPO / "demos"
+LIBCUDART = DEMOS / "build" / "libcudart.so.12"
+TRAIN = DEMOS / "workloads" / "train.py"
+# The tracer gets this much longer than the workload: it stops when the
+# command exits, this only bounds a stuck run.
+TRACE_MARGIN_S = 15.0
+# Dataset for the loader/mmap scenarios: larger than a few batches, small
+# enough to write in a second.
+DATASET_BYTES = 256 << 20
+# Seconds between SIGTERM and SIGKILL when cleaning up.
+KILL_GRACE_S = 2.0
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Run:
+    """One run of the workload (slow or fixed)."""
+
+    label: str  # 'before' | 'after'
+    summary: dict[str, Any]
+    db_path: Path | None
+    report: Any = None  # ingero.analyze.model.Report
+    report_dict: dict[str, Any] | None = None
+    trace_note: str = ""
+
+
+@dataclass
+class DemoResult:
+    scenario: Scenario
+    mode: str  # 'live' | 'synthetic'
+    reason: str | None  # why synthetic
+    before: Run
+    after: Run | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chains(self) -> list[dict[str, Any]]:
+        return (self.before.report_dict or {}).get("chains", [])
+
+    @property
+    def top_rule(self) -> str | None:
+        strong = [c for c in self.chains if c.get("severity") in ("HIGH", "MEDIUM")]
+        return strong[0]["rule_id"] if strong else None
+
+    @property
+    def diagnosed(self) -> bool:
+        return self.top_rule == self.scenario.expected_rule
+
+    def to_dict(self) -> dict[str, Any]:
+        def run(r: Run | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {"summary": r.summary, "db": str(r.db_path) if r.db_path else None,
+                    "explain": r.report_dict, "trace_note": r.trace_note}
+
+        return {
+            "scenario": self.scenario.name,
+            "title": self.scenario.title,
+            "mode": self.mode,
+            "reason": self.reason,
+            "expected_rule": self.scenario.expected_rule,
+            "top_rule": self.top_rule,
+            "diagnosed": self.diagnosed,
+            "fix": self.scenario.fix,
+            "before": run(self.before),
+            "after": run(self.after),
+            "notes": self.notes,
+        }
+
+
+# ---- capability ------------------------------------------------------------
+
+
+def live_unavailable(build: bool = True) -> str | None:
+    """Why the live demo cannot run here (None: it can)."""
+    if os.geteuid() != 0:
+        return "not root: eBPF tracing needs root (sudo ingero demo ...)"
+    if importlib.util.find_spec("bcc") is None:
+        return "BCC is not installed (apt install python3-bpfcc)"
+    if importlib.util.find_spec("ingero.commands.trace") is None:
+        return "the tracer (ingero trace) is not in this build"
+    if not TRAIN.exists() or not (DEMOS / "Makefile").exists():
+        return f"the demo workloads are not here ({DEMOS}): run from a source checkout"
+    if not LIBCUDART.exists():
+        if not build:
+            return "the simulated CUDA runtime is not built (make -C demos)"
+        if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
+            return "no C compiler (cc) or make to build the simulated CUDA runtime"
+        proc = subprocess.run(["make", "-C", str(DEMOS)], capture_output=True, text=True)
+        if proc.returncode != 0 or not LIBCUDART.exists():
+            last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            return f"building the simulated CUDA runtime failed: {last}"
+    return None
+
+
+# ---- processes -------------------------------------------------------------
+
+
+def _expand(args: tuple[str, ...], paths: dict[str, str]) -> list[str]:
+    return [a.format(**paths) for a in args]
+
+
+def start_interference(items: tuple[Interferer, ...], paths: dict[str, str], *, nice: int = 0) -> list[subprocess.Popen]:
+    """Start every interference process, each in its own process group."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for item in items:
+            for _ in range(item.count):
+                p = subprocess.Popen(
+                    [sys.executable, "-m", "ingero.demo.interference", item.kind, *_expand(item.args, paths)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                procs.append(p)
+                if nice:
+                    os.setpriority(os.PRIO_PROCESS, p.pid, nice)
+    except BaseException:
+        stop_processes(procs)
+        raise
+    return procs
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each process group, then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def _make_dataset(workdir: Path) -> Path:
+    path = workdir / "dataset.bin"
+    chunk = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(DATASET_BYTES >> 20):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def workload_command(flags: tuple[str, ...], paths: dict[str, str], duration_s: float, summary: Path) -> list[str]:
+    return [sys.executable, str(TRAIN), "--lib", str(LIBCUDART), *_expand(flags, paths),
+            "--duration", f"{duration_s:g}", "--summary-json", str(summary)]
+
+
+# ---- live ------------------------------------------------------------------
+
+
+def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path, workdir: Path,
+              paths: dict[str, str], progress: Progress) -> Run:
+    flags = s.fix_workload if fixed else s.workload
+    items = s.interference if not fixed or s.fix_interference is None else s.fix_interference
+    summary_path = workdir / f"{label}.json"
+    cmd = workload_command(flags, paths, duration_s, summary_path)
+    tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
+                  "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
+    procs: list[subprocess.Popen] = []
+    tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if items:
+            # a clean baseline first, then the cause (on the slow run)
+            delay = 0.0 if fixed else BASELINE_SHARE * duration_s
+            progress(f"{label}: workload running, interference in {delay:.0f} s" if delay
+                     else f"{label}: workload running with interference")
+            if _wait(tracer, delay):
+                procs = start_interference(items, paths, nice=19 if fixed and s.fix_renice else 0)
+        else:
+            progress(f"{label}: workload running")
+        try:
+            out, err = tracer.communicate(timeout=duration_s + 2 * TRACE_MARGIN_S + 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(tracer.pid, signal.SIGINT)
+            out, err = tracer.communicate(timeout=30)
+    except BaseException:
+        if tracer.poll() is None:
+            os.killpg(tracer.pid, signal.SIGINT)
+            try:
+                tracer.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(tracer.pid, signal.SIGKILL)
+        raise
+    finally:
+        stop_processes(procs)
+    if tracer.returncode != 0:
+        last = (err.strip().splitlines() or [f"exit code {tracer.returncode}"])[-1]
+        raise IngeroError(f"ingero trace failed during the {label} run: {last}",
+                          "run `ingero check`, or `ingero demo --synthetic` for a replay")
+    if not summary_path.exists():
+        raise IngeroError(f"the demo workload wrote no summary in the {label} run",
+                          f"run it alone: {shlex.join(cmd)}")
+    summary = json.loads(summary_path.read_text())
+    return Run(label, summary, db, trace_note=(err.strip().splitlines() or [""])[-1])
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> bool:
+    """Sleep up to ``seconds``; False if ``proc`` ended meanwhile."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return proc.poll() is None
+
+
+# ---- explain ---------------------------------------------------------------
+
+
+def explain_db(path: Path) -> tuple[Any, dict[str, Any]]:
+    """Run explain on a DB (every process: the competitors are part of the story): (Report, JSON dict)."""
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+    from ingero.render import json as render_json
+
+    store = Store.open(path, read_only=True)
+    try:
+        report = explain(store.con, Options())
+    finally:
+        store.close()
+    return report, render_json.to_dict(report)
+
+
+# ---- entry point -----------------------------------------------------------
+
+
+def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
+        fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None) -> DemoResult:
+    """Run scenario ``name``; see the module docstring."""
+    s = scn.get(name)
+    if duration_s <= 0:
+        raise IngeroError("--duration must be positive")
+    say = progress or (lambda _msg: None)
+    reason = "asked with --synthetic" if synthetic_only else live_unavailable()
+    tmp = Path(tempfile.mkdtemp(prefix=f"ingero-demo-{s.name}-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    try:
+        before_db = keep_db if keep_db is not None else tmp / "before.duckdb"
+        if keep_db is not None and keep_db.exists():
+            keep_db.unlink()
+        after_db = tmp / "after.duckdb"
+        # slow run and fixed run share the duration
+        per_run = duration_s / 2 if fix else duration_s
+        if reason is None:
+            paths = {"workdir": str(tmp)}
+            if s.needs_dataset:
+                say("writing the demo dataset")
+                paths["dataset"] = str(_make_dataset(tmp))
+            before = _live_run(s, "before", False, per_run, before_db, tmp, paths, say)
+            mode = "live"
+        else:
+            say(f"synthetic replay ({reason})")
+            before = _synthetic_run(s, "before", False, per_run, before_db)
+            mode = "synthetic"
+        say("explaining the slow run")
+        before.report, before.report_dict = explain_db(before_db)
+        after = None
+        if fix and s.expected_rule is not None:
+            say(f"applying the fix: {s.fix}")
+            if mode == "live":
+                after = _live_run(s, "after", True, per_run, after_db, tmp, paths, say)
+            else:
+                after = _synthetic_run(s, "after", True, per_run, after_db)
+            after.report, after.report_dict = explain_db(after_db)
+            after.db_path = None  # temporary
+        return DemoResult(s, mode, reason, before, after)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _synthetic_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path) -> Run:
+    replay = synthetic.generate(s, duration_s=duration_s, fixed=fixed, seed=1 if fixed else 0,
+                                start_ns=time.time_ns() - int(duration_s * synthetic.NS))
+    store = Store.open(db)
+    try:
+        synthetic.write(store, s, replay, label=label)
+    finally:
+        store.close()
+    return Run(label, replay.summary(), db)
