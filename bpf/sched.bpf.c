@@ -168,6 +168,11 @@ static __always_inline int on_sched_process_exec(struct tracepoint__sched__sched
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32;
+	/* The name taken at the first switch-out may be the pre-exec one
+	 * (a forked shell or interpreter): refresh it. */
+	struct ingero_proc_stat *ps = proc_stats_get(&tgid);
+	if (ps)
+		bpf_get_current_comm(&ps->comm, sizeof(ps->comm));
 	if (!is_target(tgid)) {
 #ifdef TARGET_COMM
 		if (!comm_matches())

@@ -172,6 +172,7 @@ class TraceSession:
         self.drops_user = 0
         self.pct = _Percentiles()
         self.seen_pids: set[int] = set()
+        self.nameless: set[int] = set()
         self.notes: list[str] = []
         self.stacks: Any = None
         self._proc_prev: dict[int, np.ndarray] = {}
@@ -217,13 +218,29 @@ class TraceSession:
         new = [p for p in pids if p > 0 and p not in self.seen_pids]
         if not new:
             return
-        self.seen_pids.update(new)
         rows = []
         now = time.time_ns()
         for pid in new:
             info = _process_info(pid)
-            if info is not None:
-                rows.append({**info, "session_id": self.session_id, "seen_ns": now})
+            if info is None:
+                self.nameless.add(pid)  # already gone: named from its kernel comm at the next harvest
+                continue
+            self.seen_pids.add(pid)
+            rows.append({**info, "session_id": self.session_id, "seen_ns": now})
+        self.store.upsert_process_names(rows)
+
+    def _name_from_comm(self, pids: np.ndarray, stats: np.ndarray) -> None:
+        """Processes that exited before /proc could be read: their kernel comm is the best name left."""
+        rows = []
+        now = time.time_ns()
+        for pid, comm in zip(pids, stats["comm"]):
+            pid = int(pid)
+            if pid in self.nameless:
+                name = bytes(comm).split(b"\0", 1)[0].decode("utf-8", "replace")
+                rows.append({"pid": pid, "name": name, "comm": name, "cmdline": None,
+                             "session_id": self.session_id, "seen_ns": now})
+                self.nameless.discard(pid)
+                self.seen_pids.add(pid)
         self.store.upsert_process_names(rows)
 
     # -- once a second ---------------------------------------------------------
@@ -236,6 +253,8 @@ class TraceSession:
         pids, stats = self.program.proc_stats()
         if not len(pids):
             return
+        if self.nameless:
+            self._name_from_comm(pids, stats)
         cur = np.stack([stats["oncpu_ns"], stats["involuntary"], stats["voluntary"], stats["preempted_traced"]], axis=1).astype(np.int64)
         prev = np.array([self._proc_prev.get(int(p), np.zeros(4, np.int64)) for p in pids]).reshape(-1, 4)
         delta = cur - prev

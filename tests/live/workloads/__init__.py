@@ -1,0 +1,121 @@
+"""Helpers for the live trace tests: build the C workloads, run `ingero trace`.
+
+The workloads are tiny C programs (built once per test session with the
+system compiler) so that what a test counts is exactly what it asked for,
+without an interpreter's own calls and page faults in the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+INGERO = [sys.executable, "-m", "ingero"]
+START_TIMEOUT_S = 40  # compile + attach; a busy shared 2-core box can take ~10 s
+
+
+def build(name: str, out_dir: Path) -> Path:
+    """Compile workloads/<name>.c into out_dir; returns the binary."""
+    src = HERE / f"{name}.c"
+    out = out_dir / name
+    if not out.exists():
+        cc = shutil.which("cc") or shutil.which("gcc")
+        assert cc, "a C compiler is needed for the live workloads"
+        subprocess.run([cc, "-O1", "-o", str(out), str(src), "-ldl", "-lpthread"], check=True)
+    return out
+
+
+def libcudart() -> Path | None:
+    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
+    try:
+        import nvidia.cuda_runtime  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    for base in getattr(nvidia.cuda_runtime, "__path__", []):
+        for p in sorted(Path(base, "lib").glob("libcudart.so.*")):
+            return p
+    return None
+
+
+class Tracer:
+    """`ingero trace --json` in the background; lines are collected as they come."""
+
+    def __init__(self, db: Path, *args: str, env: dict | None = None):
+        self.db = db
+        self.proc = subprocess.Popen(
+            [*INGERO, "trace", "--json", "--db", str(db), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[dict] = []
+        self.stderr = ""
+        self._started = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            self.lines.append(obj)
+            if obj.get("type") == "start":
+                self._started.set()
+
+    def wait_started(self) -> dict:
+        if not self._started.wait(START_TIMEOUT_S):
+            self.proc.kill()
+            _, err = self.proc.communicate()
+            raise AssertionError(f"ingero trace did not start: {err}")
+        return next(x for x in self.lines if x["type"] == "start")
+
+    def finish(self, sig: int | None = signal.SIGINT, timeout: float = 40) -> dict:
+        """Send ``sig`` (None: wait for it to end by itself) and return the summary line."""
+        if sig is not None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(5)
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+        assert self.proc.returncode == 0, f"ingero trace exited {self.proc.returncode}: {self.stderr}"
+        return next(x for x in self.lines if x["type"] == "summary")
+
+    def ticks(self) -> list[dict]:
+        return [x for x in self.lines if x["type"] == "tick"]
+
+
+def query(db: Path, sql: str, params: dict | None = None) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or {}).fetchall()
+    finally:
+        con.close()
+
+
+def wait_for(pred, timeout: float = 10.0, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
