@@ -7,8 +7,8 @@ Called by the session loop on the writer's thread every RETENTION_INTERVAL_S:
 
 DuckDB never shrinks its file, but after a DELETE and a CHECKPOINT the freed
 blocks are reused by later appends.  So the size bound is enforced on the
-*used* part (used blocks + WAL) with head-room: when it passes HIGH_WATER of
-the bound, the oldest data is dropped until it is under LOW_WATER.  The file
+*used* part (used blocks + WAL) with head-room (see CHECKPOINT_SLACK_BYTES):
+the oldest data is dropped in time order.  The file
 then stops growing at about the bound (measured: see tests/unit/test_retention.py
 and the report).
 """
@@ -30,12 +30,26 @@ TIME_TABLES = ("events", "process_cpu", "system_metrics", "gpu_metrics")
 # 100 MB/s of file here), rare enough that the CHECKPOINT it may do stays cheap.
 RETENTION_INTERVAL_S = 10.0
 
-# Prune when used bytes (blocks + WAL) pass HIGH_WATER x bound, down to LOW_WATER x bound.
-# The gap is what appends may add before the next apply and the WAL DuckDB keeps
-# before its own checkpoint (16 MB by default); 0.2 of a bound leaves room for that
-# above ~100 MB.  Measured in test_retention: the file settles near 0.6-0.9 x bound.
-HIGH_WATER = 0.8
-LOW_WATER = 0.6
+# When used bytes (blocks + WAL) pass bound - slack, the oldest data is dropped
+# in time order until they are under that minus another HEADROOM.  slack must
+# cover what the file can grow beyond the used bytes, measured on duckdb 2.0
+# (scripts in the report): the WAL itself, up to DuckDB's checkpoint_threshold;
+# the same data again when a checkpoint writes it into new blocks before old
+# ones are freed; and the row groups a checkpoint rewrites after a DELETE (the
+# file peaked 4-6 MB above used bytes with bounds of 8-64 MB, about two
+# 122,880-row row groups: CHECKPOINT_SLACK_BYTES).  For large bounds
+# HEADROOM_FRACTION of the bound dominates and also absorbs the appends made
+# between two apply() calls.
+HEADROOM_FRACTION = 0.2
+CHECKPOINT_SLACK_BYTES = 8 * 10**6
+# DuckDB's default WAL size that triggers an automatic checkpoint (16 MiB); the
+# connection's actual checkpoint_threshold is read at each apply().  Lowering it
+# for small bounds made things worse (a checkpoint per append fragmented the
+# file: 39 MB peaks for 20 MB of data), so it is left alone.
+DEFAULT_WAL_THRESHOLD_BYTES = 16 << 20
+# Below this the WAL and checkpoint slack leave too little room for data
+# (64 MB keeps 12-24 MB of data; measured peak of file + WAL: 37.5 MB).
+MIN_MAX_DB_BYTES = 64 * 10**6
 # Each round estimates a cutoff from the timestamp distribution; a second or third
 # round corrects the estimate when data is unevenly spread in time.
 MAX_PRUNE_ROUNDS = 4
@@ -57,6 +71,20 @@ def _db_usage(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int]:
     return int(used_blocks) * int(block_size), int(total_blocks) * int(block_size), wal
 
 
+_UNITS = {"bytes": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def _wal_threshold(con: duckdb.DuckDBPyConnection) -> int:
+    """DuckDB's checkpoint_threshold in bytes (it reads back as e.g. '16.0 MiB')."""
+    text = con.execute("SELECT current_setting('checkpoint_threshold')").fetchall()[0][0]
+    try:
+        number, unit = str(text).split()
+        return int(float(number) * _UNITS[unit.lower()])
+    except (ValueError, KeyError):
+        return DEFAULT_WAL_THRESHOLD_BYTES
+
+
 def _delete_older(con: duckdb.DuckDBPyConnection, cutoff_ns: int, deleted: dict[str, int]) -> int:
     total = 0
     for table in TIME_TABLES:
@@ -75,8 +103,9 @@ class Retention:
     def __init__(self, retain_s: float | None, max_db_bytes: int | None) -> None:
         if retain_s is not None and retain_s <= 0:
             raise ValueError("retain_s must be positive")
-        if max_db_bytes is not None and max_db_bytes <= 0:
-            raise ValueError("max_db_bytes must be positive")
+        if max_db_bytes is not None and max_db_bytes < MIN_MAX_DB_BYTES:
+            raise ValueError(f"max_db_bytes must be at least {MIN_MAX_DB_BYTES // 10**6} MB "
+                             "(DuckDB allocates in 256 KB blocks and rewrites row groups on checkpoint)")
         self.retain_s = retain_s
         self.max_db_bytes = max_db_bytes
 
@@ -100,31 +129,31 @@ class Retention:
 
     def _enforce_size(self, con: duckdb.DuckDBPyConnection, deleted: dict[str, int], out: dict[str, Any]) -> int:
         assert self.max_db_bytes is not None
-        high = HIGH_WATER * self.max_db_bytes
-        low = LOW_WATER * self.max_db_bytes
+        headroom = max(HEADROOM_FRACTION * self.max_db_bytes, CHECKPOINT_SLACK_BYTES)
+        slack = max(headroom, 2 * _wal_threshold(con) + CHECKPOINT_SLACK_BYTES)
+        high = self.max_db_bytes - slack
+        low = max(high - headroom, high / 2)
         used, _, wal = _db_usage(con)
         if used + wal <= high:
             return 0
-        con.execute("CHECKPOINT")  # fold the WAL into blocks so `used` is what the data takes
-        out["checkpoint"] = True
         removed = 0
+        # Delete first, then CHECKPOINT: checkpointing first would fold the WAL into new
+        # blocks before any were freed and grow the file past the bound.
         for _ in range(MAX_PRUNE_ROUNDS):
-            used, _, wal = _db_usage(con)
-            if used + wal <= high and removed:
-                break
-            if used + wal <= low:
-                break
-            frac = 1.0 - low / (used + wal)
+            total = used + wal
+            frac = min(1.0, max(0.0, 1.0 - low / total))
             row = con.execute(
-                "SELECT approx_quantile(timestamp, $q), count(*) FROM events", {"q": min(max(frac, 0.0), 1.0)}
+                "SELECT approx_quantile(timestamp, $q::FLOAT), count(*) FROM events", {"q": frac}
             ).fetchall()[0]
             if row[0] is None or row[1] == 0:
                 break  # nothing left to prune by time; the rest is schema and metadata
             cutoff = int(row[0]) + 1
             out["cutoff_ns"] = max(out["cutoff_ns"] or 0, cutoff)
             n = _delete_older(con, cutoff, deleted)
-            con.execute("CHECKPOINT")
+            con.execute("CHECKPOINT")  # frees whole row groups' blocks for reuse
+            out["checkpoint"] = True
             removed += n
-            if n == 0:
+            used, _, wal = _db_usage(con)
+            if n == 0 or used + wal <= (low + high) / 2:
                 break
         return removed

@@ -221,10 +221,15 @@ class QueryServer:
                 except duckdb.Error:
                     pass
         if self._sock is not None:
+            # a connection of our own wakes the blocked accept() now rather than at its next poll
+            poke = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() on Linux
+                poke.settimeout(0.2)
+                poke.connect(str(self.socket_path))
             except OSError:
                 pass
+            finally:
+                poke.close()
         if self._thread is not None:
             self._thread.join(timeout=ACCEPT_POLL_S * 4)
         if self._sock is not None:
@@ -307,6 +312,9 @@ class QueryServer:
                     return
                 time.sleep(0.05)
                 continue
+            if self._stopping.is_set():
+                conn.close()
+                return
             if not self._slots.acquire(blocking=False):
                 self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
                                              "hint": "retry in a moment"})
