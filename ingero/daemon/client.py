@@ -144,3 +144,32 @@ def is_lock_error(exc: BaseException) -> bool:
         text = str(exc)
         return "Could not set lock on file" in text or "Conflicting lock is held" in text
     return False
+
+
+def current_status(db_path: Path | str) -> dict[str, Any]:
+    """For `ingero status`: the running tracer's status when one writes ``db_path``, else the file's last session."""
+    from ingero.daemon.state import collect_status
+    from ingero.store.db import Store
+
+    db_path = Path(db_path)
+    sock = find_socket(db_path)
+    if sock is not None:
+        st = status(socket_path=sock)
+        st["socket"] = str(sock)
+        return st
+    if not db_path.exists():
+        return {"running": False, "source": "none", "db_path": str(db_path), "db_bytes": 0, "wal_bytes": 0,
+                "session": None}
+    try:
+        store = Store.open(db_path, read_only=True)
+    except IngeroError as exc:
+        if is_lock_error(exc):
+            raise IngeroError(
+                f"a tracer holds {db_path} but its query socket is not reachable from here",
+                "run as root or join the 'ingero' group; or set INGERO_SOCKET to the tracer's socket",
+            ) from None
+        raise
+    try:
+        return collect_status(store.con)
+    finally:
+        store.close()

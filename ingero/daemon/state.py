@@ -136,6 +136,9 @@ def format_status(st: dict[str, Any]) -> list[str]:
     """Human-readable lines for ``ingero status`` (the command prints them)."""
     s = st.get("session")
     size = _fmt_bytes(st["db_bytes"]) + (f" + WAL {_fmt_bytes(st['wal_bytes'])}" if st["wal_bytes"] else "")
+    if st.get("source") == "none":
+        return [f"ingero: not running; no database at {st['db_path']}",
+                "start tracing with `sudo ingero trace` (or pass --db PATH)"]
     if s is None:
         return ["ingero: not running; no sessions recorded", f"database: {st['db_path']} ({size})"]
     if st["running"]:
