@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
     except Exception as exc:  # the point of the disk-full test: say what failed, keep what was committed
         from ingero.daemon.faults import describe_write_error
-        _emit({"error": describe_write_error(exc, args.db), "acked": acked})
+        _emit({"error": describe_write_error(exc, args.db), "raw": str(exc).splitlines()[0] if str(exc) else "",
+               "acked": acked})
         return 3
     finally:
         if server is not None:
