@@ -130,8 +130,14 @@ def status(*, socket_path: Path | str | None = None) -> dict[str, Any]:
     return request({"op": "status"}, socket_path=socket_path, timeout_s=DEFAULT_TIMEOUT_S)["result"]
 
 
-def explain(*, socket_path: Path | str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, **args: Any) -> Any:
-    """Run the explain engine inside the running tracer; returns its JSON-ready result."""
+def explain(*, socket_path: Path | str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+            **args: Any) -> dict[str, Any]:
+    """Run `explain` inside the running tracer.
+
+    ``args`` are the fields of ingero.analyze.context.Options (session, since_s, from_ns, to_ns,
+    pids as a list, window_s, stack).  Returns {"json": <render.json.to_dict(report)>,
+    "text": <what render.terminal.write prints>}.
+    """
     return request({"op": "explain", "args": args, "timeout_s": timeout_s},
                    socket_path=socket_path, timeout_s=timeout_s)["result"]
 

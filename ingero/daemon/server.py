@@ -21,8 +21,8 @@ Integration (session.py)::
 
 from __future__ import annotations
 
-import dataclasses
 import grp
+import io
 import os
 import pwd
 import socket
@@ -104,33 +104,30 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
+# Keys a client may pass to explain: the fields of ingero.analyze.context.Options.
+EXPLAIN_ARGS = frozenset({"session", "since_s", "from_ns", "to_ns", "pids", "window_s", "stack"})
 
 
-# Keys a client may pass to explain; values must be plain scalars.
-EXPLAIN_ARGS = frozenset({"since_s", "session_id", "pid", "stack", "window_s", "rule", "until_ns", "since_ns"})
-
-
-def _explain_op(con: duckdb.DuckDBPyConnection, args: dict[str, Any]) -> Any:
-    """Run the explain engine on the daemon's data; returns its result as JSON-ready data."""
-    bad = [k for k, v in args.items() if k not in EXPLAIN_ARGS or not isinstance(v, (str, int, float, bool, type(None)))]
+def _explain_op(con: duckdb.DuckDBPyConnection, args: dict[str, Any]) -> dict[str, Any]:
+    """Run the rule engine on the tracer's data: {"json": render.json.to_dict(report), "text": terminal text}."""
+    bad = sorted(k for k in args if k not in EXPLAIN_ARGS)
     if bad:
-        raise IngeroError(f"refused: unknown explain arguments {sorted(bad)}", f"allowed: {sorted(EXPLAIN_ARGS)}")
-    try:
-        from ingero.analyze import explain as explain_mod
-    except ImportError:
-        raise IngeroError("this ingero has no explain engine") from None
-    fn = getattr(explain_mod, "explain_for_daemon", None) or getattr(explain_mod, "explain", None)
-    if fn is None:
-        raise IngeroError("this ingero has no explain engine")
-    return _jsonable(fn(con, **args))
+        raise IngeroError(f"refused: unknown explain arguments {bad}", f"allowed: {sorted(EXPLAIN_ARGS)}")
+    pids = args.get("pids") or ()
+    scalars = {k: v for k, v in args.items() if k != "pids"}
+    if not all(isinstance(v, (int, float, bool, type(None))) for v in scalars.values()) or not all(
+        isinstance(p, int) for p in pids
+    ):
+        raise IngeroError("refused: explain arguments must be numbers (pids: a list of integers)")
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+    from ingero.render import json as render_json
+    from ingero.render import terminal
+
+    report = explain(con, Options(**{**scalars, "pids": tuple(pids)}))
+    text = io.StringIO()
+    terminal.write(report, text)
+    return {"json": render_json.to_dict(report), "text": text.getvalue()}
 
 
 def _group_gid(group: str | None) -> int | None:

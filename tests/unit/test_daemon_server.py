@@ -151,6 +151,19 @@ def test_explain_rejects_unknown_arguments(served):
     _, _, sock = served
     with pytest.raises(IngeroError, match="unknown explain arguments"):
         client.explain(socket_path=sock, path="/etc/shadow")
+    with pytest.raises(IngeroError, match="must be numbers"):
+        client.explain(socket_path=sock, session="1; DROP TABLE events")
+
+
+def test_explain_runs_in_the_tracer_and_returns_text_and_json(served):
+    store, _, sock = served
+    result = client.explain(socket_path=sock, session=1, pids=[1000, 1001])
+    assert set(result) == {"json", "text"}
+    assert "chains" in result["json"] and isinstance(result["json"]["chains"], list)
+    assert result["text"].strip()
+    # its temp tables stayed in the request's cursor: the writer's catalog is unchanged
+    names = {r[0] for r in store.con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+    assert not any(n.startswith("ing_") for n in names)
 
 
 def test_unknown_op_and_bad_frames(served):
