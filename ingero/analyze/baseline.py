@@ -67,9 +67,17 @@ def loop_threads(ctx: Context) -> dict[int, int]:
     return {int(p): int(t) for p, t, _ in ctx.con.execute(LOOP_SQL).fetchall()}
 
 
-def split(rows: list[Row], share: Callable[[Row], float], threshold: float) -> Split:
-    ev = [r for r in rows if share(r) >= threshold]
-    clean = [r for r in rows if share(r) < threshold * CLEAN_FRACTION_OF_THRESHOLD]
+def split(rows: list[Row], share: Callable[[Row], float], threshold: float,
+          also: Callable[[Row], bool] | None = None) -> Split:
+    """Evidence: share >= threshold (and ``also``).  Clean: the other windows whose share is
+    under half the threshold, or no higher than the run's quietest quarter (a run whose
+    baseline carries a little of the cause still has a baseline)."""
+    ev = [r for r in rows if share(r) >= threshold and (also is None or also(r))]
+    shares = sorted(share(r) for r in rows)
+    quiet = shares[len(shares) // 4] if shares else 0.0
+    limit = max(threshold * CLEAN_FRACTION_OF_THRESHOLD, quiet)
+    in_ev = {id(r) for r in ev}
+    clean = [r for r in rows if id(r) not in in_ev and share(r) <= limit and share(r) < threshold]
     return Split(ev, clean, rows)
 
 

@@ -9,7 +9,7 @@ explain stays linear in the number of events.
                when switched out, 'none' outside any call): count, off-CPU ns,
                runq ns
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
-  ing_faults   pid, w: page faults of traced processes
+  ing_faults   pid, tid, w, inside: page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
   ing_sys      w: host metrics;  ing_gpu  w: NVML metrics
   ing_pcpu     w, pid, comm: host-wide per-process CPU (names the competitors)
@@ -96,10 +96,21 @@ WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND (preempted OR kind
 GROUP BY ALL
 """
 
+# Faults are matched to the CUDA call they happened in, like off-CPU intervals:
+# a copy whose source pages fault in is slow because of memory, not the bus.
 FAULTS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_faults AS
-SELECT pid, (timestamp - $t0) // $wns AS w, count(*) AS n
-FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
+WITH pf AS (
+    SELECT pid, tid, timestamp, coalesce(duration_ns, 0) AS duration_ns
+    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
+), cu AS (
+    SELECT pid, tid, timestamp, timestamp + duration_ns AS end_ns, {_CAT} AS cat
+    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND NOT list_contains($host_ops, op)
+)
+SELECT pf.pid, pf.tid, (pf.timestamp - $t0) // $wns AS w,
+       CASE WHEN cu.end_ns > pf.timestamp THEN cu.cat ELSE 'none' END AS inside,
+       count(*) AS n, sum(pf.duration_ns)::DOUBLE AS dur_ns
+FROM pf ASOF LEFT JOIN cu ON pf.pid = cu.pid AND pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
 GROUP BY ALL
 """
 
@@ -204,9 +215,13 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
     coalesce(s.io_ns, 0) AS io_ns, coalesce(s.io_out_ns, 0) AS io_out_ns,
-    coalesce(f.n, 0) AS faults_n
+    coalesce(f.n, 0) AS faults_n, coalesce(f.dur_ns, 0) AS faults_ns,
+    coalesce(f.copy_n, 0) AS copy_faults_n, coalesce(f.copy_ns, 0) AS copy_faults_ns
 FROM c LEFT JOIN s USING (pid, w)
-       LEFT JOIN ing_faults f USING (pid, w)
+       LEFT JOIN (SELECT pid, w, sum(n) AS n, sum(dur_ns) AS dur_ns,
+                         sum(n) FILTER (inside = 'copy') AS copy_n,
+                         sum(dur_ns) FILTER (inside = 'copy') AS copy_ns
+                  FROM ing_faults GROUP BY ALL) f USING (pid, w)
 WHERE c.w >= 0 AND c.w < $nw
 """
 
@@ -255,7 +270,7 @@ def build(ctx: Context) -> None:
     run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
     run(SCHED_SQL, *base, *cats, "host_ops")
     run(PREEMPT_SQL, *base)
-    run(FAULTS_SQL, *base)
+    run(FAULTS_SQL, *base, *cats, "host_ops")
     run(BIO_SQL, "sid", "t0", "t1", "wns")
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

@@ -25,7 +25,7 @@ def test_io_stall_fires_names_writer():
     assert len(chain.evidence_windows) == 10
     assert chain.numbers["block_p99_ns"] == pytest.approx(80e6)
     assert chain.numbers["io_wait_share"] == pytest.approx(30 / 60.1, abs=0.02)
-    assert "ionice -c 3 -p 8000   (idle-class I/O for the writer)" in chain.fix
+    assert "ionice -c 3 -p 8000   (idle-class I/O for dd)" in chain.fix
     assert chain.correlation is not None and chain.correlation < -0.9
     assert chains_of(report, "memory-pressure") == []
 

@@ -31,6 +31,9 @@ class Thresholds:
     high_wait_share: float = 0.40
     # A worker is "busy" above this share of one CPU (it works, not waits).
     busy_worker_share: float = 0.5
+    # Workers waiting for a CPU (or the disk) at least this share of their
+    # time, more than they run, make contention (io-stall) the deeper cause.
+    deeper_cause_share: float = 0.2
 
 
 T = Thresholds()
@@ -50,13 +53,13 @@ def _share(r: baseline.Row) -> float:
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
-        s = baseline.split(rows, _share, T.min_wait_share)
+        # a window counts only when the loop waits for data longer than for the
+        # GPU: otherwise the GPU limits the job and the wait is hidden behind it
+        s = baseline.split(rows, _share, T.min_wait_share, also=lambda r: r["sleep_out_ns"] > r["sleep_sync_ns"])
         if not s.evidence:
             continue
         wait = baseline.mean_share(s.evidence, "sleep_out_ns")
         sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
-        if sync_share >= wait:
-            continue  # the loop waits for the GPU longer than for data: the GPU limits the job
         ws = [int(r["w"]) for r in s.evidence]
         wall = sum(r["wall_ns"] for r in s.evidence)
         wait_ns = sum(r["sleep_out_ns"] for r in s.evidence)
@@ -68,9 +71,11 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         w_wait = sum(w[2] for w in workers) / wall if wall else 0.0
         w_io = sum(w[4] for w in workers) / wall if wall else 0.0
         severity = "HIGH" if wait >= T.high_wait_share else "MEDIUM"
-        starved_workers = n_workers and w_wait > w_oncpu
-        if starved_workers and severity == "HIGH":
-            severity = "MEDIUM"  # workers wait for a CPU: contention is the deeper cause
+        # workers that mostly wait for a CPU or for the disk point at a deeper cause
+        starved_workers = n_workers and w_wait > w_oncpu and w_wait >= T.deeper_cause_share * n_workers
+        io_workers = n_workers and w_io > w_oncpu and w_io >= T.deeper_cause_share * n_workers
+        if (starved_workers or io_workers) and severity == "HIGH":
+            severity = "MEDIUM"
         base_rate, ev_rate, drop = baseline.throughput(s)
         corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
 
@@ -96,7 +101,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         contributing = []
         if starved_workers:
             contributing.append(f"workers waited for a CPU {w_wait:.2f} CPU-s per s: see cpu-contention")
-        if w_io > 0.05:
+        if io_workers:
+            contributing.append(f"workers blocked on disk {units.pct(w_io / n_workers)} of the time: see io-stall")
+        elif w_io > 0.05:
             contributing.append(f"workers in uninterruptible I/O {units.pct(w_io / max(n_workers, 1))} of the time")
         fix = _fixes(ctx, me, n_workers, wait, workers[0][0] if workers else None)
         culprits = [

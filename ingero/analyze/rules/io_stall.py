@@ -34,6 +34,11 @@ class Thresholds:
     min_drop: float = 0.15
     high_drop: float = 0.30
     max_corr: float = -0.3
+    # DataLoader workers in D state this share of a window (summed over
+    # workers), while the loop waits outside CUDA calls at least
+    # min_loop_wait_share, means the loop starves because its feeders block on disk.
+    min_worker_io_share: float = 0.2
+    min_loop_wait_share: float = 0.2
     # Swap or major-fault traffic this large in the stalled windows makes it
     # memory pressure (the other rule), not a disk hog: 1 MB of swap, 100 faults.
     swap_bytes: float = 1e6
@@ -41,6 +46,8 @@ class Thresholds:
 
 
 T = Thresholds()
+
+WORKER_IO_SQL = "SELECT w, sum(io_ns) FROM ing_helper GROUP BY w"
 
 HOST_SQL = """
 SELECT w, max(p99_ns) AS p99_ns, sum(bytes) AS bytes, sum(n) AS n
@@ -61,20 +68,30 @@ GROUP BY pid ORDER BY bytes DESC, n DESC LIMIT 5
 
 def evaluate(con, ctx: Context) -> list[Chain]:
     host = {int(w): (p99, b, n) for w, p99, b, n in con.execute(HOST_SQL).fetchall()}
+    worker_io = {int(w): float(v or 0) for w, v in con.execute(WORKER_IO_SQL).fetchall()}
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
         for r in rows:
             r["bio_p99_ns"] = float(host.get(int(r["w"]), (0, 0, 0))[0] or 0)
+            r["worker_io_ns"] = worker_io.get(int(r["w"]), 0.0)
         chain = _evaluate_pid(con, ctx, pid, rows)
         if chain:
             chains.append(chain)
     return chains
 
 
+def _fed_by_blocked_workers(r: baseline.Row) -> bool:
+    wall = r["wall_ns"] or 1
+    return (r["worker_io_ns"] / wall >= T.min_worker_io_share
+            and r["sleep_out_ns"] / wall >= T.min_loop_wait_share)
+
+
 def _stall(r: baseline.Row) -> float:
-    """1 when the window is stalled, scaled so split() can use threshold 1."""
-    io = r["io_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
-    return max(io / T.min_io_share, r["bio_p99_ns"] / T.stall_latency_ns)
+    """>= 1 when the window is stalled (scaled so split() can use threshold 1)."""
+    wall = r["wall_ns"] or 1
+    io = r["io_ns"] / wall
+    workers = r["worker_io_ns"] / wall / T.min_worker_io_share if _fed_by_blocked_workers(r) else 0.0
+    return max(io / T.min_io_share, r["bio_p99_ns"] / T.stall_latency_ns, workers)
 
 
 def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
@@ -88,11 +105,15 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     io_share = baseline.mean_share(s.evidence, "io_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)
     corr = baseline.correlation([r["bio_p99_ns"] for r in rows], [baseline.ops_rate(r) for r in rows])
-    direct = io_share >= T.min_io_share
+    fed = [r for r in s.evidence if _fed_by_blocked_workers(r)]
+    starve_share = baseline.mean_share(fed, "sleep_out_ns") * len(fed) / len(s.evidence) if fed else 0.0
+    worker_io_share = baseline.mean_share(s.evidence, "worker_io_ns")
+    direct = io_share >= T.min_io_share or len(fed) * 2 >= len(s.evidence)
     aligned = s.has_baseline and drop >= T.min_drop and corr is not None and corr <= T.max_corr
     if not (direct or aligned):
         return None
-    severity = "HIGH" if io_share >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
+    blocked = io_share + starve_share
+    severity = "HIGH" if blocked >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
     issuers = con.execute(ISSUERS_SQL, {"ws": ws}).fetchall()
     names = procs.lookup(con, [pid] + [i[0] for i in issuers])
     me = names[pid]
@@ -112,6 +133,11 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         effect.append(
             f"{me.label} in uninterruptible I/O wait {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})"
         )
+    if fed:
+        effect.append(
+            f"its DataLoader workers were blocked on disk {worker_io_share:.2f} worker-s per s; "
+            f"the loop waited for data {units.pct(starve_share)} of wall clock"
+        )
     if s.has_baseline and drop > 0:
         effect.append(
             f"CUDA ops/s down {units.pct(drop)} in I/O windows ({units.count(base_rate)} → {units.count(ev_rate)})"
@@ -120,13 +146,20 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         f"{names[i[0]].name} (PID {i[0]}): {units.size(i[1])}, {units.count(i[2])} requests" for i in issuers[1:3]
     ]
     fix = []
-    writers = [names[i[0]] for i in issuers if i[0] != pid and i[0] in names and i[0] != 0]
-    if any(i[0] == pid for i in issuers[:1]):
+    traced = {int(p) for (p,) in con.execute("SELECT DISTINCT pid FROM ing_sched").fetchall()} | {pid}
+    others = [names[i[0]] for i in issuers if i[0] not in traced and i[0] in names and i[0] != 0]
+    own = [i for i in issuers if i[0] in traced]
+    if any(i[0] == pid and "write" in (i[4] or "") for i in own):
         fix.append("save checkpoints from a background thread or process (or less often), not inside the step")
-    if writers:
-        fix.append("ionice -c 3 -p " + " ".join(str(p.pid) for p in writers) + "   (idle-class I/O for the writer)")
-        fix.append(f"move the writer ({writers[0].command}) to another disk, or run it between epochs")
-    fix.append("put the dataset / checkpoints on local NVMe; DataLoader prefetch_factor=4 hides read latency")
+    if others:
+        fix.append("ionice -c 3 -p " + " ".join(str(p.pid) for p in others)
+                   + f"   (idle-class I/O for {', '.join(sorted({p.comm or p.name for p in others}))})")
+        fix.append(f"move {others[0].command} to another disk, or run it between epochs")
+    if any("read" in (i[4] or "") for i in own):
+        fix.append("the job's own readers wait on cold blocks: keep the dataset in page cache or on local NVMe, "
+                   "DataLoader(prefetch_factor=4) to hide read latency")
+    if not fix:
+        fix.append("put the dataset / checkpoints on local NVMe; DataLoader prefetch_factor=4 hides read latency")
     culprits = [Culprit(i[0], names[i[0]].name, f"{units.size(i[1])} block I/O") for i in issuers[:3]]
     return Chain(
         rule_id=ID,
@@ -141,9 +174,11 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
-        impact=max(io_share, drop),
+        impact=max(blocked, drop),
         numbers={
             "io_wait_share": round(io_share, 4),
+            "input_wait_share": round(starve_share, 4),
+            "worker_io_share": round(worker_io_share, 4),
             "io_wait_ns": io_ns,
             "block_p99_ns": p99,
             "throughput_drop": round(drop, 4),

@@ -34,6 +34,10 @@ class Thresholds:
     # this many per second and this multiple of their quiet-window median.
     faults_per_s: float = 2000.0
     faults_ratio: float = 5.0
+    # When the tracer times faults: fault handling this share of a window is
+    # direct evidence (an unpressured loop spends well under 1% in faults).
+    min_fault_share: float = 0.05
+    high_fault_share: float = 0.20
     # Effect needed: D-state share or a time-aligned throughput drop.
     min_io_share: float = 0.05
     high_io_share: float = 0.20
@@ -73,17 +77,21 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
             majors / secs / T.major_faults_per_s,
             max(0.0, (mem - T.mem_floor_pct) / (T.mem_pct - T.mem_floor_pct)),
             min(rate / T.faults_per_s, rate / (T.faults_ratio * quiet_rate) if quiet_rate else rate / T.faults_per_s),
+            r["faults_ns"] / r["wall_ns"] / T.min_fault_share if r["wall_ns"] else 0.0,
         )
         r["fault_rate"] = rate
     s = baseline.split(rows, lambda r: r["mem_signal"], 1.0)
     if not s.evidence:
         return None
     io_share = baseline.mean_share(s.evidence, "io_ns")
+    fault_share = baseline.mean_share(s.evidence, "faults_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)
     corr = baseline.correlation([r["mem_signal"] for r in rows], [baseline.ops_rate(r) for r in rows])
-    if not (io_share >= T.min_io_share or (s.has_baseline and drop >= T.min_drop)):
+    if not (io_share >= T.min_io_share or fault_share >= T.min_fault_share
+            or (s.has_baseline and drop >= T.min_drop)):
         return None
-    severity = "HIGH" if io_share >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
+    lost = io_share + fault_share
+    severity = "HIGH" if lost >= T.high_io_share or fault_share >= T.high_fault_share or drop >= T.high_drop else "MEDIUM"
     ws = [int(r["w"]) for r in s.evidence]
     wall = sum(r["wall_ns"] for r in s.evidence)
     swap = sum(sysw.get(w, (0, 0, 0))[0] for w in ws)
@@ -105,6 +113,12 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         )
     effect = []
     io_ns = sum(r["io_ns"] for r in s.evidence)
+    faults_ns = sum(r["faults_ns"] for r in s.evidence)
+    copy_faults = sum(r["copy_faults_n"] for r in s.evidence)
+    if faults_ns:
+        effect.append(f"{me.label} handled page faults {units.ns(faults_ns)} of {units.ns(wall)} ({units.pct(fault_share)})")
+    if copy_faults:
+        effect.append(f"{units.count(copy_faults)} faults inside copy calls: the copy source is paged in while copying")
     if io_ns:
         effect.append(f"{me.label} in D state (faults, reclaim) {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})")
     if s.has_baseline and drop > 0:
@@ -128,9 +142,10 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
-        impact=max(io_share, drop),
+        impact=max(lost, drop),
         numbers={
             "io_wait_share": round(io_share, 4),
+            "fault_share": round(fault_share, 4),
             "swap_bytes": swap,
             "major_faults": majors,
             "faults_per_s": round(ev_fault_rate, 1),

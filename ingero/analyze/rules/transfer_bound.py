@@ -32,6 +32,10 @@ class Thresholds:
     # pinned PCIe gen3 x16 moves ~12 GB/s, gen4 ~25 GB/s; pageable copies
     # measure 2-6 GB/s.  8 GB/s separates the two on any current bus.
     pageable_max_bw_bytes_per_s: float = 8e9
+    # When faults inside the copy calls cover at least this share of the
+    # copied pages, the copy waits on paging (memory-pressure), not the bus.
+    page_bytes: int = 4096
+    faulting_source_share: float = 0.5
 
 
 T = Thresholds()
@@ -62,6 +66,11 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         tid = loops.get(pid, pid)
         share = baseline.mean_share(s.evidence, "copy_ns")
         severity = "HIGH" if share >= T.high_copy_share else "MEDIUM"
+        copy_faults = sum(r["copy_faults_n"] for r in s.evidence)
+        copy_fault_ns = sum(r["copy_faults_ns"] for r in s.evidence)
+        faulting = copy_faults * T.page_bytes >= T.faulting_source_share * sum(r["copy_bytes"] for r in s.evidence)
+        if faulting and severity == "HIGH":
+            severity = "MEDIUM"  # the deeper cause is paging: memory-pressure
         ws = [int(r["w"]) for r in s.evidence]
         copy_ns = sum(r["copy_ns"] for r in s.evidence)
         copy_bytes = sum(r["copy_bytes"] for r in s.evidence)
@@ -93,7 +102,13 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             )
         else:
             effect.append(f"present in {len(ws)} of {len(rows)} active windows: the loop copies instead of computing")
-        contributing = [
+        contributing = []
+        if faulting:
+            contributing.append(
+                f"{units.count(copy_faults)} page faults inside the copies ({units.ns(copy_fault_ns)}): "
+                "the source pages are faulted in while copying, see memory-pressure"
+            )
+        contributing += [
             f"{kind or 'default'} {op}: {units.count(n)} calls, {units.size(b)}, {units.ns(d)}"
             for kind, op, n, b, d in dirs[:3]
         ]
