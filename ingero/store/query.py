@@ -59,7 +59,9 @@ def run_query(sql: str, db_path: Path | None = None, *, max_rows: int = DEFAULT_
     try:
         con = open_for_user_sql(path)
     except IngeroError as exc:
-        if "locked" in exc.message:
+        from ingero.daemon.client import is_lock_error
+
+        if is_lock_error(exc):
             return _query_daemon(sql, path, max_rows)
         raise
     try:
@@ -78,14 +80,19 @@ def run_query(sql: str, db_path: Path | None = None, *, max_rows: int = DEFAULT_
 
 
 def _query_daemon(sql: str, path: Path, max_rows: int) -> QueryResult:
-    """The DB is held by a running tracer: ask it over its query socket."""
-    try:
-        from ingero.daemon import client
-    except ImportError:
+    """The DB is held by a running tracer: ask the tracer writing it, over its query socket."""
+    from ingero.daemon import client  # only here: plain queries never touch sockets
+
+    socket_path = client.find_socket(path)
+    if socket_path is None:
         raise IngeroError(
-            f"database {path} is in use by a running `ingero trace`",
-            "wait for it to finish or pass another --db",
-        ) from None
-    columns, rows, *rest = client.query(sql, max_rows=max_rows)
-    truncated = bool(rest[0]) if rest else len(rows) >= max_rows
-    return QueryResult(list(columns), ["?"] * len(columns), [tuple(r) for r in rows], truncated)
+            f"database {path} is locked by another process and no ingero tracer serving it was found",
+            "wait for that process to finish, or pass another --db",
+        )
+    reply = client.query_reply(sql, socket_path=socket_path, max_rows=max_rows)
+    return QueryResult(
+        list(reply["columns"]),
+        [str(t) for t in reply.get("types") or ["?"] * len(reply["columns"])],
+        [tuple(r) for r in reply["rows"]],
+        bool(reply.get("truncated")),
+    )
