@@ -71,6 +71,10 @@ BPF_STACK_TRACE(ingero_native_stacks, INGERO_STACK_ENTRIES);
 BPF_HASH(ingero_stacks, u32, struct ingero_stack, INGERO_STACK_ENTRIES);
 BPF_HASH(ingero_py_procs, u32, struct ingero_py_proc, 1024);
 BPF_TABLE("lru_hash", u32, u64, ingero_py_tstates, 8192);
+/* tgids seen without an ingero_py_procs entry: user space polls this to
+ * examine new processes within milliseconds (a --cmd child, a process that
+ * just exec'd), then writes their entry (runtime_addr 0 = not CPython). */
+BPF_HASH(ingero_stack_new_tgids, u32, u8, 1024);
 BPF_PERCPU_ARRAY(ingero_stack_scratch, struct ingero_stack, 1);
 /* [0] records stored, [1] get_stackid failures, [2] thread state not found,
  * [3] map full, [4] frame chains truncated */
@@ -162,7 +166,10 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 	h = ingero_stack_mix(h, (u64)(s64)rec->native_id);
 
 	struct ingero_py_proc *cfg = ingero_py_procs.lookup(&tgid);
-	if (cfg) {
+	if (!cfg) {
+		u8 one = 1;
+		ingero_stack_new_tgids.insert(&tgid, &one);
+	} else if (cfg->runtime_addr) {
 		u64 ts = ingero_find_tstate(cfg, tid);
 		if (!ts) {
 			ingero_stack_count(2);

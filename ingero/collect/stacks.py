@@ -21,11 +21,15 @@ included headers, so a program using stack.h must be compiled from
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import linecache
 import os
 import re
+import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,12 @@ BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 STACK_HEADER = "stack.h"
 # Must equal INGERO_PY_MAX_FRAMES in bpf/stack.h (checked by tests/unit/test_pyframes.py).
 PY_MAX_FRAMES = 48
+
+# New processes are examined, and re-examined for an exec, this often and for
+# this long after they are first seen: python startup takes 20-100 ms here, a
+# --cmd through a shell or a slow container start a few seconds.
+PENDING_POLL_S = 0.02
+PENDING_TIMEOUT_S = 10.0
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -137,11 +147,21 @@ def source_line(pid: int, filename: str, line: int) -> str | None:
     return None
 
 
+def exec_signature(pid: int) -> bytes | None:
+    """Changes when ``pid`` execs: its auxv (AT_PHDR, AT_RANDOM... move with every new image)."""
+    try:
+        with open(f"/proc/{pid}/auxv", "rb") as f:
+            return hashlib.blake2b(f.read(), digest_size=8).digest()
+    except OSError:
+        return None
+
+
 class _Proc:
-    """What we know about one traced process."""
+    """What we know about one traced process (one exec'd image of it)."""
 
     def __init__(self, pid: int):
         self.pid = pid
+        self.signature = exec_signature(pid)
         self.native = symbols.NativeSymbolizer(pid)
         self.interp: pyframes.Interpreter | None = None
         self.mem: pyframes.ProcessMemory | None = None
@@ -157,13 +177,42 @@ class _Proc:
         # stack replaces them.
         self.interp_files = {self.interp.binary} if self.interp else set()
 
+    def close(self) -> None:
+        if self.mem is not None:
+            self.mem.close()
+
+
+_LIVE_RESOLVERS: "weakref.WeakSet[StackResolver]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_watchers() -> None:
+    """Stop watcher threads before interpreter teardown (a thread still alive
+    then keeps extension objects, DuckDB's among them, from being freed)."""
+    for resolver in list(_LIVE_RESOLVERS):
+        resolver._stop_watcher()
+
+
+def _watch(ref: "weakref.ref[StackResolver]") -> None:
+    while True:
+        resolver = ref()
+        if resolver is None or resolver._closed:
+            return
+        try:
+            resolver._watch_once()
+        except Exception:  # the BPF program was closed under us: nothing left to watch
+            return
+        del resolver
+        time.sleep(PENDING_POLL_S)
+
 
 class StackResolver:
     """BPF stack ids -> stored ``stacks.stack_id`` (see the module docstring).
 
     ``bpf`` is the loaded BCC program that includes stack.h; ``store`` an
-    ingero Store (``append`` + ``con``).  Not thread-safe: call from the
-    decode thread.
+    ingero Store (``append`` + ``con``).  ``resolve`` is meant for one decode
+    thread; a daemon thread of ours examines new processes as the BPF side
+    meets them (``close()`` stops it).
     """
 
     def __init__(self, bpf: Any, store: Any, *, session_id: int | None = None):
@@ -171,39 +220,222 @@ class StackResolver:
         self.store = store
         self.session_id = session_id
         self.procs: dict[int, _Proc] = {}
-        self._ids: dict[int, int] = {}          # BPF id -> stored id (the BPF id hashes the tgid)
+        self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
         self._stored: set[int] = set()
+        self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
+        self._lock = threading.RLock()
+        self._watcher: threading.Thread | None = None
+        self._closed = False
         self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
                       "python_frames": 0, "python_unreadable": 0, "missing": 0}
+        _LIVE_RESOLVERS.add(self)
+        self._start_watcher()
 
     # -- targets -----------------------------------------------------------
 
     def prepare(self, pids) -> list[int]:
-        """Register processes as targets; returns the pids found to run CPython."""
+        """Register processes as targets; returns the pids found to run CPython.
+
+        Every process is then watched for PENDING_TIMEOUT_S: one that is not
+        running CPython yet (a ``--cmd`` child between fork and exec, libpython
+        not mapped yet) or that execs is re-examined within PENDING_POLL_S.
+        Processes the BPF side meets without an entry are prepared the same
+        way by the watcher, so calling this early is an optimisation.
+        """
         python = []
-        table = self.bpf.get_table("ingero_py_procs")
-        for pid in pids:
-            pid = int(pid)
-            if pid in self.procs:
-                if self.procs[pid].interp:
+        with self._lock:
+            for pid in pids:
+                pid = int(pid)
+                proc = self._ensure(pid)
+                if proc.interp is not None:
                     python.append(pid)
-                continue
-            proc = _Proc(pid)
-            self.procs[pid] = proc
-            if proc.interp is not None:
-                table[table.Key(pid)] = proc_config(proc.interp)
-                python.append(pid)
+                if proc.signature is not None and pid not in self._watched:
+                    self._watched[pid] = time.monotonic() + PENDING_TIMEOUT_S
         return python
 
-    def forget(self, pid: int) -> None:
-        proc = self.procs.pop(int(pid), None)
-        if proc and proc.mem:
-            proc.mem.close()
+    def _ensure(self, pid: int) -> _Proc:
+        """The _Proc of ``pid``'s current image (re-examined after an exec). Holds _lock."""
+        proc = self.procs.get(pid)
+        if proc is not None and (proc.signature is None or exec_signature(pid) in (proc.signature, None)):
+            return proc
+        if proc is not None:
+            proc.close()
+            for key in [k for k in self._ids if k[0] == pid]:
+                del self._ids[key]
+        proc = _Proc(pid)
+        self.procs[pid] = proc
+        table = self.bpf.get_table("ingero_py_procs")
+        # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
+        table[table.Key(pid)] = proc_config(proc.interp) if proc.interp is not None else PyProcConfig()
+        return proc
+
+    def _start_watcher(self) -> None:
+        if self._closed or (self._watcher is not None and self._watcher.is_alive()):
+            return
+        # The thread holds only a weak reference: a session that drops its
+        # resolver without close() does not keep it (and the store) alive.
+        self._watcher = threading.Thread(target=_watch, args=(weakref.ref(self),),
+                                         name="ingero-stack-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch_once(self) -> None:
+        fresh = self.bpf.get_table("ingero_stack_new_tgids")
+        new = [k.value for k in fresh.keys()]
+        if new:
+            self.prepare(new)
+            for pid in new:
+                fresh.pop(fresh.Key(pid), None)
+        with self._lock:
+            now = time.monotonic()
+            for pid, deadline in list(self._watched.items()):
+                if now > deadline or exec_signature(pid) is None:
+                    del self._watched[pid]
+                else:
+                    self._ensure(pid)
+
+    def close(self) -> None:
+        if self.mem is not None:
+            self.mem.close()
+
+
+_LIVE_RESOLVERS: "weakref.WeakSet[StackResolver]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_watchers() -> None:
+    """Stop watcher threads before interpreter teardown (a thread still alive
+    then keeps extension objects, DuckDB's among them, from being freed)."""
+    for resolver in list(_LIVE_RESOLVERS):
+        resolver._stop_watcher()
+
+
+def _watch(ref: "weakref.ref[StackResolver]") -> None:
+    while True:
+        resolver = ref()
+        if resolver is None or resolver._closed:
+            return
         try:
-            table = self.bpf.get_table("ingero_py_procs")
-            del table[table.Key(int(pid))]
+            resolver._watch_once()
+        except Exception:  # the BPF program was closed under us: nothing left to watch
+            return
+        del resolver
+        time.sleep(PENDING_POLL_S)
+
+
+class StackResolver:
+    """BPF stack ids -> stored ``stacks.stack_id`` (see the module docstring).
+
+    ``bpf`` is the loaded BCC program that includes stack.h; ``store`` an
+    ingero Store (``append`` + ``con``).  ``resolve`` is meant for one decode
+    thread; a daemon thread of ours examines new processes as the BPF side
+    meets them (``close()`` stops it).
+    """
+
+    def __init__(self, bpf: Any, store: Any, *, session_id: int | None = None):
+        self.bpf = bpf
+        self.store = store
+        self.session_id = session_id
+        self.procs: dict[int, _Proc] = {}
+        self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
+        self._stored: set[int] = set()
+        self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
+        self._lock = threading.RLock()
+        self._watcher: threading.Thread | None = None
+        self._closed = False
+        self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
+                      "python_frames": 0, "python_unreadable": 0, "missing": 0}
+        _LIVE_RESOLVERS.add(self)
+        self._start_watcher()
+
+    # -- targets -----------------------------------------------------------
+
+    def prepare(self, pids) -> list[int]:
+        """Register processes as targets; returns the pids found to run CPython.
+
+        Every process is then watched for PENDING_TIMEOUT_S: one that is not
+        running CPython yet (a ``--cmd`` child between fork and exec, libpython
+        not mapped yet) or that execs is re-examined within PENDING_POLL_S.
+        Processes the BPF side meets without an entry are prepared the same
+        way by the watcher, so calling this early is an optimisation.
+        """
+        python = []
+        with self._lock:
+            for pid in pids:
+                pid = int(pid)
+                proc = self._ensure(pid)
+                if proc.interp is not None:
+                    python.append(pid)
+                if proc.signature is not None and pid not in self._watched:
+                    self._watched[pid] = time.monotonic() + PENDING_TIMEOUT_S
+        return python
+
+    def _ensure(self, pid: int) -> _Proc:
+        """The _Proc of ``pid``'s current image (re-examined after an exec). Holds _lock."""
+        proc = self.procs.get(pid)
+        if proc is not None and (proc.signature is None or exec_signature(pid) in (proc.signature, None)):
+            return proc
+        if proc is not None:
+            proc.close()
+            for key in [k for k in self._ids if k[0] == pid]:
+                del self._ids[key]
+        proc = _Proc(pid)
+        self.procs[pid] = proc
+        table = self.bpf.get_table("ingero_py_procs")
+        # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
+        table[table.Key(pid)] = proc_config(proc.interp) if proc.interp is not None else PyProcConfig()
+        return proc
+
+    def _start_watcher(self) -> None:
+        if self._closed or (self._watcher is not None and self._watcher.is_alive()):
+            return
+        self._watcher = threading.Thread(target=self._watch, name="ingero-stack-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        try:
+            fresh = self.bpf.get_table("ingero_stack_new_tgids")
         except KeyError:
-            pass
+            return
+        while not self._closed:
+            try:
+                new = [k.value for k in fresh.keys()]
+                if new:
+                    self.prepare(new)
+                    for pid in new:
+                        fresh.pop(fresh.Key(pid), None)
+                with self._lock:
+                    now = time.monotonic()
+                    for pid, deadline in list(self._watched.items()):
+                        if now > deadline or exec_signature(pid) is None:
+                            del self._watched[pid]
+                        else:
+                            self._ensure(pid)
+            except Exception:  # the program was closed under us: nothing left to watch
+                if self._closed:
+                    return
+                raise
+            time.sleep(PENDING_POLL_S)
+
+    def _stop_watcher(self) -> None:
+        self._closed = True
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=1.0)
+
+    def close(self) -> None:
+        self._stop_watcher()
+        with self._lock:
+            for proc in self.procs.values():
+                proc.close()
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            proc = self.procs.pop(int(pid), None)
+            if proc:
+                proc.close()
+            self._watched.pop(int(pid), None)
+        table = self.bpf.get_table("ingero_py_procs")
+        table.pop(table.Key(int(pid)), None)
 
     def counters(self) -> dict[str, int]:
         """The BPF side's counters (stored, stackid errors, thread not found, map full, truncated)."""
@@ -226,16 +458,20 @@ class StackResolver:
         first_pid = {}
         for i, pid in zip(inverse.tolist(), pids.tolist()):
             first_pid.setdefault(i, pid)
-        for k, bpf_id in enumerate(uniq.tolist()):
-            if bpf_id < 0:
-                continue
-            hit = self._ids.get(bpf_id)
-            if hit is None:
-                hit = self._resolve_one(bpf_id, int(first_pid[k]), rows)
-                if hit is None:
+        # New pids are examined, known ones re-examined if they exec'd.
+        self.prepare(sorted(set(first_pid.values())))
+        with self._lock:
+            for k, bpf_id in enumerate(uniq.tolist()):
+                if bpf_id < 0:
                     continue
-                self._ids[bpf_id] = hit
-            mapped[k] = hit
+                key = (int(first_pid[k]), bpf_id)
+                hit = self._ids.get(key)
+                if hit is None:
+                    hit = self._resolve_one(bpf_id, key[0], rows)
+                    if hit is None:
+                        continue
+                    self._ids[key] = hit
+                mapped[k] = hit
         out[:] = mapped[inverse]
         if rows:
             self._write(rows)
@@ -250,10 +486,8 @@ class StackResolver:
         except KeyError:
             return []
         pid = int(rec.tgid) or pid
-        proc = self.procs.get(pid)
-        if proc is None:
-            self.prepare([pid])
-            proc = self.procs[pid]
+        with self._lock:
+            proc = self.procs.get(pid) or self._ensure(pid)
         native = self._native(proc, int(rec.native_id))
         python = self._python(proc, rec)
         if not python:
