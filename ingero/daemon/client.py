@@ -99,7 +99,10 @@ def request(req: dict[str, Any], *, socket_path: Path | str | None = None,
                               "it may have exited; `ingero status` tells") from None
         sock.settimeout(timeout_s + REPLY_SLACK_S)
         try:
-            protocol.send(sock, req)
+            try:
+                protocol.send(sock, req)
+            except BrokenPipeError:
+                pass  # the server answered early (busy, permission) and closed: read that answer
             reply = protocol.recv(sock, protocol.MAX_RESPONSE_BYTES)
         except (OSError, protocol.ProtocolError) as exc:
             raise IngeroError(f"the tracer at {path} did not answer: {exc}",

@@ -48,12 +48,18 @@ DEFAULT_GROUP = "ingero"
 # client from holding the tracer's memory (every row is JSON in RAM) or a
 # read transaction (which pins old row versions) for long.
 DEFAULT_MAX_ROWS = 10_000
-MAX_ROWS_CAP = 1_000_000
+MAX_ROWS_CAP = 200_000
+# An encoded reply larger than this is refused instead of sent (it is built in
+# the tracer's memory): 64 MB is ~200k rows of 15 columns.
+MAX_REPLY_BYTES = 64 << 20
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 300.0
-# Concurrent clients served; more are told the server is busy.  Each query
-# uses DuckDB worker threads too, and the tracer must keep up on 2 cores.
+# Queries run at once; each uses DuckDB worker threads too, and the tracer
+# must keep up on 2 cores.  Further clients wait up to BUSY_WAIT_S for a turn;
+# beyond MAX_PENDING connections they are told the server is busy at once.
 MAX_CLIENTS = 4
+MAX_PENDING = 32
+BUSY_WAIT_S = 10.0
 # A client has this long to send its request (stops idle connections pinning a slot).
 REQUEST_READ_TIMEOUT_S = 5.0
 # How often the accept loop wakes to notice stop().
@@ -191,6 +197,7 @@ class QueryServer:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self._active: set[duckdb.DuckDBPyConnection] = set()
         self._active_lock = threading.Lock()
         self._gid: int | None = None
@@ -312,7 +319,7 @@ class QueryServer:
             if self._stopping.is_set():
                 conn.close()
                 return
-            if not self._slots.acquire(blocking=False):
+            if not self._pending.acquire(blocking=False):
                 self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
                                              "hint": "retry in a moment"})
                 continue
@@ -339,11 +346,29 @@ class QueryServer:
             except (protocol.ProtocolError, OSError) as exc:
                 self._reply_and_close(conn, {"ok": False, "error": f"bad request: {exc}"})
                 return
-            reply = self.handle(request)
+            if not self._slots.acquire(timeout=BUSY_WAIT_S):
+                self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
+                                             "hint": "retry in a moment"})
+                return
+            try:
+                reply = self.handle(request)
+            finally:
+                self._slots.release()  # the DuckDB work is done; sending needs no slot
+            data = protocol.encode(reply)
+            if len(data) > MAX_REPLY_BYTES:
+                data = protocol.encode({
+                    "ok": False,
+                    "error": f"result too large ({len(data) // 2**20} MiB encoded, limit {MAX_REPLY_BYTES >> 20} MiB)",
+                    "hint": "select fewer columns or rows, or aggregate in SQL"})
+            del reply
             conn.settimeout(None)  # a big answer may take a slow reader a while
-            self._reply_and_close(conn, reply)
+            try:
+                conn.sendall(data)
+            except OSError:
+                pass
         finally:
-            self._slots.release()
+            conn.close()
+            self._pending.release()
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one decoded request (also used directly by tests)."""
