@@ -21,7 +21,7 @@ def test_launch_bound_fires():
     assert chain.severity == "HIGH"
     # one launch every 28 µs plus the step's 1 ms of Python: ~32k/s
     assert chain.numbers["launches_per_s"] == pytest.approx(400 / 0.0122, rel=0.05)
-    assert chain.numbers["launch_p50_ns"] == pytest.approx(8000)
+    assert chain.numbers["launch_mean_ns"] == pytest.approx(8000)
     assert chain.numbers["oncpu_share"] > 0.95
     assert any("CUDA graph" in f for f in chain.fix)
     assert chains_of(report, "sync-heavy") == []

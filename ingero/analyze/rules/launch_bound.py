@@ -66,7 +66,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         rate = launches / (wall / 1e9)
         oncpu = 1.0 - sum(r["off_ns"] for r in ev) / wall
         sync_wait = baseline.mean_share(ev, "sleep_sync_ns")
-        p50 = baseline.median([r["launch_p50_ns"] for r in ev])
+        mean_ns = launch_ns / launches
         me = procs.lookup(con, [pid])[pid]
         severity = "HIGH" if rate >= T.high_launch_rate_per_s else "MEDIUM"
         launch_share = launch_ns / wall
@@ -78,7 +78,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 root=[
                     f"{me.label} launched {units.count(rate)} kernels/s ({units.count(launches)} in "
                     f"{len(ev)} of {len(rows)} windows), one every {units.ns(1e9 / rate)}",
-                    f"launch calls take {units.ns(p50)} each (median), {units.pct(launch_share)} of wall clock; "
+                    f"launch calls take {units.ns(mean_ns)} each on average, {units.pct(launch_share)} of wall clock; "
                     f"the thread is on CPU {units.pct(oncpu)} of the time",
                 ],
                 effect=[
@@ -98,7 +98,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 impact=1.0 - sync_wait,
                 numbers={
                     "launches_per_s": round(rate, 1),
-                    "launch_p50_ns": p50,
+                    "launch_mean_ns": round(mean_ns, 1),
                     "launch_share": round(launch_share, 4),
                     "oncpu_share": round(oncpu, 4),
                     "sync_wait_share": round(sync_wait, 4),
