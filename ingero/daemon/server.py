@@ -415,7 +415,10 @@ class QueryServer:
                 pass
             with self._active_lock:
                 self._active.discard(cur)
-            cur.close()
+            try:
+                cur.close()
+            except duckdb.Error:
+                pass
 
     def _run_sql(self, request: dict[str, Any]) -> dict[str, Any]:
         sql = request.get("sql")

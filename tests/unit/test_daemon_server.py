@@ -273,3 +273,25 @@ def test_is_lock_error(short_dir):
         holder.wait()
     assert not client.is_lock_error(IngeroError("no ingero database at x"))
     assert not client.is_lock_error(duckdb.CatalogException("Table with name foo does not exist"))
+
+
+def test_stop_interrupts_running_queries_promptly(served):
+    _, server, sock = served
+    outcome: list[BaseException] = []
+
+    def long_query():
+        try:
+            client.query("SELECT count(*) FROM range(1000000000000) a", socket_path=sock, timeout_s=60)
+        except IngeroError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=long_query)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    server.stop()
+    t.join(10)
+    assert time.monotonic() - t0 < 5
+    assert len(outcome) == 1 and "interrupted" in str(outcome[0])
+    assert not sock.exists()
+    server.stop()  # idempotent
