@@ -48,6 +48,9 @@ TRACE_MARGIN_S = 15.0
 # Dataset for the loader/mmap scenarios: larger than a few batches, small
 # enough to write in a second.
 DATASET_BYTES = 256 << 20
+# The tracer compiles its BPF program before it starts the workload (~5-20 s
+# on these VMs, longer when the box is busy).
+WORKLOAD_START_TIMEOUT_S = 90.0
 # Seconds between SIGTERM and SIGKILL when cleaning up.
 KILL_GRACE_S = 2.0
 
@@ -193,9 +196,13 @@ def _make_dataset(workdir: Path) -> Path:
     return path
 
 
-def workload_command(flags: tuple[str, ...], paths: dict[str, str], duration_s: float, summary: Path) -> list[str]:
-    return [sys.executable, str(TRAIN), "--lib", str(LIBCUDART), *_expand(flags, paths),
-            "--duration", f"{duration_s:g}", "--summary-json", str(summary)]
+def workload_command(flags: tuple[str, ...], paths: dict[str, str], duration_s: float, summary: Path,
+                     ready: Path | None = None) -> list[str]:
+    cmd = [sys.executable, str(TRAIN), "--lib", str(LIBCUDART), *_expand(flags, paths),
+           "--duration", f"{duration_s:g}", "--summary-json", str(summary)]
+    if ready is not None:
+        cmd += ["--ready-file", str(ready)]
+    return cmd
 
 
 # ---- live ------------------------------------------------------------------
@@ -206,19 +213,22 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     flags = s.fix_workload if fixed else s.workload
     items = s.interference if not fixed or s.fix_interference is None else s.fix_interference
     summary_path = workdir / f"{label}.json"
-    cmd = workload_command(flags, paths, duration_s, summary_path)
+    ready = workdir / f"{label}.ready"
+    cmd = workload_command(flags, paths, duration_s, summary_path, ready)
     tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
                   "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
     procs: list[subprocess.Popen] = []
     tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _keep_off_loop_core(tracer.pid, flags)
     try:
         if items:
             # a clean baseline first, then the cause (on the slow run)
             delay = 0.0 if fixed else BASELINE_SHARE * duration_s
             progress(f"{label}: workload running, interference in {delay:.0f} s" if delay
                      else f"{label}: workload running with interference")
-            if _wait(tracer, delay):
+            # the tracer takes seconds to compile and attach: count from the workload's first step
+            if _wait(tracer, WORKLOAD_START_TIMEOUT_S, until=ready.exists) and _wait(tracer, delay):
                 procs = start_interference(items, paths, nice=19 if fixed and s.fix_renice else 0)
         else:
             progress(f"{label}: workload running")
@@ -248,14 +258,34 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     return Run(label, summary, db, trace_note=(err.strip().splitlines() or [""])[-1])
 
 
-def _wait(proc: subprocess.Popen, seconds: float) -> bool:
-    """Sleep up to ``seconds``; False if ``proc`` ended meanwhile."""
+def _keep_off_loop_core(pid: int, flags: tuple[str, ...]) -> None:
+    """The tracer (decoding, DuckDB) runs on the cores the training loop is not pinned to.
+
+    On two cores an unpinned tracer lands on the loop's core half the time
+    and becomes a competitor of its own demo; the workload sets its own
+    affinity (--cpu) at start, so pinning the tracer first is harmless to it.
+    """
+    if "--cpu" not in flags:
+        return
+    loop = {int(c) for c in flags[flags.index("--cpu") + 1].split(",")}
+    others = set(os.sched_getaffinity(0)) - loop
+    if others:
+        try:
+            os.sched_setaffinity(pid, others)
+        except ProcessLookupError:
+            pass
+
+
+def _wait(proc: subprocess.Popen, seconds: float, until: Callable[[], bool] | None = None) -> bool:
+    """Sleep up to ``seconds`` or until ``until()``; False if ``proc`` ended meanwhile."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if proc.poll() is not None:
             return False
-        time.sleep(0.1)
-    return proc.poll() is None
+        if until is not None and until():
+            return True
+        time.sleep(0.05)
+    return proc.poll() is None and (until is None or until())
 
 
 # ---- explain ---------------------------------------------------------------

@@ -85,16 +85,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="cpu-contention",
         title="CPU hogs on the training loop's core",
-        story="two busy processes share core 0 with the training loop, which waits for a CPU "
+        story="three busy processes share core 0 with the training loop, which waits for a CPU "
               "between every CUDA call",
         expected_rule="cpu-contention",
-        workload=(*_BASE, "--workers", "0", "--host-us", "3000", "--cpu", str(LOOP_CPU)),
-        fix_workload=(*_BASE, "--workers", "0", "--host-us", "3000", "--cpu", str(FIX_CPU)),
+        workload=(*_BASE, "--kernel-us", "1000", "--workers", "0", "--host-us", "4000", "--cpu", str(LOOP_CPU)),
+        fix_workload=(*_BASE, "--kernel-us", "1000", "--workers", "0", "--host-us", "4000",
+                      "--cpu", str(FIX_CPU)),
         fix="taskset -c 1 (the loop gets its own core) and renice -n 19 the hogs",
-        interference=(Interferer("cpu-hog", (str(LOOP_CPU),), count=2),),
+        interference=(Interferer("cpu-hog", (str(LOOP_CPU),), count=3),),
         fix_renice=True,
-        physics=Physics(host_us=3000, preempt_share=0.45, hogs=2),
-        fix_physics=Physics(host_us=3000, hogs=2),
+        physics=Physics(kernel_us=1000, host_us=4800, preempt_share=0.6, hogs=3),
+        fix_physics=Physics(kernel_us=1000, host_us=4800, hogs=3),
     ),
     Scenario(
         name="memcpy-bottleneck",
@@ -111,15 +112,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="dataloader-starvation",
         title="too few, too slow DataLoader workers",
-        story="one worker decodes 8 samples at 5 ms each; the loop waits ~40 ms per batch while "
-              "the device idles",
+        story="one worker decodes 8 samples at 6 ms each; the loop waits ~48 ms per batch for a "
+              "24 ms step while the device idles",
         expected_rule="input-bound",
-        workload=(*_BASE, "--workers", "1", "--decode-us", "5000", *_LOOP),
-        fix_workload=(*_BASE, "--workers", "4", "--decode-us", "5000", "--prefetch", "4",
-                      "--cpu", str(LOOP_CPU)),
+        workload=(*_BASE, "--kernel-us", "3000", "--workers", "1", "--decode-us", "6000", *_LOOP),
+        fix_workload=(*_BASE, "--kernel-us", "3000", "--workers", "4", "--decode-us", "6000",
+                      "--prefetch", "4", "--cpu", str(LOOP_CPU)),
         fix="DataLoader(num_workers=4, prefetch_factor=4, persistent_workers=True)",
-        physics=Physics(data_wait_us=25000),
-        fix_physics=Physics(data_wait_us=5000),
+        physics=Physics(kernel_us=3000, data_wait_us=26000),
+        fix_physics=Physics(kernel_us=3000, data_wait_us=3000),
     ),
     Scenario(
         name="io-stall",
