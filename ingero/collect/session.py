@@ -39,7 +39,7 @@ POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k record
 FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
 FLUSH_ROWS = 1_000_000  # or sooner when this many rows wait (bounds memory: ~56 MB)
 READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
-DRAIN_QUIET_S = 0.05  # at the end: stop draining after the ring stayed empty this long
+DRAIN_MAX_S = 0.5  # at the end: a record reserved before the stop is submitted within this (BPF programs are short)
 PCT_WINDOW_S = 10  # live view percentiles cover the last 10 s
 PCT_SAMPLE = 20_000  # durations kept per op per second for percentiles
 
@@ -314,17 +314,22 @@ class TraceSession:
         return self.program.counters()
 
     def drain(self) -> None:
-        """Read until the ring stayed empty for DRAIN_QUIET_S (records in flight get submitted)."""
-        quiet_since = time.monotonic()
+        """Read everything submitted before now, then store it.
+
+        Host-wide events never pause, so "until the ring is empty" may never
+        come: drain up to the producer position seen at the stop (records
+        still being written there get DRAIN_MAX_S to be submitted).
+        """
+        _, stop_pos = self.reader.positions()
+        give_up = time.monotonic() + DRAIN_MAX_S
         while True:
-            if self.poll():
-                quiet_since = time.monotonic()
-                if self.pending_rows >= FLUSH_ROWS:
-                    self.flush()
-                continue
-            if time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+            self.poll()
+            if self.pending_rows >= FLUSH_ROWS:
+                self.flush()
+            consumer, _ = self.reader.positions()
+            if consumer >= stop_pos or time.monotonic() >= give_up:
                 break
-            time.sleep(POLL_INTERVAL_S / 2)
+            time.sleep(POLL_INTERVAL_S / 5)
         self.flush()
 
 

@@ -1,0 +1,87 @@
+"""Live: host events under `ingero trace` -- children, preemption, block I/O."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from workloads import Tracer, build, libcudart, query, wait_for
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(scope="module")
+def bins(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bin")
+    return {name: build(name, d) for name in ("cudart_calls", "spin")}
+
+
+def test_forked_child_of_cmd_is_traced_and_the_trace_ends_with_the_command(tmp_path, bins):
+    """--cmd narrows tracing to the command: its CUDA-calling child is traced through fork."""
+    lib = libcudart()
+    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
+    db = tmp_path / "t.duckdb"
+    out = tmp_path / "child.out"
+    # sh forks the workload: the CUDA rows belong to the child, not to sh
+    tracer = Tracer(db, "--cmd", f"sh -c '{bins['cudart_calls']} {lib} 7 64 > {out}; true'")
+    tracer.wait_started()
+    summary = tracer.finish(sig=None)  # ends by itself when the command exits
+    assert summary["ended_by"] == "command exited" and summary["command_exit"] == 0
+    child_pid = int(out.read_text().split()[1])
+    rows = query(db, "SELECT pid, count(*) FROM events WHERE op = 'cudaMalloc' GROUP BY pid")
+    assert rows == [(child_pid, 7)]
+    sh_pid = query(db, "SELECT pid FROM events WHERE op = 'proc_exec' ORDER BY timestamp LIMIT 1")
+    assert sh_pid and sh_pid[0][0] != child_pid
+
+
+def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path, bins):
+    db = tmp_path / "t.duckdb"
+    cpu = str(os.cpu_count() - 1)
+    hog = subprocess.Popen(["taskset", "-c", cpu, str(bins["spin"]), "6", "ingero-test-hog"])
+    try:
+        tracer = Tracer(db, "--cmd", f"taskset -c {cpu} {bins['spin']} 2.5")
+        tracer.wait_started()
+        summary = tracer.finish(sig=None)
+    finally:
+        hog.kill()
+        hog.wait()
+    cmd_pid = query(db, "SELECT pid FROM events WHERE op = 'proc_exec' ORDER BY timestamp LIMIT 1")[0][0]
+    pre = query(db, """SELECT count(*), sum(duration_ns), sum(runq_ns) FROM events
+                       WHERE op = 'sched_switch' AND pid = $p AND kind = 'preempted'""", {"p": cmd_pid})[0]
+    assert pre[0] >= 5, f"expected preemptions of the traced spinner, got {pre}"
+    assert pre[1] == pre[2]  # preempted: runnable (waiting for a CPU) the whole time off CPU
+    # who ran instead: the hog, by pid in the events and by name in process_cpu
+    others = {r[0] for r in query(db, "SELECT DISTINCT other_pid FROM events WHERE op = 'sched_switch' AND pid = $p",
+                                  {"p": cmd_pid})}
+    assert hog.pid in others
+    cpu_rows = query(db, """SELECT comm, sum(preempted_traced), sum(oncpu_ns) FROM process_cpu
+                            WHERE pid = $p GROUP BY comm""", {"p": hog.pid})
+    assert cpu_rows and cpu_rows[0][0] == "ingero-test-hog" and cpu_rows[0][1] > 0 and cpu_rows[0][2] > 0
+    assert summary["events"] == query(db, "SELECT count(*) FROM events")[0][0]
+
+
+def test_direct_reads_give_block_io_rows_with_latency_and_the_readers_pid(tmp_path):
+    data = tmp_path / "data.bin"
+    size = 4 << 20
+    with open(data, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db)
+    tracer.wait_started()
+    # O_DIRECT: every read goes to the device, issued by dd itself
+    reader = subprocess.run(["dd", f"if={data}", "of=/dev/null", "bs=256k", "iflag=direct"],
+                            capture_output=True, timeout=30)
+    assert reader.returncode == 0
+    wait_for(lambda: False, timeout=1.2)  # one flush interval
+    tracer.finish()
+    rows = query(db, """SELECT e.pid, count(*), sum(bytes), min(duration_ns) FROM events e
+                        JOIN process_names n USING (pid)
+                        WHERE op = 'block_io' AND kind = 'read' AND n.comm = 'dd' GROUP BY e.pid""")
+    assert len(rows) == 1, rows
+    pid, count, nbytes, min_latency = rows[0]
+    assert nbytes >= size and count >= size // (256 << 10)
+    assert min_latency > 0
