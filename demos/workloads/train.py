@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     host = ctypes.c_void_p()
     keep = None
-    if args.pinned and not args.fresh_buffers and not args.mmap_path:
+    if args.pinned and not args.fresh_buffers:
         check(lib.cudaMallocHost(ctypes.byref(host), args.batch_bytes), "cudaMallocHost")
         ctypes.memset(host, 1, args.batch_bytes)
     else:
@@ -286,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=off)
                 anchor = ctypes.c_char.from_buffer(window)
                 src = ctypes.c_void_p(ctypes.addressof(anchor))
-            if args.pinned and mfd < 0 and not args.fresh_buffers:
+            if args.pinned and mfd >= 0:
+                # collate into pinned memory (what pin_memory does), then an async copy
+                n = min(args.batch_bytes, msize)
+                ctypes.memmove(host, src, n)
+                check(lib.cudaMemcpyAsync(dev, host, n, CUDA_H2D, stream), "cudaMemcpyAsync")
+            elif args.pinned and not args.fresh_buffers:
                 check(lib.cudaMemcpyAsync(dev, src, args.batch_bytes, CUDA_H2D, stream), "cudaMemcpyAsync")
             else:
                 n = min(args.batch_bytes, msize) if mfd >= 0 else args.batch_bytes

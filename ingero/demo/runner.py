@@ -157,6 +157,8 @@ def start_interference(items: tuple[Interferer, ...], paths: dict[str, str], *, 
                     start_new_session=True,
                 )
                 procs.append(p)
+                if item.cpu is not None:
+                    os.sched_setaffinity(p.pid, {item.cpu})
                 if nice:
                     os.setpriority(os.PRIO_PROCESS, p.pid, nice)
     except BaseException:

@@ -36,6 +36,7 @@ class Interferer:
     kind: str  # cpu-hog | fsync-writer | memory-churn | cache-evictor
     args: tuple[str, ...] = ()
     count: int = 1
+    cpu: int | None = None  # pin to this core (None: anywhere)
 
 
 @dataclass(frozen=True)
@@ -125,15 +126,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="io-stall",
         title="cold dataset reads behind an fsync-heavy writer",
-        story="the loader reads blocks that are not in the page cache while a checkpoint writer "
-              "fsyncs on the same disk",
+        story="the loader reads 64 blocks per batch that are not in the page cache while a "
+              "checkpoint writer fsyncs on the same disk",
         expected_rule="io-stall",
-        workload=(*_BASE, "--workers", "1", "--reads-per-batch", "16", "--read-bytes", "256KiB",
+        workload=(*_BASE, "--workers", "1", "--reads-per-batch", "64", "--read-bytes", "256KiB",
                   "--cold-reads", *_LOOP),
-        fix_workload=(*_BASE, "--workers", "1", "--reads-per-batch", "16", "--read-bytes", "256KiB",
+        fix_workload=(*_BASE, "--workers", "1", "--reads-per-batch", "64", "--read-bytes", "256KiB",
                       *_LOOP),
         fix="stop/reschedule the fsync writer and keep the dataset in page cache (or on another disk)",
-        interference=(Interferer("fsync-writer", ("{workdir}",)),),
+        interference=(Interferer("fsync-writer", ("{workdir}",), cpu=FIX_CPU),),
         fix_interference=(),
         needs_dataset=True,
         physics=Physics(data_wait_us=20000, block_ios_per_step=16, block_io_us=1500),
@@ -142,19 +143,18 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="memory-pressure",
         title="page-fault pressure on the training thread",
-        story="each step copies a batch from a memory-mapped dataset whose pages an evicter keeps "
+        story="each step collates a batch from a memory-mapped dataset whose pages an evicter keeps "
               "dropping (what reclaim does under pressure; this box has no swap) while a hog churns "
               "anonymous memory: the loop thread takes thousands of faults per step",
         expected_rule="memory-pressure",
-        workload=(*_BASE, "--batch-bytes", "32MiB", "--pageable", "--fresh-buffers", "--mmap-path",
-                  "{dataset}", *_LOOP),
+        workload=(*_BASE, "--batch-bytes", "32MiB", "--pinned", "--mmap-path", "{dataset}", *_LOOP),
         fix_workload=(*_BASE, "--batch-bytes", "32MiB", "--pinned", *_LOOP),
-        fix="keep the batch in preallocated pinned memory; stop the memory hog",
-        interference=(Interferer("cache-evictor", ("{dataset}",)), Interferer("memory-churn", ("512",))),
+        fix="stop the memory hog and keep the dataset resident (preloaded, not re-faulted from disk)",
+        interference=(Interferer("cache-evictor", ("{dataset}",), cpu=FIX_CPU),
+                      Interferer("memory-churn", ("512",), cpu=FIX_CPU)),
         fix_interference=(),
         needs_dataset=True,
-        physics=Physics(copy_bytes=32 << 20, copy_sync=True, copy_gbps=4.7, faults_per_step=8192,
-                        fault_us=2.0),
+        physics=Physics(copy_bytes=32 << 20, faults_per_step=8192, fault_us=2.0),
         fix_physics=Physics(copy_bytes=32 << 20),
     ),
     Scenario(
@@ -164,10 +164,10 @@ SCENARIOS: tuple[Scenario, ...] = (
               "spends running them",
         expected_rule="launch-bound",
         workload=(*_BASE, "--kernel-us", "5", "--kernels-per-step", "500", *_LOOP),
-        fix_workload=(*_BASE, "--kernel-us", "500", "--kernels-per-step", "5", *_LOOP),
+        fix_workload=(*_BASE, "--kernel-us", "250", "--kernels-per-step", "10", *_LOOP),
         fix="fuse kernels (torch.compile) or capture the step in a CUDA graph (cudaGraphLaunch)",
         physics=Physics(kernels=500, kernel_us=5),
-        fix_physics=Physics(kernels=5, kernel_us=500),
+        fix_physics=Physics(kernels=10, kernel_us=250),
     ),
     Scenario(
         name="sync-heavy",

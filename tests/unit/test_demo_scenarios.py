@@ -210,3 +210,25 @@ def test_cli_synthetic_prints_the_reason_line(tmp_path):
 def test_live_unavailable_gives_a_reason_when_not_root(monkeypatch):
     monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
     assert runner.live_unavailable().startswith("not root")
+
+
+@pytest.mark.parametrize("name", scenarios.names())
+def test_synthetic_replay_is_explained_as_its_scenario(name):
+    """The replay has the physics of its failure: explain ranks the expected rule first, and
+    the fixed run's replay has no HIGH/MEDIUM chain."""
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+
+    s = scenarios.get(name)
+    strong = {}
+    for fixed in (False, True):
+        store = Store.memory()
+        r = synthetic.generate(s, duration_s=8, fixed=fixed, start_ns=10**18)
+        synthetic.write(store, s, r, label="t")
+        report = explain(store.con, Options())
+        strong[fixed] = [c.rule_id for c in report.chains if c.severity in ("HIGH", "MEDIUM")]
+    if s.expected_rule is None:
+        assert strong[False] == []
+    else:
+        assert strong[False][:1] == [s.expected_rule]
+    assert strong[True] == []
