@@ -123,29 +123,30 @@ def evidence_windows(ctx: Context, rows: list[Row]) -> list[Window]:
     return [Window(*ctx.window_bounds(int(r["w"]))) for r in rows]
 
 
-OP_QUANTILES_SQL = """
+# Per-window p99 of each op (from ing_cuda), summarised over evidence and
+# clean windows by their median: "the typical window's p99", with no
+# second pass over the events.
+OP_P99_SQL = """
 SELECT op,
-       quantile_cont(duration_ns, 0.99) FILTER (list_contains($ev, w)) AS ev_p99,
-       quantile_cont(duration_ns, 0.99) FILTER (list_contains($clean, w)) AS clean_p99,
-       count(*) FILTER (list_contains($ev, w)) AS ev_n
-FROM (SELECT op, duration_ns, (timestamp - $t0) // $wns AS w FROM events
-      WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-        AND pid = $pid AND tid = $tid AND list_contains($ops, op))
-GROUP BY op ORDER BY ev_n DESC
+       median(p99_ns) FILTER (list_contains($ev, w)) AS ev_p99,
+       median(p99_ns) FILTER (list_contains($clean, w)) AS clean_p99,
+       sum(n) FILTER (list_contains($ev, w)) AS ev_n
+FROM ing_cuda
+WHERE pid = $pid AND tid = $tid AND list_contains($ops, op) AND p99_ns IS NOT NULL
+GROUP BY op ORDER BY ev_n DESC NULLS LAST
 """
 
 
 def op_p99(ctx: Context, pid: int, tid: int, ops: list[str], s: Split) -> list[tuple[str, float, float]]:
-    """(op, clean p99 ns, evidence p99 ns) of the loop thread's calls, busiest op first."""
+    """(op, clean p99 ns, evidence p99 ns) of the loop thread's calls (median of window p99s), busiest first."""
     if not s.evidence:
         return []
-    p = ctx.params(
-        pid=pid,
-        tid=tid,
-        ops=ops,
-        ev=[int(r["w"]) for r in s.evidence],
-        clean=[int(r["w"]) for r in s.clean] or [-1],
-    )
-    del p["all_pids"], p["pids"]
-    rows = ctx.con.execute(OP_QUANTILES_SQL, p).fetchall()
+    p = {
+        "pid": pid,
+        "tid": tid,
+        "ops": ops,
+        "ev": [int(r["w"]) for r in s.evidence],
+        "clean": [int(r["w"]) for r in s.clean] or [-1],
+    }
+    rows = ctx.con.execute(OP_P99_SQL, p).fetchall()
     return [(op, float(c or 0.0), float(e or 0.0)) for op, e, c, n in rows if n]

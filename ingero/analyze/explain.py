@@ -16,12 +16,13 @@ from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext
 from ingero.analyze.rules import registry
 
+# Counted from the window tables (no further pass over the events).
 COUNTS_SQL = """
-SELECT count(*) AS events,
-       count(*) FILTER (NOT list_contains($host_ops, op)) AS cuda_events
-FROM events
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-  AND ($all_pids OR list_contains($pids, pid) OR op = 'block_io')
+SELECT (SELECT coalesce(sum(n), 0) FROM ing_cuda)
+     + (SELECT coalesce(sum(n), 0) FROM ing_sched)
+     + (SELECT coalesce(sum(n), 0) FROM ing_faults)
+     + (SELECT coalesce(sum(n), 0) FROM ing_bio) AS events,
+       (SELECT coalesce(sum(n), 0) FROM ing_cuda) AS cuda_events
 """
 
 TRACED_SQL = """
@@ -58,9 +59,7 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
 
 
 def _analysed(ctx: Context) -> Analysed:
-    p = ctx.params(host_ops=windows.HOST_OPS)
-    del p["wns"]
-    events, cuda = ctx.con.execute(COUNTS_SQL, p).fetchone()
+    events, cuda = ctx.con.execute(COUNTS_SQL).fetchone()
     pids = [int(r[0]) for r in ctx.con.execute(TRACED_SQL).fetchall()]
     names = procs.lookup(ctx.con, pids)
     return Analysed(

@@ -6,8 +6,9 @@ explain stays linear in the number of events.
 
   ing_cuda     pid, tid, w, op, cat, kind: count, host time, p50/p99, max, bytes
   ing_sched    pid, tid, w, kind, inside (CUDA call category the thread was in
-               when switched out, 'none' outside any call): count, off-CPU ns,
-               runq ns
+               when switched out, 'none' outside any call), other_pid (who
+               preempted, 0 for sleeps): count, off-CPU ns, runq ns
+  ing_long     tid, timestamp, end_ns, cat: CUDA calls long enough to contain an interval
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
   ing_faults   pid, tid, w, inside: page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
@@ -43,21 +44,38 @@ _CAT = """CASE WHEN list_contains($launch_ops, op) THEN 'launch'
                WHEN list_contains($pinned_ops, op) THEN 'pinned'
                ELSE 'other' END"""
 
+# Two simple scans instead of one rich one (per-row CASE / FILTER
+# expressions over ten million rows cost more than the scan itself):
+# launches, the bulk of the rows, need only a count and a sum; every other
+# CUDA call also gets bytes and quantiles.  The category is derived once per
+# group, not per row.
 CUDA_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_cuda AS
-SELECT pid, tid, (timestamp - $t0) // $wns AS w, op, {_CAT} AS cat, coalesce(kind, '') AS kind,
-       count(*) AS n,
-       sum(duration_ns)::DOUBLE AS dur_ns,
-       max(duration_ns) AS max_ns,
-       -- quantiles only where a rule reads them (syncs, copies): computing them
-       -- for millions of launches would dominate explain's time
-       quantile_cont(duration_ns, 0.5) FILTER (list_contains($sync_ops, op) OR list_contains($copy_ops, op)) AS p50_ns,
-       quantile_cont(duration_ns, 0.99) FILTER (list_contains($sync_ops, op) OR list_contains($copy_ops, op)) AS p99_ns,
-       coalesce(sum(bytes), 0)::DOUBLE AS bytes,
-       count(*) FILTER (bytes <= $small_copy_bytes) AS small_n
-FROM events
-WHERE {_FILTER} AND {_PID_FILTER} AND NOT list_contains($host_ops, op)
-GROUP BY ALL
+WITH l AS (
+    SELECT tid, (timestamp - $t0) // $wns AS w, op, any_value(pid) AS pid,
+           count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns, max(duration_ns) AS max_ns
+    FROM events
+    WHERE {_FILTER} AND {_PID_FILTER} AND list_contains($launch_ops, op)
+    GROUP BY ALL
+), g AS (
+    SELECT tid, (timestamp - $t0) // $wns AS w, op, coalesce(kind, '') AS kind, any_value(pid) AS pid,
+           count(*) AS n,
+           sum(duration_ns)::DOUBLE AS dur_ns,
+           max(duration_ns) AS max_ns,
+           quantile_cont(duration_ns, 0.5) AS p50_ns,
+           quantile_cont(duration_ns, 0.99) AS p99_ns,
+           coalesce(sum(bytes), 0)::DOUBLE AS bytes,
+           count(*) FILTER (bytes <= $small_copy_bytes) AS small_n
+    FROM events
+    WHERE {_FILTER} AND {_PID_FILTER} AND NOT list_contains($host_ops, op) AND NOT list_contains($launch_ops, op)
+    GROUP BY ALL
+)
+SELECT pid, tid, w, op, 'launch' AS cat, '' AS kind, n, dur_ns, max_ns, NULL::DOUBLE AS p50_ns,
+       NULL::DOUBLE AS p99_ns, 0::DOUBLE AS bytes, 0::BIGINT AS small_n
+FROM l
+UNION ALL
+SELECT pid, tid, w, op, {_CAT} AS cat, kind, n, dur_ns, max_ns, p50_ns, p99_ns, bytes, small_n
+FROM g
 """
 
 # CUDA calls that can contain an off-CPU interval or a fault worth
@@ -66,10 +84,13 @@ GROUP BY ALL
 # the join changes nothing for intervals >= 20 us and keeps the join small.
 # Thread ids are unique host-wide, so the join needs no pid.
 MIN_CONTAINING_NS = 20_000
-_CONTAINING = f"""
-    SELECT tid, timestamp, timestamp + duration_ns AS end_ns, {_CAT} AS cat
-    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND NOT list_contains($host_ops, op)
-      AND duration_ns >= {MIN_CONTAINING_NS}"""
+LONG_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_long AS
+SELECT tid, timestamp, timestamp + duration_ns AS end_ns, {_CAT} AS cat
+FROM events WHERE {_FILTER} AND {_PID_FILTER} AND duration_ns >= {MIN_CONTAINING_NS}
+  AND NOT list_contains($host_ops, op)
+"""
+_CONTAINING = "SELECT * FROM ing_long"
 
 # Each off-CPU interval is matched (ASOF) to the last CUDA call the same
 # thread started before it; when that call had not returned yet, the thread
@@ -78,31 +99,47 @@ _CONTAINING = f"""
 SCHED_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_sched AS
 WITH sw AS (
-    SELECT pid, tid, timestamp, duration_ns, coalesce(kind, 'other') AS kind,
-           coalesce(runq_ns, 0) AS runq_ns
+    SELECT pid, tid, timestamp, duration_ns,
+           CASE WHEN preempted THEN 'preempted' ELSE coalesce(kind, 'other') END AS kind,
+           coalesce(runq_ns, 0) AS runq_ns,
+           CASE WHEN preempted OR kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
-), cu AS ({_CONTAINING}), j AS (
+), calling AS (
+    SELECT DISTINCT tid FROM ing_long
+), j AS (
+    -- only sleeps and D-state intervals of CUDA-calling threads need the
+    -- join (preemptions count the same inside or outside a call)
     SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
            CASE WHEN cu.end_ns > sw.timestamp THEN cu.cat ELSE 'none' END AS inside,
            sw.duration_ns AS dur, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp AS room,
-           sw.runq_ns
-    FROM sw ASOF LEFT JOIN cu ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
-), parts AS (
-    SELECT pid, tid, w, kind, inside, 1 AS n, least(dur, room) AS off_ns, runq_ns FROM j
+           sw.runq_ns, sw.other_pid
+    FROM (SELECT * FROM sw WHERE kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling)) sw
+    ASOF LEFT JOIN ing_long cu ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
     UNION ALL
-    SELECT pid, tid, w + 1, kind, inside, 0, least(dur - room, $wns), 0 FROM j WHERE dur > room
+    SELECT pid, tid, (timestamp - $t0) // $wns, kind, 'none',
+           duration_ns, $t0 + ((timestamp - $t0) // $wns + 1) * $wns - timestamp, runq_ns, other_pid
+    FROM sw WHERE NOT (kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling))
+), g AS (
+    -- per group: the part inside the start window, and the spill into the next
+    SELECT pid, tid, w, kind, inside, other_pid, count(*) AS n,
+           sum(least(dur, room))::DOUBLE AS off_in, sum(greatest(0, least(dur - room, $wns)))::DOUBLE AS spill,
+           sum(runq_ns)::DOUBLE AS runq_ns, sum(dur)::DOUBLE AS dur_ns
+    FROM j GROUP BY ALL
 )
-SELECT pid, tid, w, kind, inside, sum(n) AS n, sum(off_ns)::DOUBLE AS off_ns, sum(runq_ns)::DOUBLE AS runq_ns
-FROM parts
+SELECT pid, tid, w, kind, inside, other_pid, sum(n) AS n, sum(off_ns) AS off_ns, sum(runq_ns) AS runq_ns,
+       sum(dur_ns) AS dur_ns
+FROM (SELECT pid, tid, w, kind, inside, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM g
+      UNION ALL
+      SELECT pid, tid, w + 1, kind, inside, other_pid, 0, spill, 0, 0 FROM g WHERE spill > 0)
 GROUP BY ALL
 """
 
-PREEMPT_SQL = f"""
+# Preemptions and who took the CPU, from ing_sched (off_ns: whole intervals,
+# counted in the window they start in).
+PREEMPT_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_preempt AS
-SELECT pid, tid, (timestamp - $t0) // $wns AS w, coalesce(other_pid, 0) AS other_pid,
-       count(*) AS n, sum(duration_ns)::DOUBLE AS off_ns
-FROM events
-WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND (preempted OR kind = 'preempted')
+SELECT pid, tid, w, other_pid, sum(n) AS n, sum(dur_ns) AS off_ns
+FROM ing_sched WHERE kind = 'preempted' AND n > 0
 GROUP BY ALL
 """
 
@@ -113,12 +150,18 @@ CREATE OR REPLACE TEMP TABLE ing_faults AS
 WITH pf AS (
     SELECT pid, tid, timestamp, coalesce(duration_ns, 0) AS duration_ns
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
-), cu AS ({_CONTAINING})
-SELECT pf.pid, pf.tid, (pf.timestamp - $t0) // $wns AS w,
-       CASE WHEN cu.end_ns > pf.timestamp THEN cu.cat ELSE 'none' END AS inside,
-       count(*) AS n, sum(pf.duration_ns)::DOUBLE AS dur_ns
-FROM pf ASOF LEFT JOIN cu ON pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
-GROUP BY ALL
+), calling AS (
+    SELECT DISTINCT tid FROM ing_long
+), j AS (
+    SELECT pf.pid, pf.tid, pf.timestamp, pf.duration_ns,
+           CASE WHEN cu.end_ns > pf.timestamp THEN cu.cat ELSE 'none' END AS inside
+    FROM (SELECT * FROM pf WHERE tid IN (SELECT tid FROM calling)) pf
+    ASOF LEFT JOIN ing_long cu ON pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
+    UNION ALL
+    SELECT pid, tid, timestamp, duration_ns, 'none' FROM pf WHERE tid NOT IN (SELECT tid FROM calling)
+)
+SELECT pid, tid, (timestamp - $t0) // $wns AS w, inside, count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns
+FROM j GROUP BY ALL
 """
 
 # Block I/O is host-wide (the issuer may be any process): no pid filter.
@@ -275,9 +318,10 @@ def build(ctx: Context) -> None:
     base = ("sid", "t0", "t1", "wns", "all_pids", "pids")
     cats = ("launch_ops", "sync_ops", "copy_ops", "pinned_ops")
     run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
-    run(SCHED_SQL, *base, *cats, "host_ops")
-    run(PREEMPT_SQL, *base)
-    run(FAULTS_SQL, *base, *cats, "host_ops")
+    run(LONG_SQL, "sid", "t0", "t1", "all_pids", "pids", *cats, "host_ops")
+    run(SCHED_SQL, *base)
+    con.execute(PREEMPT_SQL)
+    run(FAULTS_SQL, *base)
     run(BIO_SQL, "sid", "t0", "t1", "wns")
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")
