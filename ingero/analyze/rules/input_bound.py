@@ -29,8 +29,6 @@ class Thresholds:
     # batch ready: its between-step sleeps stay under a few percent.
     min_wait_share: float = 0.20
     high_wait_share: float = 0.40
-    # A worker is "busy" above this share of one CPU (it works, not waits).
-    busy_worker_share: float = 0.5
     # Workers waiting for a CPU (or the disk) at least this share of their
     # time, more than they run, make contention (io-stall) the deeper cause.
     deeper_cause_share: float = 0.2
