@@ -75,22 +75,36 @@ def write_chain(chain: Chain, out: IO[str]) -> None:
     out.write(f"{INDENT}Evidence: {ev}  [{chain.rule_id}]\n")
 
 
+def _site(item: dict[str, Any]) -> str:
+    where = f"{item.get('file') or '?'}:{item.get('line') or '?'}"
+    text = (item.get("source") or item.get("function") or "").strip()
+    return f"{where}  {text}" if text else where
+
+
 def _stack_lines(stack: dict[str, Any]) -> list[str]:
-    lines = []
-    for key, value in stack.items():
-        title = key.replace("_", " ")
-        if isinstance(value, str):
-            lines.append(f"{title}: {value}")
-            continue
-        lines.append(f"{title.capitalize()}:")
-        for item in value or []:
-            if isinstance(item, dict):
-                lines.append(INDENT + "  ".join(f"{v}" for v in item.values()))
-            elif isinstance(item, (list, tuple)):
-                lines.append(INDENT + "  ".join(str(v) for v in item))
-            else:
-                lines.append(INDENT + str(item))
-        if not value:
+    """explain --stack: top callers of CUDA ops and the most preempted source lines."""
+    lines: list[str] = []
+    if "note" in stack:
+        lines.append(f"Stacks: {stack['note']}")
+    callers = stack.get("top_callers")
+    if callers is not None:
+        lines.append("Top callers (CUDA time by source line):")
+        for c in callers:
+            lines.append(
+                f"{INDENT}{_site(c)}   {c.get('op')}: {c.get('calls', 0):,} calls, "
+                f"{units.ns(c.get('total_ns'))} total, max {units.ns(c.get('max_ns'))}"
+            )
+        if not callers:
+            lines.append(INDENT + "(no stacks recorded: trace with --stack)")
+    pre = stack.get("preempted_lines")
+    if pre is not None:
+        lines.append("Most preempted lines:")
+        for p in pre:
+            lines.append(
+                f"{INDENT}{_site(p)}   {p.get('preemptions', 0):,} preemptions, "
+                f"{units.ns(p.get('offcpu_ns'))} off CPU"
+            )
+        if not pre:
             lines.append(INDENT + "(none)")
     return lines
 

@@ -159,3 +159,29 @@ def test_cli_missing_db_is_one_line_exit_2(tmp_path: Path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"ingero: no ingero database at {tmp_path / 'nope.duckdb'}")
     assert err.count("\n") == 1
+
+
+def test_stack_section_renders_callers():
+    from ingero.analyze.model import Analysed, Report, SystemContext
+
+    report = Report(
+        analysed=Analysed(1, 0, 10 * S, 1.0, 10, 5, 3, []),
+        system=SystemContext(ncpu=2),
+        chains=[],
+        stack={
+            "top_callers": [{"file": "train.py", "line": 142, "function": "step", "source": "loss.backward()",
+                             "op": "cudaStreamSync", "calls": 1204, "total_ns": 3.1e9, "max_ns": 8e6}],
+            "preempted_lines": [],
+        },
+    )
+    out = io.StringIO()
+    terminal.write(report, out)
+    text = out.getvalue()
+    assert "train.py:142  loss.backward()   cudaStreamSync: 1,204 calls, 3.1 s total, max 8.0 ms" in text
+    assert "Most preempted lines:\n  (none)" in text
+
+
+def test_explain_stack_option_runs_the_callers_module():
+    report = contended().explain(stack=True)
+    assert set(report.stack) == {"top_callers", "preempted_lines"}
+    assert report.stack["top_callers"] == []  # no stacks recorded in this trace
