@@ -119,6 +119,22 @@ def _masked(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Arr
     return pa.array(values, type=type_, mask=~valid)
 
 
+def storage_order(records: np.ndarray) -> np.ndarray:
+    """Records grouped by op (stable, so time order holds within an op).
+
+    Row order in the table carries no meaning (queries ORDER BY timestamp),
+    but runs of one op make DuckDB's per-column compression far better:
+    12.9 instead of 19.3 bytes per event on bench_ingest's realistic mix.
+    A stable sort on a u8 key is a radix sort: cheap.
+    """
+    if len(records) < 2:
+        return records
+    order = np.argsort(records["op"], kind="stable")
+    # gather as opaque 56-byte items: ~10x faster than indexing the structured array
+    raw = np.ascontiguousarray(records).view(np.dtype((np.void, EVENT_DTYPE.itemsize)))
+    return np.take(raw, order).view(EVENT_DTYPE)
+
+
 def events_table(
     records: np.ndarray,
     *,
@@ -130,39 +146,40 @@ def events_table(
 
     ``stack_ids``: stored stack ids (int64, -1 = none) that replace the kernel
     ids, from StackResolver.resolve; by default the kernel id is kept when >= 0.
+    Same-width integer columns are reinterpreted (views), not copied.
     """
     if records.dtype != EVENT_DTYPE:
         raise TypeError(f"expected EVENT_DTYPE records, got {records.dtype}")
     n = len(records)
-    op = records["op"]
-    kind = records["kind"]
-    arg = records["arg"].astype(np.int64)
+    op = np.ascontiguousarray(records["op"])
+    kind = np.ascontiguousarray(records["kind"])
+    arg = np.ascontiguousarray(records["arg"]).view(np.int64)
     is_switch = op == int(Op.SCHED_SWITCH)
-    has_bytes = _BYTES_MASK[op]
     kind_valid = ~_KIND_NULL[kind]
 
     op_col = pa.DictionaryArray.from_arrays(pa.array(op, type=pa.uint8()), _OP_DICT)
     kind_col = pa.DictionaryArray.from_arrays(
-        pa.array(kind, type=pa.uint8(), mask=~kind_valid if not kind_valid.all() else None), _KIND_DICT
+        pa.array(kind, type=pa.uint8(), mask=None if kind_valid.all() else ~kind_valid), _KIND_DICT
     )
     if stack_ids is None:
-        stack = records["stack_id"].astype(np.int64)
+        stack = np.ascontiguousarray(records["stack_id"]).astype(np.int64)
     else:
         stack = np.asarray(stack_ids, dtype=np.int64)
+    ts = np.ascontiguousarray(records["ts_ns"]).view(np.int64) + np.int64(offset_ns)
     cols = [
         pa.array(np.full(n, session_id, dtype=np.int32)),
-        pa.array(records["ts_ns"].astype(np.int64) + np.int64(offset_ns)),
-        pa.array(records["duration_ns"].astype(np.int64)),
-        pa.array(records["pid"].astype(np.int32)),
-        pa.array(records["tid"].astype(np.int32)),
+        pa.array(ts),
+        pa.array(np.ascontiguousarray(records["duration_ns"]).view(np.int64)),
+        pa.array(np.ascontiguousarray(records["pid"]).view(np.int32)),
+        pa.array(np.ascontiguousarray(records["tid"]).view(np.int32)),
         op_col,
         kind_col,
-        _masked(arg, has_bytes, pa.int64()),
-        _masked(records["stream"], _STREAM_MASK[op], pa.uint64()),
-        _masked(records["ret"], _RET_MASK[op], pa.int32()),
-        pa.array(records["cpu"].astype(np.int16)),
+        _masked(arg, _BYTES_MASK[op], pa.int64()),
+        _masked(np.ascontiguousarray(records["stream"]), _STREAM_MASK[op], pa.uint64()),
+        _masked(np.ascontiguousarray(records["ret"]), _RET_MASK[op], pa.int32()),
+        pa.array(np.ascontiguousarray(records["cpu"]).view(np.int16)),
         _masked(kind == int(Kind.PREEMPTED), is_switch, pa.bool_()),
-        _masked(records["other_pid"].astype(np.int32), _OTHER_MASK[op], pa.int32()),
+        _masked(np.ascontiguousarray(records["other_pid"]).view(np.int32), _OTHER_MASK[op], pa.int32()),
         _masked(arg, is_switch, pa.int64()),
         _masked(stack, stack >= 0, pa.int64()),
     ]

@@ -39,7 +39,7 @@ POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k record
 FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
 FLUSH_ROWS = 1_000_000  # or sooner when this many rows wait (bounds memory: ~56 MB)
 READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
-DRAIN_MAX_S = 0.5  # at the end: a record reserved before the stop is submitted within this (BPF programs are short)
+DRAIN_MAX_S = 0.5  # at the end: give up when nothing new could be read for this long (BPF programs are short)
 PCT_WINDOW_S = 10  # live view percentiles cover the last 10 s
 PCT_SAMPLE = 20_000  # durations kept per op per second for percentiles
 
@@ -196,6 +196,7 @@ class TraceSession:
         recs = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
         self.pending = []
         self.pending_rows = 0
+        recs = decode.storage_order(recs)
         stack_ids = None
         if self.stacks is not None:
             stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
@@ -323,7 +324,8 @@ class TraceSession:
         _, stop_pos = self.reader.positions()
         give_up = time.monotonic() + DRAIN_MAX_S
         while True:
-            self.poll()
+            if self.poll():
+                give_up = time.monotonic() + DRAIN_MAX_S  # progress: a backlog is still being read
             if self.pending_rows >= FLUSH_ROWS:
                 self.flush()
             consumer, _ = self.reader.positions()

@@ -88,3 +88,16 @@ def test_monotonic_offset_maps_monotonic_to_wall_clock() -> None:
 
     off = monotonic_offset_ns()
     assert abs(time.monotonic_ns() + off - time.time_ns()) < 50_000_000
+
+
+def test_storage_order_groups_ops_and_keeps_time_order_within_each() -> None:
+    from ingero.collect.decode import storage_order
+
+    r = records()
+    out = storage_order(np.concatenate([r, r]))
+    ops = out["op"].tolist()
+    assert ops == sorted(ops)
+    assert len(out) == 12 and sorted(out["ts_ns"].tolist()) == sorted(np.concatenate([r, r])["ts_ns"].tolist())
+    switches = out[out["op"] == int(Op.SCHED_SWITCH)]
+    assert switches["ts_ns"].tolist() == [200, 300, 200, 300]  # stable: arrival order kept
+    assert out.dtype == EVENT_DTYPE

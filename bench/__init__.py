@@ -1,0 +1,1 @@
+"""Benchmarks: standalone modules (`python -m bench.bench_<name>`) printing markdown tables."""
