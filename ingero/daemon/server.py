@@ -7,7 +7,8 @@ the tracer answers on cursors of its own connection (a DuckDB cursor is a
 separate connection to the same database, safe to use from another thread).
 
 Who may ask: the socket is 0660 root:ingero when that group exists (else
-0600) and every peer's credentials are checked again (SO_PEERCRED).  What
+0600 root); under sudo its owner is the invoking user (the DB is theirs too);
+every peer's credentials are checked again (SO_PEERCRED).  What
 they may ask: see sqlguard.py; SQL runs read-only, with no file or network
 access, under a time limit and a row limit.
 
@@ -39,6 +40,7 @@ from ingero.daemon import protocol
 from ingero.daemon.sqlguard import check_sql
 from ingero.daemon.state import collect_status
 from ingero.errors import IngeroError
+from ingero.store.db import invoking_user
 
 SOCKET_NAME = "ingero.sock"
 ROOT_SOCKET_DIR = Path("/run/ingero")
@@ -148,10 +150,11 @@ def _group_gid(group: str | None) -> int | None:
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def _peer_allowed(conn: socket.socket, gid: int | None) -> bool:
-    """Root, our own user, or a member of the ingero group (checked again behind the file mode)."""
+def _peer_allowed(conn: socket.socket, gid: int | None, owner_uid: int) -> bool:
+    """Root, our own user, the socket's owner (sudo's user), or a member of the group; checked again
+    behind the file mode."""
     pid, uid, peer_gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    if uid == 0 or uid == os.geteuid():
+    if uid in (0, os.geteuid(), owner_uid):
         return True
     if gid is None:
         return False
@@ -202,6 +205,7 @@ class QueryServer:
         self._active_lock = threading.Lock()
         self._gid: int | None = None
         self._inode: int | None = None
+        self._owner_uid = 0
         self.requests = 0  # served requests, for tests and status
 
     # -- lifecycle -------------------------------------------------------------
@@ -211,6 +215,7 @@ class QueryServer:
         if self._lock:
             lock_down(self._base, memory_limit_bytes=self._memory_limit)
         self._gid = _group_gid(self.group)
+        self._owner_uid = self._socket_owner()[0]
         self._sock = self._bind()
         self._thread = threading.Thread(target=self._accept_loop, name="ingero-query-server", daemon=True)
         self._thread.start()
@@ -286,11 +291,10 @@ class QueryServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(tmp))
-            if os.geteuid() == 0 and self._gid is not None:
-                os.chown(tmp, 0, self._gid)
-                os.chmod(tmp, 0o660)
-            else:
-                os.chmod(tmp, 0o600)
+            uid, mode = self._socket_owner()
+            if os.geteuid() == 0:
+                os.chown(tmp, uid, self._gid if self._gid is not None else 0)
+            os.chmod(tmp, mode)
             sock.listen(16)
             sock.settimeout(ACCEPT_POLL_S)
             os.rename(tmp, path)
@@ -301,6 +305,14 @@ class QueryServer:
                               "set INGERO_SOCKET to a writable path") from None
         self._inode = path.lstat().st_ino
         return sock
+
+    def _socket_owner(self) -> tuple[int, int]:
+        """(owner uid, mode): root (or, under sudo, the invoking user: it is their DB) and the group."""
+        uid = os.geteuid()
+        if uid == 0:
+            user = invoking_user()
+            uid = user.pw_uid if user is not None else 0
+        return uid, 0o660 if self._gid is not None else 0o600
 
     # -- serving ---------------------------------------------------------------
 
@@ -336,9 +348,10 @@ class QueryServer:
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:
-            if not _peer_allowed(conn, self._gid):
-                self._reply_and_close(conn, {"ok": False, "error": "permission denied",
-                                             "hint": f"run as root or join the '{self.group}' group"})
+            if not _peer_allowed(conn, self._gid, self._owner_uid):
+                hint = (f"run as root or join the '{self.group}' group" if self._gid is not None
+                        else "run as root or as the user who started the tracer")
+                self._reply_and_close(conn, {"ok": False, "error": "permission denied", "hint": hint})
                 return
             conn.settimeout(REQUEST_READ_TIMEOUT_S)
             try:

@@ -295,3 +295,43 @@ def test_stop_interrupts_running_queries_promptly(served):
     assert len(outcome) == 1 and "interrupted" in str(outcome[0])
     assert not sock.exists()
     server.stop()  # idempotent
+
+
+_AS_USER_QUERY = """
+import os, sys
+os.setgid({gid}); os.setuid({uid})
+from ingero.daemon import client
+from ingero.errors import IngeroError
+try:
+    print(client.query("SELECT 40 + 2", socket_path=sys.argv[1])[1][0][0])
+except IngeroError as exc:
+    print("ERR", exc)
+"""
+
+
+def _query_as(uid: int, gid: int, sock: Path) -> str:
+    code = _AS_USER_QUERY.format(uid=uid, gid=gid)
+    out = subprocess.run([sys.executable, "-c", code, str(sock)], capture_output=True, text=True, timeout=60)
+    return (out.stdout + out.stderr).strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own sockets for and run as other users")
+def test_under_sudo_the_invoking_user_may_query_and_others_may_not(short_dir, monkeypatch):
+    import pwd as pwd_mod
+
+    nobody = pwd_mod.getpwnam("nobody")
+    other = pwd_mod.getpwnam("daemon")
+    monkeypatch.setenv("SUDO_USER", "nobody")
+    os.chmod(short_dir, 0o755)
+    store = Store.open(short_dir / "s.duckdb")
+    sock = short_dir / "s.sock"
+    with QueryServer(store.con.cursor, sock, group=None):
+        st = sock.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600)
+        assert _query_as(nobody.pw_uid, nobody.pw_gid, sock) == "42"
+        assert _query_as(other.pw_uid, other.pw_gid, sock).startswith("ERR permission denied on")
+        # behind the file mode, the server checks the peer's credentials itself
+        os.chmod(sock, 0o666)
+        refused = _query_as(other.pw_uid, other.pw_gid, sock)
+        assert refused.startswith("ERR permission denied") and "run as root or as the user who started" in refused
+    store.close()
