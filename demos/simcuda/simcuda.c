@@ -20,10 +20,11 @@
  * modelled device is not slowed by host CPU contention - just like a real
  * GPU, which keeps running while the host thread is preempted.
  *
- * A device thread retires operations at their end time (clock_nanosleep
- * to the absolute end), which frees launch-queue slots (launches block
- * when SIMCUDA_QUEUE_DEPTH operations are pending, as CUDA's launch queue
- * does) and accounts the engines' busy time.
+ * A device thread retires finished operations (in batches, at most every
+ * 5 ms, so it does not compete with the host thread for a CPU), which
+ * accounts the engines' busy time.  Launches block when
+ * SIMCUDA_QUEUE_DEPTH operations are pending, as CUDA's launch queue does,
+ * until the oldest one ends.
  *
  * Host-side costs are real work on the calling thread:
  *   - every launch spins SIMCUDA_LAUNCH_US of CPU (driver launch overhead);
@@ -158,7 +159,7 @@ struct pinned {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queued_cv = PTHREAD_COND_INITIALIZER; /* device thread: work arrived */
-static pthread_cond_t space_cv = PTHREAD_COND_INITIALIZER;  /* launchers: a slot freed */
+static pthread_cond_t space_cv = PTHREAD_COND_INITIALIZER;  /* a slot freed (for observers) */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static struct op *queue; /* ring of pending operations, FIFO by queue time */
@@ -241,6 +242,22 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
 
 /* ---- the device thread ---------------------------------------------------- */
 
+/* Retire one finished operation at the head of the queue.  mu held. */
+static void retire_head_locked(void)
+{
+	struct op *head = &queue[q_head];
+	retired_busy[head->engine] += head->end_ns - head->start_ns;
+	q_head = (q_head + 1) % queue_depth;
+	q_len--;
+}
+
+/* The device thread retires finished operations in batches, at most every
+ * RETIRE_TICK_NS: waking at every kernel's end would make it a competitor of
+ * the training loop on the loop's own core (thousands of wake-ups a second
+ * with short kernels).  Timing does not depend on it - the timeline does -
+ * and a launcher facing a full queue retires the head itself. */
+#define RETIRE_TICK_NS (5 * 1000 * 1000ull)
+
 static void *device_main(void *unused)
 {
 	(void)unused;
@@ -248,16 +265,22 @@ static void *device_main(void *unused)
 	for (;;) {
 		while (q_len == 0)
 			pthread_cond_wait(&queued_cv, &mu);
-		struct op head = queue[q_head];
-		if (now_ns() < head.end_ns) {
-			pthread_mutex_unlock(&mu);
-			sleep_until(head.end_ns);
-			pthread_mutex_lock(&mu);
+		uint64_t t = now_ns();
+		int freed = 0;
+		while (q_len && queue[q_head].end_ns <= t) {
+			retire_head_locked();
+			freed = 1;
 		}
-		retired_busy[head.engine] += head.end_ns - head.start_ns;
-		q_head = (q_head + 1) % queue_depth;
-		q_len--;
-		pthread_cond_broadcast(&space_cv);
+		if (freed)
+			pthread_cond_broadcast(&space_cv);
+		if (q_len == 0)
+			continue;
+		uint64_t wake = queue[q_head].end_ns;
+		if (wake < t + RETIRE_TICK_NS)
+			wake = t + RETIRE_TICK_NS;
+		pthread_mutex_unlock(&mu);
+		sleep_until(wake);
+		pthread_mutex_lock(&mu);
 	}
 	return NULL;
 }
@@ -319,8 +342,17 @@ static int stream_index(cudaStream_t s)
  * end time.  Called with mu held; may wait for a queue slot. */
 static uint64_t enqueue_locked(int e, int si, uint64_t dur)
 {
-	while (q_len >= queue_depth)
-		pthread_cond_wait(&space_cv, &mu);
+	/* a full launch queue blocks the launcher until the oldest operation ends */
+	while (q_len >= queue_depth) {
+		uint64_t end = queue[q_head].end_ns;
+		if (now_ns() >= end) {
+			retire_head_locked();
+			continue;
+		}
+		pthread_mutex_unlock(&mu);
+		wait_until(end);
+		pthread_mutex_lock(&mu);
+	}
 	uint64_t t = now_ns();
 	uint64_t start = t;
 	if (engine_tail[e] > start)

@@ -8,7 +8,7 @@ readably, and asks the kernel to kill it if its parent dies
 
 Kinds:
   cpu-hog CPU          a busy loop pinned to core CPU
-  fsync-writer DIR     writes 1 MiB and fsyncs, in a loop (a checkpoint writer)
+  fsync-writer DIR [MB] writes MB MiB (default 1) and fsyncs, in a loop (a checkpoint writer)
   memory-churn MB      allocates MB of anonymous memory, touches every page, frees it, again
   cache-evictor PATH   drops PATH's pages from the page cache every EVICT_INTERVAL_S
                        (what reclaim does to a memory-mapped dataset under
@@ -52,9 +52,9 @@ def cpu_hog(cpu: int) -> None:
         x += 1
 
 
-def fsync_writer(directory: str) -> None:
+def fsync_writer(directory: str, megabytes: int = 1) -> None:
     path = Path(directory) / f"ingero-demo-checkpoint-{os.getpid()}.bin"
-    chunk = os.urandom(WRITE_CHUNK)
+    chunk = os.urandom(megabytes * WRITE_CHUNK)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -62,7 +62,7 @@ def fsync_writer(directory: str) -> None:
         while True:
             os.write(fd, chunk)
             os.fsync(fd)
-            written += WRITE_CHUNK
+            written += len(chunk)
             if written >= WRITER_MAX_BYTES:
                 os.lseek(fd, 0, os.SEEK_SET)
                 written = 0
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     if kind == "cpu-hog":
         cpu_hog(int(rest[0]) if rest else 0)
     elif kind == "fsync-writer":
-        fsync_writer(rest[0] if rest else "/var/tmp")
+        fsync_writer(rest[0] if rest else "/var/tmp", int(rest[1]) if len(rest) > 1 else 1)
     elif kind == "memory-churn":
         memory_churn(int(rest[0]) if rest else 512)
     else:

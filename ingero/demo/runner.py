@@ -67,6 +67,10 @@ class Run:
     report: Any = None  # ingero.analyze.model.Report
     report_dict: dict[str, Any] | None = None
     trace_note: str = ""
+    # Explain starts at the loop's first step: interpreter start-up and
+    # allocation (imports, pinned buffers: thousands of first-touch faults)
+    # are not the job's steady state.
+    steady_from_ns: int | None = None
 
 
 @dataclass
@@ -145,9 +149,10 @@ def _expand(args: tuple[str, ...], paths: dict[str, str]) -> list[str]:
     return [a.format(**paths) for a in args]
 
 
-def start_interference(items: tuple[Interferer, ...], paths: dict[str, str], *, nice: int = 0) -> list[subprocess.Popen]:
-    """Start every interference process, each in its own process group."""
-    procs: list[subprocess.Popen] = []
+def start_interference(items: tuple[Interferer, ...], paths: dict[str, str], procs: list[subprocess.Popen],
+                       *, nice: int = 0) -> list[subprocess.Popen]:
+    """Start every interference process, each in its own process group, appending each to
+    ``procs`` as soon as it exists (so the caller's ``finally`` can always kill it)."""
     try:
         for item in items:
             for _ in range(item.count):
@@ -231,7 +236,7 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
                      else f"{label}: workload running with interference")
             # the tracer takes seconds to compile and attach: count from the workload's first step
             if _wait(tracer, WORKLOAD_START_TIMEOUT_S, until=ready.exists) and _wait(tracer, delay):
-                procs = start_interference(items, paths, nice=19 if fixed and s.fix_renice else 0)
+                start_interference(items, paths, procs, nice=19 if fixed and s.fix_renice else 0)
         else:
             progress(f"{label}: workload running")
         try:
@@ -257,7 +262,10 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
         raise IngeroError(f"the demo workload wrote no summary in the {label} run",
                           f"run it alone: {shlex.join(cmd)}")
     summary = json.loads(summary_path.read_text())
-    return Run(label, summary, db, trace_note=(err.strip().splitlines() or [""])[-1])
+    run = Run(label, summary, db, trace_note=(err.strip().splitlines() or [""])[-1])
+    if ready.exists():
+        run.steady_from_ns = ready.stat().st_mtime_ns
+    return run
 
 
 def _keep_off_loop_core(pid: int, flags: tuple[str, ...]) -> None:
@@ -293,7 +301,7 @@ def _wait(proc: subprocess.Popen, seconds: float, until: Callable[[], bool] | No
 # ---- explain ---------------------------------------------------------------
 
 
-def explain_db(path: Path) -> tuple[Any, dict[str, Any]]:
+def explain_db(path: Path, from_ns: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Run explain on a DB (every process: the competitors are part of the story): (Report, JSON dict)."""
     from ingero.analyze.context import Options
     from ingero.analyze.explain import explain
@@ -301,7 +309,7 @@ def explain_db(path: Path) -> tuple[Any, dict[str, Any]]:
 
     store = Store.open(path, read_only=True)
     try:
-        report = explain(store.con, Options())
+        report = explain(store.con, Options(from_ns=from_ns))
     finally:
         store.close()
     return report, render_json.to_dict(report)
@@ -338,7 +346,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
             before = _synthetic_run(s, "before", False, per_run, before_db)
             mode = "synthetic"
         say("explaining the slow run")
-        before.report, before.report_dict = explain_db(before_db)
+        before.report, before.report_dict = explain_db(before_db, before.steady_from_ns)
         after = None
         if fix and s.expected_rule is not None:
             say(f"applying the fix: {s.fix}")
@@ -346,7 +354,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
                 after = _live_run(s, "after", True, per_run, after_db, tmp, paths, say)
             else:
                 after = _synthetic_run(s, "after", True, per_run, after_db)
-            after.report, after.report_dict = explain_db(after_db)
+            after.report, after.report_dict = explain_db(after_db, after.steady_from_ns)
             after.db_path = None  # temporary
         return DemoResult(s, mode, reason, before, after)
     finally:

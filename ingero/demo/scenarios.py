@@ -126,15 +126,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="io-stall",
         title="cold dataset reads behind an fsync-heavy writer",
-        story="the loader reads 64 blocks per batch that are not in the page cache while a "
-              "checkpoint writer fsyncs on the same disk",
+        story="the loader reads 128 blocks per batch that are not in the page cache while two "
+              "checkpoint writers fsync 8 MiB at a time on the same disk",
         expected_rule="io-stall",
-        workload=(*_BASE, "--workers", "1", "--reads-per-batch", "64", "--read-bytes", "256KiB",
+        workload=(*_BASE, "--workers", "1", "--reads-per-batch", "128", "--read-bytes", "256KiB",
                   "--cold-reads", *_LOOP),
-        fix_workload=(*_BASE, "--workers", "1", "--reads-per-batch", "64", "--read-bytes", "256KiB",
+        fix_workload=(*_BASE, "--workers", "1", "--reads-per-batch", "128", "--read-bytes", "256KiB",
                       *_LOOP),
         fix="stop/reschedule the fsync writer and keep the dataset in page cache (or on another disk)",
-        interference=(Interferer("fsync-writer", ("{workdir}",), cpu=FIX_CPU),),
+        interference=(Interferer("fsync-writer", ("{workdir}", "8"), count=2, cpu=FIX_CPU),),
         fix_interference=(),
         needs_dataset=True,
         physics=Physics(data_wait_us=20000, block_ios_per_step=16, block_io_us=1500),
