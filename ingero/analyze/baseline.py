@@ -32,6 +32,11 @@ CLEAN_FRACTION_OF_THRESHOLD = 0.5
 # Fewest clean windows for a before/after comparison to mean anything.
 MIN_CLEAN_WINDOWS = 2
 
+# Fewest evidence windows for a chain: one odd window (start-up, a GC pause)
+# is not a pattern.  At least 2, and at least this share of active windows.
+MIN_EVIDENCE_WINDOWS = 2
+MIN_EVIDENCE_SHARE = 0.1
+
 
 @dataclass
 class Split:
@@ -73,6 +78,8 @@ def split(rows: list[Row], share: Callable[[Row], float], threshold: float,
     under half the threshold, or no higher than the run's quietest quarter (a run whose
     baseline carries a little of the cause still has a baseline)."""
     ev = [r for r in rows if share(r) >= threshold and (also is None or also(r))]
+    if len(ev) < max(MIN_EVIDENCE_WINDOWS, MIN_EVIDENCE_SHARE * len(rows)):
+        ev = []
     shares = sorted(share(r) for r in rows)
     quiet = shares[len(shares) // 4] if shares else 0.0
     limit = max(threshold * CLEAN_FRACTION_OF_THRESHOLD, quiet)

@@ -39,6 +39,9 @@ class Thresholds:
     # Other processes are listed as busy when they used at least this share
     # of one CPU in the evidence windows.
     busy_cpu_share: float = 0.25
+    # A preempting process is named when it took at least this share of the
+    # loop's preempted time (the long tail of kworkers and daemons is noise).
+    min_culprit_share: float = 0.05
 
 
 T = Thresholds()
@@ -111,11 +114,20 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
 
     outsiders: dict[int, str] = {}
     own: dict[int, str] = {}
+    kernel: list[int] = []
+    total_off = sum(off for _, _, off in pre) or 1.0
     for other, n, off in pre:
+        if off < T.min_culprit_share * total_off:
+            continue
+        if other in names and names[other].is_kernel_thread:
+            kernel.append(other)
+            continue
         bucket = own if other in traced else outsiders
         bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
     for other, comm, oncpu, took in busy:
-        if other in traced or other in outsiders:
+        if other in traced or other in outsiders or other in kernel:
+            continue
+        if other in names and names[other].is_kernel_thread:
             continue
         outsiders[other] = f"{units.ns(oncpu)} on CPU"
     culprits = [Culprit(p, names[p].name if p in names else str(p), d) for p, d in outsiders.items()]
@@ -153,6 +165,8 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         contributing.append(f"{len(outsiders)} busy processes ({', '.join(comms[:4])}) on {ctx.ncpu} cores")
     if own:
         contributing.append(f"{len(own)} processes of the same job also preempted the loop")
+    if kernel:
+        contributing.append("kernel threads: " + ", ".join(names[p].name for p in kernel[:4]))
     if wake_ns > 0:
         contributing.append(f"run-queue wait after wakeups {units.ns(wake_ns)}")
     fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
@@ -192,6 +206,7 @@ def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int
     if ctx.ncpu >= 2:
         last = ctx.ncpu - 1
         fix.append(f"taskset -c {last} {me.command}   (give the loop its own core)")
+        fix.append(f"taskset -acp {last} {me.pid}   (the same for the running process)")
         if outsiders:
             others = " ".join(str(p.pid) for p in outsiders)
             rest = "0" if last == 1 else f"0-{last - 1}"

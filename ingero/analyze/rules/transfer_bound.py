@@ -36,6 +36,10 @@ class Thresholds:
     # copied pages, the copy waits on paging (memory-pressure), not the bus.
     page_bytes: int = 4096
     faulting_source_share: float = 0.5
+    # With clean windows to compare, the loop must be this much slower where
+    # it copies (a copy share that does not cost throughput is overlapped or
+    # inflated by something else, e.g. preemption inside the call).
+    min_drop: float = 0.15
 
 
 T = Thresholds()
@@ -83,6 +87,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         me = procs.lookup(con, [pid])[pid]
         base_rate, ev_rate, drop = baseline.throughput(s)
         corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+        if s.has_baseline and drop < T.min_drop:
+            continue
 
         root = [
             f"{me.label} spent {units.ns(copy_ns)} of {units.ns(wall)} ({units.pct(share)} of wall clock) "
