@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,21 +63,57 @@ def command(since: float | None, from_ns: int | None, to_ns: int | None, session
       ingero explain --session 3 --stack   with source lines (needs trace --stack)
     """
     from ingero.analyze.context import Options
-    from ingero.analyze.explain import explain
-    from ingero.store.db import Store
 
     opts = Options(session=session, since_s=since, from_ns=from_ns, to_ns=to_ns,
                    pids=pids, window_s=window_s, stack=stack)
-    store = Store.open(resolve_db(db_path), read_only=True)
+    path = resolve_db(db_path)
+    reply = _explain_local(path, opts)
+    if reply is None:  # a running tracer holds the file: it runs explain for us
+        reply = _explain_in_tracer(path, opts)
+    if as_json:
+        json.dump(reply["json"], sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(reply["text"])
+
+
+def _explain_local(path: Path, opts: Any) -> dict[str, Any] | None:
+    """{"json", "text"} from the file, or None when a tracer holds its lock."""
+    import io
+
+    from ingero.analyze.explain import explain
+    from ingero.render import json as render_json
+    from ingero.render import terminal
+    from ingero.store.db import Store
+
+    try:
+        store = Store.open(path, read_only=True)
+    except IngeroError as exc:
+        from ingero.daemon.client import is_lock_error
+
+        if is_lock_error(exc):
+            return None
+        raise
     try:
         report = explain(store.con, opts)
     finally:
         store.close()
-    if as_json:
-        from ingero.render import json as render_json
+    text = io.StringIO()
+    terminal.write(report, text)
+    return {"json": render_json.to_dict(report), "text": text.getvalue()}
 
-        render_json.write(report, sys.stdout)
-    else:
-        from ingero.render import terminal
 
-        terminal.write(report, sys.stdout)
+def _explain_in_tracer(path: Path, opts: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from ingero.daemon import client
+
+    sock = client.find_socket(path)
+    if sock is None:
+        raise IngeroError(
+            f"database {path} is locked by another process and no ingero tracer serving it was found",
+            "wait for that process to finish, or pass another --db",
+        )
+    args = asdict(opts)
+    args["pids"] = list(args["pids"])
+    return client.explain(socket_path=sock, **args)

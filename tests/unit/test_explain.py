@@ -185,3 +185,25 @@ def test_explain_stack_option_runs_the_callers_module():
     report = contended().explain(stack=True)
     assert set(report.stack) == {"top_callers", "preempted_lines"}
     assert report.stack["top_callers"] == []  # no stacks recorded in this trace
+
+
+def test_cli_asks_the_running_tracer_when_the_db_is_locked(db: Path, monkeypatch):
+    from ingero.daemon import client
+    from ingero.store import db as store_db
+
+    def locked(*a, **k):
+        raise IngeroError(f"database {db} is locked by another process (Conflicting lock is held)", "x")
+
+    asked = {}
+
+    def fake_explain(*, socket_path, **args):
+        asked.update(args, socket=socket_path)
+        return {"json": {"format_version": 1, "chains": []}, "text": "from the tracer\n"}
+
+    monkeypatch.setattr(store_db.Store, "open", classmethod(lambda cls, *a, **k: locked()))
+    monkeypatch.setattr(client, "find_socket", lambda path: Path("/run/ingero.sock"))
+    monkeypatch.setattr(client, "explain", fake_explain)
+    res = CliRunner().invoke(cli, ["explain", "--db", str(db), "--since", "2m", "--pid", "7"])
+    assert res.exit_code == 0, res.output
+    assert res.output == "from the tracer\n"
+    assert asked["since_s"] == 120.0 and asked["pids"] == [7] and asked["socket"] == Path("/run/ingero.sock")
