@@ -84,3 +84,14 @@ def test_straggler_names_the_slow_rank_and_why():
 def test_equal_ranks_are_not_stragglers():
     tr = base().loop(0, 20).loop(0, 20, pid=4300, tid=4300)
     assert chains_of(tr.explain(), "straggler") == []
+
+
+def test_launch_bound_survives_other_load_on_the_host():
+    # the same tiny-kernel loop, preempted ~30% of the time by another process:
+    # runnable time is not waiting for anything, so it is still launch-bound
+    tr = base().loop(0, 20, launches=400, launch_us=8, launch_gap_us=20, device_ms=2, cpu_ms=1,
+                     preempt_ms=5, preempt_by=7000)
+    report = tr.explain()
+    [chain] = chains_of(report, "launch-bound")
+    assert chain.numbers["oncpu_share"] < launch_bound.T.min_busy_share <= chain.numbers["busy_share"]
+    assert chains_of(report, "cpu-contention")  # and the load is reported as well

@@ -27,8 +27,11 @@ class Thresholds:
     # plus framework time.  Real launch-bound loops run 10k-50k/s.
     min_launch_rate_per_s: float = 2000.0
     high_launch_rate_per_s: float = 8000.0
-    # The loop thread on CPU at least this share of the window (it is the bottleneck).
-    min_oncpu_share: float = 0.80
+    # The loop thread running or runnable (not sleeping, not in D state) at
+    # least this share of the window: it never waits for anything, so it is
+    # the bottleneck.  Runnable time counts, so other load on the host
+    # (cpu-contention reports it) does not hide the pattern.
+    min_busy_share: float = 0.80
     # Waiting in syncs at most this share: the device finished before the host asked.
     max_sync_wait_share: float = 0.10
     # At or above one sync per 5 launches the pattern is sync-heavy instead.
@@ -45,10 +48,10 @@ def _is_launch_bound(r: baseline.Row) -> bool:
     if not wall or not r["launch_n"]:
         return False
     rate = r["launch_n"] / (wall / 1e9)
-    oncpu = 1.0 - r["off_ns"] / wall
+    busy = 1.0 - (r["sleep_ns"] + r["io_ns"]) / wall
     return (
         rate >= T.min_launch_rate_per_s
-        and oncpu >= T.min_oncpu_share
+        and busy >= T.min_busy_share
         and r["sleep_sync_ns"] / wall <= T.max_sync_wait_share
         and r["sync_n"] / r["launch_n"] < T.max_syncs_per_launch
     )
@@ -65,6 +68,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         launch_ns = sum(r["launch_ns"] for r in ev)
         rate = launches / (wall / 1e9)
         oncpu = 1.0 - sum(r["off_ns"] for r in ev) / wall
+        busy = 1.0 - sum(r["sleep_ns"] + r["io_ns"] for r in ev) / wall
         sync_wait = baseline.mean_share(ev, "sleep_sync_ns")
         mean_ns = launch_ns / launches
         me = procs.lookup(con, [pid])[pid]
@@ -79,7 +83,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     f"{me.label} launched {units.count(rate)} kernels/s ({units.count(launches)} in "
                     f"{len(ev)} of {len(rows)} windows), one every {units.ns(1e9 / rate)}",
                     f"launch calls take {units.ns(mean_ns)} each on average, {units.pct(launch_share)} of wall clock; "
-                    f"the thread is on CPU {units.pct(oncpu)} of the time",
+                    f"the thread is on CPU {units.pct(oncpu)} of the time and never waits "
+                    f"(running or runnable {units.pct(busy)})",
                 ],
                 effect=[
                     f"GPU starved: the loop waited for the GPU only {units.pct(sync_wait)} of wall clock",
@@ -101,6 +106,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     "launch_mean_ns": round(mean_ns, 1),
                     "launch_share": round(launch_share, 4),
                     "oncpu_share": round(oncpu, 4),
+                    "busy_share": round(busy, 4),
                     "sync_wait_share": round(sync_wait, 4),
                 },
             )
