@@ -86,11 +86,32 @@ def ring_bytes_from_mb(mb: int) -> int:
     return size
 
 
-def compiled_source(settings: BpfSettings) -> tuple[str, list[str]]:
-    """(source text, cflags) exactly as compiled: what --print-bpf shows."""
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def compiled_source(settings: BpfSettings) -> tuple[list[tuple[Path, str]], list[str]]:
+    """([(file, text)], cflags) as compiled: the main file, then every local file it includes.
+
+    What --print-bpf shows.
+    """
     src = bpf_dir()
-    text = _source_text(src, settings)
-    return text, settings.cflags(src)
+    files: list[tuple[Path, str]] = [(src / MAIN_SOURCE, _source_text(src, settings))]
+    seen = {MAIN_SOURCE}
+    # files behind an #ifdef these settings leave off
+    if not settings.stack:
+        seen.add("stack.h")
+    if settings.bench_pid is None:
+        seen.add("bench.bpf.c")
+    else:
+        seen.update({"cuda.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
+    i = 0
+    while i < len(files):
+        for name in _LOCAL_INCLUDE.findall(files[i][1]):
+            if name not in seen and (src / name).exists():
+                seen.add(name)
+                files.append((src / name, (src / name).read_text()))
+        i += 1
+    return files, settings.cflags(src)
 
 
 def _source_text(src: Path, settings: BpfSettings) -> str:

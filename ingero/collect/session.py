@@ -419,9 +419,15 @@ def run_trace(
     settings = settings_for(opts)
     libs, watcher = _find_libraries(list(opts.cuda_libs))
     store = Store.open(opts.db_path)
-    store.mark_crashed_sessions()
-    program = load_program(settings)
+    try:
+        store.mark_crashed_sessions()
+        program = load_program(settings)
+    except BaseException:
+        store.close()
+        raise
     stop = _Stop()
+    resolver = None
+    completed = False
     try:
         lines: list[str] = []
         for lib in libs:
@@ -453,10 +459,8 @@ def run_trace(
         if opts.stack:
             from ingero.collect.stacks import StackResolver
 
-            sess.stacks = StackResolver(program.bpf, store)
-            prepare = getattr(sess.stacks, "prepare", None)
-            if prepare is not None:
-                prepare(initial)
+            sess.stacks = resolver = StackResolver(program.bpf, store, session_id=session_id)
+            resolver.prepare(initial + ([launched] if launched else []))
         sess.write_probe_rows()
         sess.upsert_names(initial)
         samplers = _Samplers(opts.samplers)
@@ -468,10 +472,13 @@ def run_trace(
         if launcher is not None:
             launcher.release()
         summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
+        completed = True
     finally:
         stop.restore()
-        if launcher is not None and stop.reason is not None:
-            launcher.stop()
+        if launcher is not None and (stop.reason is not None or not completed):
+            launcher.stop()  # signalled or failed: do not leave the command behind
+        if resolver is not None:
+            resolver.close()
         program.close()
         store.close()
     return summary

@@ -49,9 +49,11 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, db_
     if print_bpf:
         from ingero.collect.loader import compiled_source
 
-        text, cflags = compiled_source(session.settings_for(opts))
+        files, cflags = compiled_source(session.settings_for(opts))
         click.echo(f"// cflags: {' '.join(cflags)}")
-        click.echo(text)
+        for path, text in files:
+            click.echo(f"\n// ===== {path} =====")
+            click.echo(text)
         return
     from ingero.render.live import LiveView
 

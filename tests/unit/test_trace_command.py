@@ -1,0 +1,81 @@
+"""`ingero trace` errors and --print-bpf, without eBPF (CliRunner, in-process)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from ingero.cli import cli
+from ingero.collect import loader, probes, session, targets
+from ingero.errors import IngeroError
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["trace", *args], standalone_mode=False, catch_exceptions=True)
+
+
+def test_not_root_is_one_exact_line(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(IngeroError) as exc:
+        session.run_trace(session.TraceOptions())
+    assert str(exc.value) == "trace needs root (eBPF): run with sudo"
+
+
+def test_pid_that_does_not_exist(tmp_path):
+    (tmp_path / "1").mkdir()  # a fake /proc holding only pid 1
+    targets.check_pids([1], proc=tmp_path)
+    with pytest.raises(IngeroError, match="no process with pid 999999"):
+        targets.check_pids([1, 999999], proc=tmp_path)
+
+
+def test_pid_list_parsing():
+    assert targets.parse_pids("12, 34,") == [12, 34]
+    with pytest.raises(IngeroError, match="'x1' is not a process id"):
+        targets.parse_pids("12,x1")
+
+
+def test_ring_size_must_be_a_power_of_two():
+    assert loader.ring_bytes_from_mb(64) == 64 << 20
+    with pytest.raises(IngeroError, match="not a power of two"):
+        loader.ring_bytes_from_mb(48)
+
+
+def test_print_bpf_shows_flags_and_every_compiled_file():
+    result = run("--print-bpf", "--comm", "python3", "--ring-mb", "16")
+    assert result.exception is None, result.output
+    out = result.output
+    assert out.startswith("// cflags: -I")
+    assert '-DRING_PAGES=4096' in out and "-DTRACE_ALL_CUDA=0" in out and '-DTARGET_COMM="python3"' in out
+    for name in ("ingero.bpf.c", "events.h", "cuda.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"):
+        assert f"/{name} =====" in out
+    assert "bench.bpf.c =====" not in out  # not compiled without -DINGERO_BENCH
+    assert "TRACEPOINT_PROBE(sched, sched_switch)" in out
+
+
+def test_default_mode_traces_cuda_callers():
+    flags = session.settings_for(session.TraceOptions()).cflags(loader.bpf_dir())
+    assert "-DTRACE_ALL_CUDA=1" in flags
+
+
+def test_every_probe_entry_function_exists_in_the_bpf_source():
+    """probes.py and the BPF programs cannot drift: each named function is defined."""
+    src = (loader.bpf_dir() / "ingero.bpf.c").read_text()
+    for fn in {p.entry_fn for p in probes.CUDA_PROBES} | {probes.RETURN_FN}:
+        assert f"UPROBE_PROGRAM({fn})" in src, fn
+
+
+def test_variants_attach_every_exported_per_thread_stream_build():
+    exported = {"cudaMemcpy", "cudaMemcpy_ptds", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz", "cudaMemcpyPeer"}
+    assert probes.variants("cudaMemcpy", exported) == ["cudaMemcpy", "cudaMemcpy_ptds"]
+    plan = probes.plan_library("/x/libcudart.so.12", "runtime", exported)
+    got = {(a.symbol, a.probe_kind) for a in plan}
+    assert got == {(s, k) for s in ("cudaMemcpy", "cudaMemcpy_ptds", "cudaMemcpyAsync", "cudaMemcpyAsync_ptsz")
+                   for k in ("uprobe", "uretprobe")}
+
+
+def test_compiler_key_line_is_quoted():
+    log = "In file included from x\n/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'\n1 error generated."
+    assert loader._key_line(log, "fallback") == "/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'"
+    assert loader._key_line("", "fallback") == "fallback"
