@@ -232,3 +232,20 @@ def test_synthetic_replay_is_explained_as_its_scenario(name):
     else:
         assert strong[False][:1] == [s.expected_rule]
     assert strong[True] == []
+
+
+def test_live_unavailable_without_a_compiler_when_the_library_is_not_built(monkeypatch, tmp_path):
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(runner, "LIBCUDART", tmp_path / "libcudart.so.12")  # not built
+    monkeypatch.setattr(runner.shutil, "which", lambda name: None)
+    assert runner.live_unavailable() == "no C compiler (cc) or make to build the simulated CUDA runtime"
+
+
+def test_run_falls_back_to_a_synthetic_replay_with_the_reason(monkeypatch):
+    monkeypatch.setattr(runner, "live_unavailable", lambda: "BCC is not installed (apt install python3-bpfcc)")
+    result = runner.run("sync-heavy", duration_s=4, fix=False)
+    assert result.mode == "synthetic"
+    assert result.reason == "BCC is not installed (apt install python3-bpfcc)"
+    assert result.after is None
+    assert result.before.summary["steps"] > 0
