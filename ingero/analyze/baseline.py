@@ -29,6 +29,12 @@ LOOP_SQL = "SELECT pid, tid, cuda_n FROM ing_loop ORDER BY cuda_n DESC"
 # neither evidence nor baseline, so a noisy boundary does not blur both sides.
 CLEAN_FRACTION_OF_THRESHOLD = 0.5
 
+# The first and last active window of a process hold its start-up (imports,
+# worker spawn, first batch) and teardown, and only part of a window of
+# work: with at least this many active windows they are left out, so rates
+# and shares describe the steady state.
+TRIM_EDGES_FROM_WINDOWS = 5
+
 # Fewest clean windows for a before/after comparison to mean anything.
 MIN_CLEAN_WINDOWS = 2
 
@@ -63,6 +69,9 @@ def windows_by_pid(ctx: Context) -> dict[int, list[Row]]:
             if v is None and k not in ("pid", "w"):
                 row[k] = 0.0
         out.setdefault(int(row["pid"]), []).append(row)
+    for pid, rows in out.items():
+        if len(rows) >= TRIM_EDGES_FROM_WINDOWS:
+            out[pid] = rows[1:-1]
     ctx.extra["win_rows"] = out
     return out
 

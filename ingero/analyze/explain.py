@@ -38,6 +38,23 @@ FROM ing_sys
 
 GPU_SQL = "SELECT avg(util_pct), count(*) FROM ing_gpu"
 
+# A cause seen in less than this share of the affected process' active
+# windows is a burst: its chain drops one severity level (HIGH -> MEDIUM ->
+# LOW), however strong it is inside the burst.  Impact (the ordering key)
+# is scaled by the same coverage, so a steady cause outranks a short one.
+MIN_COVERAGE_FOR_SEVERITY = 0.25
+_DOWNGRADE = {"HIGH": "MEDIUM", "MEDIUM": "LOW", "LOW": "LOW"}
+
+
+def _weigh_by_coverage(chain: Chain) -> None:
+    if not chain.windows_total or not chain.evidence_windows:
+        return
+    coverage = min(1.0, len(chain.evidence_windows) / chain.windows_total)
+    chain.numbers["coverage"] = round(coverage, 4)
+    chain.impact = round(chain.impact * coverage, 4)
+    if coverage < MIN_COVERAGE_FOR_SEVERITY:
+        chain.severity = _DOWNGRADE[chain.severity]
+
 
 def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     ctx = context.resolve(con, opts)
@@ -45,6 +62,8 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     chains: list[Chain] = []
     for rule in registry():
         chains.extend(rule.evaluate(con, ctx))
+    for chain in chains:
+        _weigh_by_coverage(chain)
     chains.sort(key=Chain.sort_key)
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains)
     if not report.analysed.cuda_events:
