@@ -39,7 +39,7 @@ def test_forked_child_of_cmd_is_traced_and_the_trace_ends_with_the_command(tmp_p
 def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path, bins):
     db = tmp_path / "t.duckdb"
     cpu = str(os.cpu_count() - 1)
-    hog = subprocess.Popen(["taskset", "-c", cpu, str(bins["spin"]), "6", "ingero-test-hog"])
+    hog = subprocess.Popen(["taskset", "-c", cpu, str(bins["spin"]), "60", "ingero-test-hog"])  # killed below
     try:
         tracer = Tracer(db, "--cmd", f"taskset -c {cpu} {bins['spin']} 2.5")
         tracer.wait_started()
