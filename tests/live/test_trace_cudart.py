@@ -89,3 +89,51 @@ def test_calls_from_a_second_thread_carry_its_tid(tmp_path, calls_bin, cudart):
     rows = query(db, "SELECT pid, tid, count(*) FROM events WHERE op = 'cudaMalloc' AND pid = $pid GROUP BY ALL",
                  {"pid": pid})
     assert rows == [(pid, tid, N)]
+
+
+def test_driver_api_of_an_already_running_pid(tmp_path):
+    """--pid on a process started before the trace, driver API (a stand-in libcuda.so.1 via --cuda-lib)."""
+    import shutil
+
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    cc = shutil.which("cc") or "gcc"
+    from workloads import HERE
+
+    libcuda = libdir / "libcuda.so.1"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(libcuda), str(HERE / "fake_libcuda.c")], check=True)
+    calls = build("driver_calls", tmp_path)
+    work = subprocess.Popen([str(calls), str(libcuda), str(N), str(BYTES)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert work.stdout is not None and work.stdin is not None
+        ready = work.stdout.readline().split()
+        assert ready[0] == "ready"
+        db = tmp_path / "t.duckdb"
+        tracer = Tracer(db, "--pid", str(work.pid), "--cuda-lib", str(libcuda))
+        tracer.wait_started()
+        work.stdin.write("go\n")
+        work.stdin.flush()
+        assert work.stdout.readline().strip() == "ok"
+        work.wait(timeout=30)
+        tracer.finish()
+    finally:
+        if work.poll() is None:
+            work.kill()
+            work.wait()
+    rows = query(db, """SELECT op, count(*), min(ret), max(ret), any_value(kind), min(bytes), max(bytes),
+                               min(stream), max(stream)
+                        FROM events WHERE pid = $p AND op LIKE 'cu%' GROUP BY op""", {"p": work.pid})
+    got = {r[0]: r[1:] for r in rows}
+    s = 0x7E57
+    assert got == {
+        "cuLaunchKernel": (N, 100, 100, None, None, None, s, s),  # stream from stack slot 3
+        "cuMemcpy": (N, 100, 100, "H2D", BYTES, BYTES, None, None),
+        "cuMemcpyAsync": (N, 100, 100, "D2H", BYTES, BYTES, s, s),
+        "cuStreamSynchronize": (N, 100, 100, None, None, None, s, s),
+        "cuCtxSynchronize": (N, 100, 100, None, None, None, None, None),
+        "cuMemAlloc": (N, 100, 100, None, BYTES, BYTES, None, None),
+        "cuMemFree": (N, 100, 100, None, None, None, None, None),
+    }
+    kinds = query(db, "SELECT DISTINCT probe_kind FROM probes WHERE target = $t AND attached", {"t": str(libcuda)})
+    assert {k[0] for k in kinds} == {"uprobe", "uretprobe"}
