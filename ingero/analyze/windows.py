@@ -242,11 +242,13 @@ WITH c AS (
         sum(off_ns) FILTER (kind = 'preempted') AS preempt_ns,
         sum(n) FILTER (kind = 'preempted') AS preempt_n,
         sum(runq_ns) FILTER (kind <> 'preempted') AS wake_runq_ns,
-        sum(off_ns) FILTER (kind = 'sleep') AS sleep_ns,
-        sum(off_ns) FILTER (kind = 'sleep' AND inside = 'none') AS sleep_out_ns,
-        sum(off_ns) FILTER (kind = 'sleep' AND inside = 'sync') AS sleep_sync_ns,
-        sum(off_ns) FILTER (kind = 'io') AS io_ns,
-        sum(off_ns) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns
+        -- blocked time of sleeps / D state: the interval minus its run-queue
+        -- wait after the wakeup (that part is CPU wait, counted above)
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep') AS sleep_ns,
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS sleep_out_ns,
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'sync') AS sleep_sync_ns,
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io') AS io_ns,
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns
     FROM ing_sched s JOIN ing_loop l ON s.pid = l.pid AND s.tid = l.tid
     GROUP BY ALL
 )
@@ -285,8 +287,8 @@ WITH traced AS (
 ), s AS (
     SELECT pid, w, sum(off_ns) FILTER (kind = 'preempted') AS preempt_ns,
            sum(runq_ns) FILTER (kind <> 'preempted') AS wake_runq_ns,
-           sum(off_ns) FILTER (kind = 'sleep') AS sleep_ns,
-           sum(off_ns) FILTER (kind = 'io') AS io_ns
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep') AS sleep_ns,
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io') AS io_ns
     FROM ing_sched WHERE pid IN (SELECT pid FROM helpers) GROUP BY ALL
 )
 SELECT h.pid, s.w, coalesce(s.preempt_ns, 0) + coalesce(s.wake_runq_ns, 0) AS cpu_wait_ns,

@@ -68,3 +68,23 @@ def test_memory_signals_without_effect_are_silent():
     # swap traffic on the host, but the loop runs at the same rate and never blocks
     tr = base().system(10, 20, swap_out_bytes=50_000_000).loop(0, 30)
     assert chains_of(tr.explain(), "memory-pressure") == []
+
+
+def test_page_ins_are_memory_pressure_not_io_stall():
+    # an evicted mmap: the loop copies from it, faults, and waits in D state for the
+    # page-ins (its own block reads); the host shows ~60 major faults/s, no swap
+    tr = base().system(0, 30, major_faults=60)
+    tr.loop(0, 10, faults=50).loop(10, 30, faults=50, io_ms=120).block_io(MAIN_PID, 10, 30, lat_ms=30, kind="read")
+    report = tr.explain()
+    [chain] = chains_of(report, "memory-pressure")
+    assert report.chains[0] is chain and chain.severity == "HIGH"
+    assert any("took page faults while in D state" in r for r in chain.root)
+    assert chains_of(report, "io-stall") == []
+
+
+def test_d_state_without_faults_stays_io_stall():
+    tr = base().system(0, 30, major_faults=60)
+    tr.loop(0, 10).loop(10, 30, io_ms=120).block_io(MAIN_PID, 10, 30, lat_ms=30, kind="read")
+    report = tr.explain()
+    assert report.chains[0].rule_id == "io-stall"
+    assert chains_of(report, "memory-pressure") == []

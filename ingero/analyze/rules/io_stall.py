@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
+from ingero.analyze.rules import memory_pressure
 
 ID = "io-stall"
 TITLE = "Block I/O stalls the training loop"
@@ -40,7 +41,8 @@ class Thresholds:
     min_worker_io_share: float = 0.2
     min_loop_wait_share: float = 0.2
     # Swap or major-fault traffic this large in the stalled windows makes it
-    # memory pressure (the other rule), not a disk hog: 1 MB of swap, 100 faults.
+    # memory pressure (the other rule), not a disk hog: 1 MB of swap, or 100
+    # major faults per stalled window.
     swap_bytes: float = 1e6
     major_faults: float = 100
 
@@ -95,12 +97,15 @@ def _stall(r: baseline.Row) -> float:
 
 
 def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
+    # windows where the loop's D state is page-ins belong to memory-pressure
+    sysw = memory_pressure.host_memory(con)
+    rows = [r for r in rows if not memory_pressure.paging(r, sysw)] if rows else rows
     s = baseline.split(rows, _stall, 1.0)
     if not s.evidence:
         return None
     ws = [int(r["w"]) for r in s.evidence]
     swap, majors = con.execute(MEM_SQL, {"ws": ws}).fetchone()
-    if swap >= T.swap_bytes or majors >= T.major_faults:
+    if swap >= T.swap_bytes or majors >= T.major_faults * len(ws):
         return None  # memory-pressure explains these windows
     io_share = baseline.mean_share(s.evidence, "io_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)

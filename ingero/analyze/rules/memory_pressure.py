@@ -38,6 +38,11 @@ class Thresholds:
     # direct evidence (an unpressured loop spends well under 1% in faults).
     min_fault_share: float = 0.05
     high_fault_share: float = 0.20
+    # Paging D state: the loop in D state at least min_io_share of a window,
+    # taking page faults, while the host has at least this many major faults
+    # per second (an idle box: 0-1/s).  Its D state is then page-ins (an
+    # evicted mmap, swapped-out heap), not explicit I/O.
+    paging_major_faults_per_s: float = 10.0
     # Effect needed: D-state share or a time-aligned throughput drop.
     min_io_share: float = 0.05
     high_io_share: float = 0.20
@@ -55,8 +60,25 @@ GROUP BY pid ORDER BY n DESC LIMIT 4
 """
 
 
+def host_memory(con) -> dict[int, tuple[float, float, float]]:
+    """w -> (swap bytes, major faults, mem %) from ing_sys."""
+    return {int(w): (float(s or 0), float(m or 0), float(p or 0)) for w, s, m, p in con.execute(SYS_SQL).fetchall()}
+
+
+def paging(r: baseline.Row, sysw: dict[int, tuple[float, float, float]]) -> bool:
+    """The loop's D state in this window is page-ins (shared with io-stall, which defers)."""
+    wall = r["wall_ns"]
+    if not wall or r["faults_n"] == 0:
+        return False
+    swap, majors, _ = sysw.get(int(r["w"]), (0.0, 0.0, 0.0))
+    secs = wall / 1e9
+    return r["io_ns"] / wall >= T.min_io_share and (
+        majors / secs >= T.paging_major_faults_per_s or swap / secs >= T.swap_bytes_per_s
+    )
+
+
 def evaluate(con, ctx: Context) -> list[Chain]:
-    sysw = {int(w): (float(s or 0), float(m or 0), float(p or 0)) for w, s, m, p in con.execute(SYS_SQL).fetchall()}
+    sysw = host_memory(con)
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
         chain = _evaluate_pid(con, ctx, pid, rows, sysw)
@@ -78,6 +100,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
             max(0.0, (mem - T.mem_floor_pct) / (T.mem_pct - T.mem_floor_pct)),
             min(rate / T.faults_per_s, rate / (T.faults_ratio * quiet_rate) if quiet_rate else rate / T.faults_per_s),
             r["faults_ns"] / r["wall_ns"] / T.min_fault_share if r["wall_ns"] else 0.0,
+            r["io_ns"] / r["wall_ns"] / T.min_io_share if paging(r, sysw) else 0.0,
         )
         r["fault_rate"] = rate
     s = baseline.split(rows, lambda r: r["mem_signal"], 1.0)
@@ -104,6 +127,12 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
     root = []
     if swap or majors:
         root.append(f"{units.size(swap)} swapped in/out and {units.count(majors)} major faults host-wide in {len(ws)} windows")
+    paged = [r for r in s.evidence if paging(r, sysw)]
+    if paged:
+        root.append(
+            f"{me.label} took page faults while in D state {units.pct(baseline.mean_share(paged, 'io_ns'))} "
+            f"of wall clock in {len(paged)} windows: its pages are read back from disk"
+        )
     if mem:
         root.append(f"memory in use up to {mem:.1f}%")
     if faulters:
