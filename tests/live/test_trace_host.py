@@ -85,3 +85,22 @@ def test_direct_reads_give_block_io_rows_with_latency_and_the_readers_pid(tmp_pa
     pid, count, nbytes, min_latency = rows[0]
     assert nbytes >= size and count >= size // (256 << 10)
     assert min_latency > 0
+
+
+def test_comm_traces_only_processes_of_that_name(tmp_path, bins):
+    import shutil
+
+    lib = libcudart()
+    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
+    other = tmp_path / "other_calls"
+    shutil.copy(bins["cudart_calls"], other)  # same program, another comm
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--comm", "cudart_calls")
+    tracer.wait_started()
+    mine = subprocess.run([str(bins["cudart_calls"]), str(lib), "5", "8"], capture_output=True, text=True, check=True)
+    theirs = subprocess.run([str(other), str(lib), "5", "8"], capture_output=True, text=True, check=True)
+    tracer.finish()
+    mine_pid, theirs_pid = int(mine.stdout.split()[1]), int(theirs.stdout.split()[1])
+    rows = dict(query(db, "SELECT pid, count(*) FROM events WHERE op = 'cudaMalloc' GROUP BY pid"))
+    assert rows == {mine_pid: 5}
+    assert theirs_pid not in rows
