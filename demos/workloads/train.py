@@ -119,8 +119,11 @@ def worker_main(wid: int, args: argparse.Namespace, work_bytes: int, out: mp.Que
         os.sched_setaffinity(0, {int(c) for c in args.worker_cpus.split(",")})
     rng = random.Random(wid)
     scratch = os.urandom(1 << 20)
-    fd = os.open(args.read_path, os.O_RDONLY) if args.read_path else -1
+    flags = os.O_RDONLY | (os.O_DIRECT if args.direct_reads else 0)
+    fd = os.open(args.read_path, flags) if args.read_path else -1
     size = os.fstat(fd).st_size if fd >= 0 else 0
+    # O_DIRECT needs an aligned buffer: an anonymous map is page-aligned
+    aligned = mmap.mmap(-1, args.read_bytes) if args.direct_reads else None
     batch = 0
     try:
         while not stop.is_set():
@@ -129,7 +132,10 @@ def worker_main(wid: int, args: argparse.Namespace, work_bytes: int, out: mp.Que
                 if args.cold_reads:
                     # a dataset larger than RAM: the block is not in the page cache
                     os.posix_fadvise(fd, off, args.read_bytes, os.POSIX_FADV_DONTNEED)
-                os.pread(fd, args.read_bytes, off)
+                if aligned is not None:
+                    os.preadv(fd, [aligned], off)
+                else:
+                    os.pread(fd, args.read_bytes, off)
             digest = b""
             for _ in range(args.batch_size):
                 digest = cpu_work(work_bytes, scratch)
@@ -178,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reads-per-batch", type=int, default=0)
     ap.add_argument("--read-bytes", type=parse_size, default=parse_size("256KiB"))
     ap.add_argument("--cold-reads", action="store_true", help="drop each block from the page cache first")
+    ap.add_argument("--direct-reads", action="store_true",
+                    help="read with O_DIRECT (every read goes to the disk, as with a dataset larger than RAM)")
     ap.add_argument("--mmap-path", default="",
                     help="take each batch from a window of this memory-mapped file (mapped per step)")
     ap.add_argument("--fresh-buffers", action="store_true",

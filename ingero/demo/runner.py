@@ -222,7 +222,10 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     summary_path = workdir / f"{label}.json"
     ready = workdir / f"{label}.ready"
     cmd = workload_command(flags, paths, duration_s, summary_path, ready)
+    # --cuda-lib: probes go on the simulated runtime before the workload starts.  Found
+    # later (when the process maps it), the attach races with calls in flight.
     tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
+                  "--cuda-lib", str(LIBCUDART),
                   "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
     procs: list[subprocess.Popen] = []
     tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

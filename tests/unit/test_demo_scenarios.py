@@ -249,3 +249,10 @@ def test_run_falls_back_to_a_synthetic_replay_with_the_reason(monkeypatch):
     assert result.reason == "BCC is not installed (apt install python3-bpfcc)"
     assert result.after is None
     assert result.before.summary["steps"] > 0
+
+
+def test_reading_scenarios_read_the_dataset():
+    for s in scenarios.SCENARIOS:
+        for flags in (s.workload, s.fix_workload):
+            if "--reads-per-batch" in flags:
+                assert flags[flags.index("--read-path") + 1] == "{dataset}", s.name
