@@ -458,6 +458,7 @@ def run_trace(
                          "pass --pid, --cmd or --comm to trace a process")
         described = targets.describe(spec, launched)
         lines.append(f"tracing {described}")
+        stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
         session_id = store.begin_session(command=opts.command_line, targets=described)
         sess = TraceSession(opts, store, program, session_id)
         if opts.stack:
@@ -472,7 +473,6 @@ def run_trace(
             lines.append(samplers.note)
         if on_start is not None:
             on_start(StartInfo(session_id, str(store.path), lines))
-        stop.install()
         if launcher is not None:
             launcher.release()
         summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
