@@ -156,7 +156,8 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         )
     fix = [
         "lower host memory use: smaller batch or prefetch_factor, fewer DataLoader workers (each holds a copy)",
-        "stop or cap the memory hog: systemd-run --scope -p MemoryMax=<limit> <its command>",
+        "find what holds the memory: ps -eo pid,rss,comm --sort=-rss | head   (then stop it, or cap it with "
+        "systemd-run --scope -p MemoryMax=...)",
         f"reuse buffers instead of allocating per step in {me.command}; pre-allocate pinned buffers once",
     ]
     return Chain(
