@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * blockio.bpf.c - block requests of every process, issue -> complete.
- * Included by ingero.bpf.c.  One row per request: pid = the process that
+ * Included by ingero.bpf.c (maps, attach points).  One row per request: pid = the process that
  * issued it (at issue time), arg = bytes, duration = device latency,
  * other_pid = dev_t, ret = error, kind = read/write/flush/discard from rwbs.
  */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * mm.bpf.c - user page faults of traced processes.  Included by ingero.bpf.c.
+ * mm.bpf.c - user page faults of traced processes.  Included by ingero.bpf.c
+ * (maps, attach points).
  * arg = faulting address, ret = the x86 error code (bit 1: write, bit 2: user).
  */
 

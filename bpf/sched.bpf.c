@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * sched.bpf.c - scheduler tracepoints.  Included by ingero.bpf.c.
+ * sched.bpf.c - scheduler tracepoints.  Included by ingero.bpf.c, which holds
+ * the maps (reached through its accessors) and the attach points.
  *
  * - one OP_SCHED_SWITCH row per off-CPU interval of every traced thread,
  *   emitted at switch-in: ts = switch-out, duration = off-CPU time, kind =
