@@ -55,14 +55,18 @@ struct ingero_py_proc {
 	u32 frame_code;       /* f_code / f_executable */
 	u32 frame_previous;   /* previous / f_back */
 	u32 frame_instr;      /* prev_instr / instr_ptr / f_lasti */
+	u32 generation;       /* which exec'd image this describes (user space counter) */
+	u32 pad;
 };
 
 /* One call site.  Mirrored by PY_STACK_DTYPE in ingero/collect/stacks.py. */
 struct ingero_stack {
 	u32 tgid;
 	s32 native_id;        /* id in ingero_native_stacks, or -errno */
-	u32 nframes;          /* Python frames stored, innermost first */
-	u32 truncated;        /* 1 when the chain was deeper than INGERO_PY_MAX_FRAMES */
+	u16 nframes;          /* Python frames stored, innermost first */
+	u16 truncated;        /* 1 when the chain was deeper than INGERO_PY_MAX_FRAMES */
+	u32 generation;       /* ingero_py_proc.generation used for the walk, 0 = none:
+	                       * code addresses only mean something in that image */
 	u64 code[INGERO_PY_MAX_FRAMES];  /* PyCodeObject* */
 	u64 instr[INGERO_PY_MAX_FRAMES]; /* instruction pointer (3.11+) or f_lasti (3.10) */
 };
@@ -158,6 +162,7 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 	rec->tgid = tgid;
 	rec->nframes = 0;
 	rec->truncated = 0;
+	rec->generation = 0;
 	rec->native_id = ingero_native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (rec->native_id < 0)
 		ingero_stack_count(1);
@@ -170,6 +175,8 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 		u8 one = 1;
 		ingero_stack_new_tgids.insert(&tgid, &one);
 	} else if (cfg->runtime_addr) {
+		rec->generation = cfg->generation;
+		h = ingero_stack_mix(h, cfg->generation);
 		u64 ts = ingero_find_tstate(cfg, tid);
 		if (!ts) {
 			ingero_stack_count(2);

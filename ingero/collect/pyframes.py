@@ -41,6 +41,8 @@ MAX_LINETABLE_BYTES = 1 << 20
 # glibc's struct pthread keeps the kernel tid within its first few hundred
 # bytes (0x2d0 in glibc 2.36 x86-64); scanned only for 3.10.
 PTHREAD_TID_SCAN_BYTES = 2048
+# x86-64 user addresses are below 2^47 (2^56 with 5-level paging).
+USER_ADDR_LIMIT = 1 << 56
 
 
 @dataclass(frozen=True)
@@ -154,11 +156,13 @@ class ProcessMemory:
         self.close()
 
     def read(self, addr: int, size: int) -> bytes:
-        if addr <= 0 or size <= 0:
+        # Garbage pointers (a frame read while it changed) are common enough:
+        # anything outside the x86-64 user half is refused without a syscall.
+        if addr <= 0 or size <= 0 or addr + size > USER_ADDR_LIMIT:
             return b""
         try:
             return os.pread(self._fd, size, addr)
-        except OSError:
+        except (OSError, OverflowError):
             return b""
 
     def u64(self, addr: int) -> int:
@@ -454,13 +458,14 @@ class CodeReader:
     def __init__(self, mem: ProcessMemory, interp: Interpreter):
         self.mem = mem
         self.interp = interp
-        self.cache: dict[int, CodeInfo | None] = {}
+        self.cache: dict[int, CodeInfo] = {}
 
     def code(self, addr: int) -> CodeInfo | None:
         if addr in self.cache:
             return self.cache[addr]
         info = self._read_code(addr)
-        self.cache[addr] = info
+        if info is not None:  # a failed read may be transient: not remembered
+            self.cache[addr] = info
         return info
 
     def frame(self, code_addr: int, instr: int) -> PyFrame | None:

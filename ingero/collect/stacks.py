@@ -47,6 +47,10 @@ PY_MAX_FRAMES = 48
 # --cmd through a shell or a slow container start a few seconds.
 PENDING_POLL_S = 0.02
 PENDING_TIMEOUT_S = 10.0
+# Exec'd images remembered to resolve their last records (one per exec).
+MAX_IMAGES = 4096
+# The watcher gives up after this many failed rounds (the BPF program was closed).
+MAX_WATCH_ERRORS = 100
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -90,6 +94,8 @@ class PyProcConfig(ctypes.Structure):
         ("frame_code", ctypes.c_uint32),
         ("frame_previous", ctypes.c_uint32),
         ("frame_instr", ctypes.c_uint32),
+        ("generation", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     ]
 
 
@@ -99,16 +105,18 @@ class StackRecord(ctypes.Structure):
     _fields_ = [
         ("tgid", ctypes.c_uint32),
         ("native_id", ctypes.c_int32),
-        ("nframes", ctypes.c_uint32),
-        ("truncated", ctypes.c_uint32),
+        ("nframes", ctypes.c_uint16),
+        ("truncated", ctypes.c_uint16),
+        ("generation", ctypes.c_uint32),
         ("code", ctypes.c_uint64 * PY_MAX_FRAMES),
         ("instr", ctypes.c_uint64 * PY_MAX_FRAMES),
     ]
 
 
-def proc_config(interp: pyframes.Interpreter) -> PyProcConfig:
+def proc_config(interp: pyframes.Interpreter, generation: int) -> PyProcConfig:
     lay = interp.layout
     return PyProcConfig(
+        generation=generation,
         runtime_addr=interp.runtime_addr,
         interp_head=lay.interp_head,
         threads_head=lay.threads_head,
@@ -159,8 +167,9 @@ def exec_signature(pid: int) -> bytes | None:
 class _Proc:
     """What we know about one traced process (one exec'd image of it)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, generation: int):
         self.pid = pid
+        self.generation = generation
         self.signature = exec_signature(pid)
         self.native = symbols.NativeSymbolizer(pid)
         self.interp: pyframes.Interpreter | None = None
@@ -200,8 +209,11 @@ def _watch(ref: "weakref.ref[StackResolver]") -> None:
             return
         try:
             resolver._watch_once()
-        except Exception:  # the BPF program was closed under us: nothing left to watch
-            return
+        except Exception as exc:  # keep watching: one bad process must not stop the rest
+            resolver.stats["watch_errors"] += 1
+            resolver.last_watch_error = f"{type(exc).__name__}: {exc}"
+            if resolver.stats["watch_errors"] > MAX_WATCH_ERRORS:  # the program is gone
+                return
         del resolver
         time.sleep(PENDING_POLL_S)
 
@@ -222,12 +234,15 @@ class StackResolver:
         self.procs: dict[int, _Proc] = {}
         self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
         self._stored: set[int] = set()
+        self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
+        self._generation = 0
         self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
         self._closed = False
         self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
-                      "python_frames": 0, "python_unreadable": 0, "missing": 0}
+                      "python_frames": 0, "python_unreadable": 0, "missing": 0, "watch_errors": 0}
+        self.last_watch_error: str | None = None
         _LIVE_RESOLVERS.add(self)
         self._start_watcher()
 
@@ -259,14 +274,22 @@ class StackResolver:
         if proc is not None and (proc.signature is None or exec_signature(pid) in (proc.signature, None)):
             return proc
         if proc is not None:
-            proc.close()
+            # The old image's memory is gone; its _Proc stays in self.images
+            # to symbolise records it made (from caches and its maps snapshot).
             for key in [k for k in self._ids if k[0] == pid]:
                 del self._ids[key]
-        proc = _Proc(pid)
+        self._generation += 1
+        proc = _Proc(pid, self._generation)
         self.procs[pid] = proc
+        self.images[proc.generation] = proc
+        while len(self.images) > MAX_IMAGES:
+            old = self.images.pop(next(iter(self.images)))
+            if self.procs.get(old.pid) is not old:
+                old.close()
         table = self.bpf.get_table("ingero_py_procs")
         # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
-        table[table.Key(pid)] = proc_config(proc.interp) if proc.interp is not None else PyProcConfig()
+        table[table.Key(pid)] = (proc_config(proc.interp, proc.generation) if proc.interp is not None
+                                 else PyProcConfig(generation=proc.generation))
         return proc
 
     def _start_watcher(self) -> None:
@@ -316,8 +339,11 @@ def _watch(ref: "weakref.ref[StackResolver]") -> None:
             return
         try:
             resolver._watch_once()
-        except Exception:  # the BPF program was closed under us: nothing left to watch
-            return
+        except Exception as exc:  # keep watching: one bad process must not stop the rest
+            resolver.stats["watch_errors"] += 1
+            resolver.last_watch_error = f"{type(exc).__name__}: {exc}"
+            if resolver.stats["watch_errors"] > MAX_WATCH_ERRORS:  # the program is gone
+                return
         del resolver
         time.sleep(PENDING_POLL_S)
 
@@ -338,12 +364,15 @@ class StackResolver:
         self.procs: dict[int, _Proc] = {}
         self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
         self._stored: set[int] = set()
+        self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
+        self._generation = 0
         self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
         self._closed = False
         self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
-                      "python_frames": 0, "python_unreadable": 0, "missing": 0}
+                      "python_frames": 0, "python_unreadable": 0, "missing": 0, "watch_errors": 0}
+        self.last_watch_error: str | None = None
         _LIVE_RESOLVERS.add(self)
         self._start_watcher()
 
@@ -375,14 +404,22 @@ class StackResolver:
         if proc is not None and (proc.signature is None or exec_signature(pid) in (proc.signature, None)):
             return proc
         if proc is not None:
-            proc.close()
+            # The old image's memory is gone; its _Proc stays in self.images
+            # to symbolise records it made (from caches and its maps snapshot).
             for key in [k for k in self._ids if k[0] == pid]:
                 del self._ids[key]
-        proc = _Proc(pid)
+        self._generation += 1
+        proc = _Proc(pid, self._generation)
         self.procs[pid] = proc
+        self.images[proc.generation] = proc
+        while len(self.images) > MAX_IMAGES:
+            old = self.images.pop(next(iter(self.images)))
+            if self.procs.get(old.pid) is not old:
+                old.close()
         table = self.bpf.get_table("ingero_py_procs")
         # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
-        table[table.Key(pid)] = proc_config(proc.interp) if proc.interp is not None else PyProcConfig()
+        table[table.Key(pid)] = (proc_config(proc.interp, proc.generation) if proc.interp is not None
+                                 else PyProcConfig(generation=proc.generation))
         return proc
 
     def _start_watcher(self) -> None:
@@ -488,6 +525,13 @@ class StackResolver:
         pid = int(rec.tgid) or pid
         with self._lock:
             proc = self.procs.get(pid) or self._ensure(pid)
+            if rec.generation:
+                # Code addresses (and native ones) belong to the image the
+                # walk was made in; a record from before an exec must not be
+                # read in the new image.
+                proc = self.images.get(int(rec.generation))
+                if proc is None:
+                    return []
         native = self._native(proc, int(rec.native_id))
         python = self._python(proc, rec)
         if not python:

@@ -233,10 +233,10 @@ def test_stack_header_constants_match_python_mirror():
     m = re.search(r"#define INGERO_PY_MAX_FRAMES (\d+)", text)
     assert int(m.group(1)) == stacks.PY_MAX_FRAMES
     assert ctypes.sizeof(stacks.StackRecord) == 16 + 16 * stacks.PY_MAX_FRAMES
-    assert ctypes.sizeof(stacks.PyProcConfig) == 48
+    assert ctypes.sizeof(stacks.PyProcConfig) == 56
     # Field order of struct ingero_py_proc as declared in stack.h.
     body = re.search(r"struct ingero_py_proc \{(.*?)\};", text, re.S).group(1)
-    names = re.findall(r"\b[us](?:32|64) (\w+);", body)
+    names = re.findall(r"\b[us](?:16|32|64) (\w+);", body)
     assert names == [f[0] for f in stacks.PyProcConfig._fields_]
 
 
@@ -247,3 +247,13 @@ def test_bpf_text_inlines_stack_header(tmp_path):
     assert '#include "events.h"' in out
     assert "ingero_stack_id(void *ctx)" in out
     assert f'#line 3 "{main}"' in out
+
+
+def test_garbage_addresses_read_as_nothing():
+    with ProcessMemory(os.getpid()) as mem:
+        assert mem.read(0xFFFF_FFFF_FFFF_FF00, 8) == b""
+        assert mem.read(1 << 63, 8) == b""
+        assert mem.u64(0x10) == 0
+        reader = CodeReader(mem, find_interpreter(os.getpid()))
+        assert reader.frame(0xDEAD_BEEF_0000_0000, 0) is None
+        assert reader.read_str(1 << 62) is None
