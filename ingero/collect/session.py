@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ingero.collect import decode, targets
 from ingero.collect.loader import BpfSettings, Program, load_program, ring_bytes_from_mb
-from ingero.collect.records import OP_NAME_TABLE, Counter, Op
+from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user
@@ -197,7 +197,7 @@ class TraceSession:
     def flush(self) -> None:
         if not self.pending:
             return
-        recs = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        recs = _concat(self.pending)
         self.pending = []
         self.pending_rows = 0
         recs = decode.storage_order(recs)
@@ -337,6 +337,16 @@ class TraceSession:
                 break
             time.sleep(POLL_INTERVAL_S / 5)
         self.flush()
+
+
+_OPAQUE = np.dtype((np.void, EVENT_DTYPE.itemsize))
+
+
+def _concat(chunks: list[np.ndarray]) -> np.ndarray:
+    """Concatenate record arrays as opaque items (~4x faster than as structured arrays)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return np.concatenate([c.view(_OPAQUE) for c in chunks]).view(EVENT_DTYPE)
 
 
 def _process_info(pid: int) -> dict | None:
