@@ -152,7 +152,9 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     ]
     fix = []
     traced = {int(p) for (p,) in con.execute("SELECT DISTINCT pid FROM ing_sched").fetchall()} | {pid}
-    others = [names[i[0]] for i in issuers if i[0] not in traced and i[0] in names and i[0] != 0]
+    # kernel threads (kworker, jbd2) issue I/O on others' behalf: not ionice targets
+    others = [names[i[0]] for i in issuers
+              if i[0] not in traced and i[0] in names and i[0] != 0 and not names[i[0]].is_kernel_thread]
     own = [i for i in issuers if i[0] in traced]
     if any(i[0] == pid and "write" in (i[4] or "") for i in own):
         fix.append("save checkpoints from a background thread or process (or less often), not inside the step")
