@@ -138,6 +138,8 @@ def worker_main(wid: int, args: argparse.Namespace, work_bytes: int, out: mp.Que
                     os.pread(fd, args.read_bytes, off)
             digest = b""
             for _ in range(args.batch_size):
+                if args.fetch_us:
+                    time.sleep(args.fetch_us / 1e6)  # waiting on remote storage, not on the CPU
                 digest = cpu_work(work_bytes, scratch)
             while not stop.is_set():
                 try:
@@ -175,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0: load inline)")
     ap.add_argument("--batch-size", type=int, default=8, help="samples per batch")
     ap.add_argument("--decode-us", type=float, default=100.0, help="CPU per sample in a worker")
+    ap.add_argument("--fetch-us", type=float, default=0.0,
+                    help="per sample, a worker waits this long for its data (object store, network FS)")
     ap.add_argument("--prefetch", type=int, default=2, help="batches queued per worker")
     ap.add_argument("--worker-cpus", default="", help="pin workers to these cores (e.g. 1)")
     ap.add_argument("--syncs-per-step", type=int, default=1,

@@ -113,12 +113,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="dataloader-starvation",
         title="too few, too slow DataLoader workers",
-        story="one worker decodes 8 samples at 6 ms each; the loop waits ~48 ms per batch for a "
-              "24 ms step while the device idles",
+        story="one worker fetches (4.5 ms) and decodes (1.5 ms CPU) 8 samples per batch; the loop "
+              "waits ~48 ms per batch for a 24 ms step while the device idles",
         expected_rule="input-bound",
-        workload=(*_BASE, "--kernel-us", "3000", "--workers", "1", "--decode-us", "6000", *_LOOP),
-        fix_workload=(*_BASE, "--kernel-us", "3000", "--workers", "4", "--decode-us", "6000",
-                      "--prefetch", "4", "--cpu", str(LOOP_CPU)),
+        workload=(*_BASE, "--kernel-us", "3000", "--workers", "1", "--fetch-us", "4500",
+                  "--decode-us", "1500", *_LOOP),
+        fix_workload=(*_BASE, "--kernel-us", "3000", "--workers", "4", "--fetch-us", "4500",
+                      "--decode-us", "1500", "--prefetch", "4", "--cpu", str(LOOP_CPU)),
         fix="DataLoader(num_workers=4, prefetch_factor=4, persistent_workers=True)",
         physics=Physics(kernel_us=3000, data_wait_us=26000),
         fix_physics=Physics(kernel_us=3000, data_wait_us=3000),
