@@ -52,24 +52,23 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 {
 	EMPTY_RETURN();
 	u64 id = bpf_get_current_pid_tgid();
-	u32 tid = (u32)id;
 	if (!cuda_traced(id >> 32))
 		return 0;
-	struct call_state *cur = inflight_get(&tid);
-	if (cur) {
-		cur->depth++;
+	struct call_state *s = inflight_here(1);
+	if (!s)
+		return 0;
+	if (s->depth) {
+		s->depth++;
 		count(CNT_NEST_SKIPPED);
 		return 0;
 	}
-	struct call_state s = {};
-	s.stack_id = ingero_stack_id(ctx);
-	s.op = op;
-	s.kind = kind;
-	s.arg = arg;
-	s.stream = stream;
-	s.depth = 1;
-	s.ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
-	inflight_put(&tid, &s);
+	s->stack_id = ingero_stack_id(ctx);
+	s->op = op;
+	s->kind = kind;
+	s->arg = arg;
+	s->stream = stream;
+	s->depth = 1;
+	s->ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
 	return 0;
 }
 
@@ -77,15 +76,15 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 {
 	EMPTY_RETURN();
 	u64 now = bpf_ktime_get_ns();
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tid = (u32)id;
-	struct call_state *s = inflight_get(&tid);
-	if (!s)
+	struct call_state *s = inflight_here(0);
+	if (!s || !s->depth)
 		return 0;
 	if (s->depth > 1) {
 		s->depth--;
 		return 0;
 	}
+	s->depth = 0;
+	u64 id = bpf_get_current_pid_tgid();
 	struct ingero_event *e = event_reserve();
 	if (e) {
 		e->ts_ns = s->ts;
@@ -93,7 +92,7 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		e->arg = s->arg;
 		e->stream = s->stream;
 		e->pid = id >> 32;
-		e->tid = tid;
+		e->tid = (u32)id;
 		e->other_pid = 0;
 		e->ret = (s32)PT_REGS_RC(ctx);
 		e->stack_id = s->stack_id;
@@ -102,7 +101,6 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		e->cpu = bpf_get_smp_processor_id();
 		event_submit(e);
 	}
-	inflight_del(&tid);
 	return 0;
 }
 

@@ -192,8 +192,7 @@ static __always_inline int on_sched_process_exit(struct tracepoint__sched__sched
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32;
 	u32 tid = (u32)id;
-	inflight_del(&tid);
-	offcpu_del(&tid);
+	offcpu_del(&tid); /* call state is task storage: freed with the task */
 	tid_tgid_del(&tid);
 	if (tid != tgid) {
 		del_target(tid); /* a thread key added at fork */

@@ -2,6 +2,8 @@
  *
  *   driver_calls LIBCUDA N BYTES
  *
+ * cuLaunchKernel is called directly and through cuLaunchKernel_ptsz, which
+ * calls it again inside: a nested probed call that must give one row.
  * Prints "ready <pid>", waits for a line on stdin (so a tracer can be
  * pointed at an already running pid), calls, prints "ok".
  */
@@ -31,6 +33,7 @@ int main(int argc, char **argv)
 	long n = atol(argv[2]);
 	size_t bytes = strtoul(argv[3], NULL, 10);
 	launch_t launch = dlsym(lib, "cuLaunchKernel");
+	launch_t launch_ptsz = dlsym(lib, "cuLaunchKernel_ptsz"); /* calls cuLaunchKernel inside */
 	htod_t htod = dlsym(lib, "cuMemcpyHtoD_v2");
 	dtoh_async_t dtoh = dlsym(lib, "cuMemcpyDtoHAsync_v2");
 	one_ptr_t ssync = dlsym(lib, "cuStreamSynchronize");
@@ -46,6 +49,7 @@ int main(int argc, char **argv)
 	static char host[16];
 	for (long i = 0; i < n; i++) {
 		launch(NULL, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL);
+		launch_ptsz(NULL, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL);
 		htod(0x1000, host, bytes);
 		dtoh(host, 0x1000, bytes, stream);
 		ssync(stream);
