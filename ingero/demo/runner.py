@@ -228,8 +228,11 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
                   "--cuda-lib", str(LIBCUDART),
                   "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
     procs: list[subprocess.Popen] = []
-    tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # the tracer's output goes to files: a pipe nobody reads while we wait would fill and stall it
+    log_path = workdir / f"{label}.trace.log"
+    with open(log_path, "w") as log:
+        tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     _keep_off_loop_core(tracer.pid, flags)
     try:
         if items:
@@ -243,10 +246,10 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
         else:
             progress(f"{label}: workload running")
         try:
-            out, err = tracer.communicate(timeout=duration_s + 2 * TRACE_MARGIN_S + 30)
+            tracer.wait(timeout=duration_s + 2 * TRACE_MARGIN_S + 30)
         except subprocess.TimeoutExpired:
             os.killpg(tracer.pid, signal.SIGINT)
-            out, err = tracer.communicate(timeout=30)
+            tracer.wait(timeout=30)
     except BaseException:
         if tracer.poll() is None:
             os.killpg(tracer.pid, signal.SIGINT)
@@ -257,6 +260,7 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
         raise
     finally:
         stop_processes(procs)
+    err = log_path.read_text(errors="replace")
     if tracer.returncode != 0:
         last = (err.strip().splitlines() or [f"exit code {tracer.returncode}"])[-1]
         raise IngeroError(f"ingero trace failed during the {label} run: {last}",
