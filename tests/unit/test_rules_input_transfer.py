@@ -30,9 +30,16 @@ def test_input_bound_fires_names_workers_and_sizes_fix():
     assert chain.numbers["input_wait_share"] == pytest.approx(60 / 90.1, abs=0.02)
     assert chain.numbers["workers"] == 1
     assert chain.culprits[0].pid == 5000
-    # 1 worker on 2 cores: one spare core -> can't exceed 1; says more will not help
-    assert chain.fix[0].startswith("DataLoader(num_workers=1, pin_memory=True, persistent_workers=True")
+    # 1 CPU-bound worker (95% of a core) on 2 cores, the loop mostly asleep: room for one more
+    assert chain.fix[0].startswith("DataLoader(num_workers=2, pin_memory=True, persistent_workers=True")
     assert chains_of(report, "cpu-contention") == []
+
+
+def test_input_bound_with_saturated_cpus_says_more_workers_will_not_help():
+    tr = with_workers(base(), 2, 0.97).loop(0, 30, wait_ms=60)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    assert "more will not help" in chain.fix[0]
+    assert chain.fix[1].startswith("make each sample cheaper")
 
 
 def test_input_bound_suggests_more_workers_with_spare_cores():

@@ -32,6 +32,10 @@ class Thresholds:
     # Workers waiting for a CPU (or the disk) at least this share of their
     # time, more than they run, make contention (io-stall) the deeper cause.
     deeper_cause_share: float = 0.2
+    # Adding workers helps while each is below this share of a core (it waits
+    # on something: more run in parallel) or this many CPUs are idle.
+    saturated_worker_share: float = 0.8
+    min_free_cpus: float = 0.5
 
 
 T = Thresholds()
@@ -103,7 +107,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             contributing.append(f"workers blocked on disk {units.pct(w_io / n_workers)} of the time: see io-stall")
         elif w_io > 0.05:
             contributing.append(f"workers in uninterruptible I/O {units.pct(w_io / max(n_workers, 1))} of the time")
-        fix = _fixes(ctx, me, n_workers, wait, workers[0][0] if workers else None)
+        loop_cpus = 1.0 - baseline.mean_share(s.evidence, "off_ns")
+        fix = _fixes(ctx, me, n_workers, wait, workers[0][0] if workers else None, w_oncpu, loop_cpus)
         culprits = [
             Culprit(w[0], names[w[0]].name, f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
             for w in workers[:4]
@@ -136,23 +141,31 @@ def evaluate(con, ctx: Context) -> list[Chain]:
     return chains
 
 
-def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker: int | None) -> list[str]:
+def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker: int | None,
+           worker_cpus: float, loop_cpus: float) -> list[str]:
     # The loop needs batches 1/(1-wait) times faster; workers scale about
-    # linearly while there are idle cores for them.
-    spare = max(1, ctx.ncpu - 1)
+    # linearly while they are not CPU-bound or cores are left for them.
     # (-0.1: a rate 3.003x the current one is met by 3 workers, not 4)
     need = max(n_workers + 1, math.ceil(max(n_workers, 1) / max(1e-3, 1.0 - wait) - 0.1))
+    per_worker = worker_cpus / n_workers if n_workers else 0.0
+    room = ctx.ncpu - worker_cpus - loop_cpus  # idle CPUs in the evidence windows
+    if n_workers and per_worker >= T.saturated_worker_share:
+        # CPU-bound workers: only as many more as the idle CPUs can run
+        need = min(need, n_workers + int(max(room, 0.0) / per_worker))
+    can_scale = need > n_workers and (
+        n_workers == 0 or per_worker < T.saturated_worker_share or room >= T.min_free_cpus
+    )
     fix = []
-    if n_workers < spare:
-        n = min(need, spare)
+    if can_scale:
+        why = (f"{n_workers} worker{'s' if n_workers != 1 else ''} at {per_worker * 100:.0f}% of a core each, "
+               f"{max(room, 0):.1f} of {ctx.ncpu} CPUs idle") if n_workers else "no workers now"
         fix.append(
-            f"DataLoader(num_workers={n}, pin_memory=True, persistent_workers=True, prefetch_factor=4)"
-            f"   ({n_workers} workers now, {ctx.ncpu} cores)"
+            f"DataLoader(num_workers={need}, pin_memory=True, persistent_workers=True, prefetch_factor=4)   ({why})"
         )
     else:
         fix.append(
             f"DataLoader(num_workers={n_workers}, pin_memory=True, persistent_workers=True, prefetch_factor=4)"
-            f"   (already {n_workers} workers on {ctx.ncpu} cores: more will not help)"
+            f"   ({n_workers} workers already use {worker_cpus:.1f} of {ctx.ncpu} CPUs: more will not help)"
         )
         fix.append("make each sample cheaper: cache decoded/augmented samples, move augmentation to the GPU")
     if top_worker is not None:
