@@ -56,8 +56,15 @@ struct ingero_py_proc {
 	u32 frame_previous;   /* previous / f_back */
 	u32 frame_instr;      /* prev_instr / instr_ptr / f_lasti */
 	u32 generation;       /* which exec'd image this describes (user space counter) */
-	u32 pad;
+	u32 flags;            /* INGERO_PY_* */
+	u32 block_start;      /* the three frame fields lie in [block_start, +block_len): */
+	u32 block_len;        /*   one user read per frame instead of three */
 };
+
+/* Skip the native user stack: for CPython without frame pointers it ends in
+ * garbage right after libffi, and the Python frames say more. */
+#define INGERO_PY_NO_NATIVE 1
+#define INGERO_FRAME_BLOCK 128 /* bytes: >= any block_len user space sets */
 
 /* One call site.  Mirrored by PY_STACK_DTYPE in ingero/collect/stacks.py. */
 struct ingero_stack {
@@ -80,6 +87,10 @@ BPF_TABLE("lru_hash", u32, u64, ingero_py_tstates, 8192);
  * just exec'd), then writes their entry (runtime_addr 0 = not CPython). */
 BPF_HASH(ingero_stack_new_tgids, u32, u8, 1024);
 BPF_PERCPU_ARRAY(ingero_stack_scratch, struct ingero_stack, 1);
+struct ingero_frame_buf {
+	u8 b[INGERO_FRAME_BLOCK];
+};
+BPF_PERCPU_ARRAY(ingero_frame_scratch, struct ingero_frame_buf, 1);
 /* [0] records stored, [1] get_stackid failures, [2] thread state not found,
  * [3] map full, [4] frame chains truncated */
 BPF_ARRAY(ingero_stack_counters, u64, 8);
@@ -148,11 +159,18 @@ static __always_inline u64 ingero_stack_mix(u64 h, u64 v)
 	return h;
 }
 
+/* A u64 at byte offset `off` (8-aligned, < INGERO_FRAME_BLOCK) of buf. */
+static __always_inline u64 ingero_block_u64(struct ingero_frame_buf *buf, u32 off)
+{
+	return *(u64 *)(buf->b + (off & (INGERO_FRAME_BLOCK - 8)));
+}
+
 static __always_inline s32 ingero_stack_id(void *ctx)
 {
 	u32 zero = 0;
 	struct ingero_stack *rec = ingero_stack_scratch.lookup(&zero);
-	if (!rec)
+	struct ingero_frame_buf *buf = ingero_frame_scratch.lookup(&zero);
+	if (!rec || !buf)
 		return -1;
 
 	u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -163,18 +181,22 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 	rec->nframes = 0;
 	rec->truncated = 0;
 	rec->generation = 0;
-	rec->native_id = ingero_native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (rec->native_id < 0)
-		ingero_stack_count(1);
+	rec->native_id = -1;
 
 	u64 h = ingero_stack_mix(0xcbf29ce484222325ULL, tgid);
-	h = ingero_stack_mix(h, (u64)(s64)rec->native_id);
-
 	struct ingero_py_proc *cfg = ingero_py_procs.lookup(&tgid);
 	if (!cfg) {
 		u8 one = 1;
 		ingero_stack_new_tgids.insert(&tgid, &one);
-	} else if (cfg->runtime_addr) {
+	}
+	if (!cfg || !(cfg->flags & INGERO_PY_NO_NATIVE)) {
+		rec->native_id = ingero_native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+		if (rec->native_id < 0)
+			ingero_stack_count(1);
+	}
+	h = ingero_stack_mix(h, (u64)(s64)rec->native_id);
+
+	if (cfg && cfg->runtime_addr) {
 		rec->generation = cfg->generation;
 		h = ingero_stack_mix(h, cfg->generation);
 		u64 ts = ingero_find_tstate(cfg, tid);
@@ -184,21 +206,30 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 			u64 frame = ingero_read_u64(ts + cfg->tstate_frame);
 			if (cfg->cframe_frame >= 0 && frame)
 				frame = ingero_read_u64(frame + (u32)cfg->cframe_frame);
+			u32 start = cfg->block_start;
+			u32 len = cfg->block_len;
+			u32 code_off = cfg->frame_code - start;
+			u32 prev_off = cfg->frame_previous - start;
+			u32 instr_off = cfg->frame_instr - start;
+			if (len == 0 || len > INGERO_FRAME_BLOCK)
+				frame = 0;
 			u32 n = 0;
 			for (int i = 0; i < INGERO_PY_MAX_FRAMES; i++) {
 				if (!frame)
 					break;
-				u64 code = ingero_read_u64(frame + cfg->frame_code);
-				u64 instr = ingero_read_u64(frame + cfg->frame_instr);
+				if (bpf_probe_read_user(buf->b, len & (INGERO_FRAME_BLOCK - 1), (void *)(frame + start)) != 0)
+					break;
+				u64 code = ingero_block_u64(buf, code_off);
+				u64 instr = ingero_block_u64(buf, instr_off);
 				rec->code[i] = code;
 				rec->instr[i] = instr;
 				h = ingero_stack_mix(h, code);
 				h = ingero_stack_mix(h, instr);
 				n = i + 1;
-				frame = ingero_read_u64(frame + cfg->frame_previous);
+				frame = ingero_block_u64(buf, prev_off);
 			}
 			rec->nframes = n;
-			if (frame) {
+			if (frame && n == INGERO_PY_MAX_FRAMES) {
 				rec->truncated = 1;
 				ingero_stack_count(4);
 			}
@@ -208,10 +239,13 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 	if (rec->native_id < 0 && rec->nframes == 0)
 		return -1;
 	u32 id = (u32)(h ^ (h >> 32)) & 0x7fffffff;
+	/* Lookup first: lock-free, and the common case (a call site seen before). */
+	if (ingero_stacks.lookup(&id))
+		return (s32)id;
 	int err = ingero_stacks.insert(&id, rec);
 	if (err == 0) {
 		ingero_stack_count(0);
-	} else if (err != -17 /* EEXIST: same content already stored */) {
+	} else if (err != -17 /* EEXIST: stored meanwhile by another CPU */) {
 		ingero_stack_count(3);
 		return -1;
 	}

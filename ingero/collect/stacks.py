@@ -95,8 +95,15 @@ class PyProcConfig(ctypes.Structure):
         ("frame_previous", ctypes.c_uint32),
         ("frame_instr", ctypes.c_uint32),
         ("generation", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("block_start", ctypes.c_uint32),
+        ("block_len", ctypes.c_uint32),
     ]
+
+
+# struct ingero_py_proc.flags
+PY_NO_NATIVE = 1
+FRAME_BLOCK = 128  # INGERO_FRAME_BLOCK
 
 
 class StackRecord(ctypes.Structure):
@@ -113,10 +120,21 @@ class StackRecord(ctypes.Structure):
     ]
 
 
-def proc_config(interp: pyframes.Interpreter, generation: int) -> PyProcConfig:
+def proc_config(interp: pyframes.Interpreter, generation: int, *, native: bool = False) -> PyProcConfig:
+    """The BPF entry for a CPython process.  ``native``: also take the native
+    user stack (off by default: without frame pointers it ends in garbage
+    after libffi, and costs several us per event)."""
     lay = interp.layout
+    offs = (lay.frame_code, lay.frame_previous, lay.frame_instr)
+    start = min(offs)
+    length = max(offs) + 8 - start
+    if length > FRAME_BLOCK or any((o - start) % 8 for o in offs):
+        raise ValueError(f"frame fields of CPython {interp.version} do not fit the BPF frame block")
     return PyProcConfig(
         generation=generation,
+        flags=0 if native else PY_NO_NATIVE,
+        block_start=start,
+        block_len=length,
         runtime_addr=interp.runtime_addr,
         interp_head=lay.interp_head,
         threads_head=lay.threads_head,
@@ -315,143 +333,6 @@ class StackResolver:
                     del self._watched[pid]
                 else:
                     self._ensure(pid)
-
-    def close(self) -> None:
-        if self.mem is not None:
-            self.mem.close()
-
-
-_LIVE_RESOLVERS: "weakref.WeakSet[StackResolver]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_watchers() -> None:
-    """Stop watcher threads before interpreter teardown (a thread still alive
-    then keeps extension objects, DuckDB's among them, from being freed)."""
-    for resolver in list(_LIVE_RESOLVERS):
-        resolver._stop_watcher()
-
-
-def _watch(ref: "weakref.ref[StackResolver]") -> None:
-    while True:
-        resolver = ref()
-        if resolver is None or resolver._closed:
-            return
-        try:
-            resolver._watch_once()
-        except Exception as exc:  # keep watching: one bad process must not stop the rest
-            resolver.stats["watch_errors"] += 1
-            resolver.last_watch_error = f"{type(exc).__name__}: {exc}"
-            if resolver.stats["watch_errors"] > MAX_WATCH_ERRORS:  # the program is gone
-                return
-        del resolver
-        time.sleep(PENDING_POLL_S)
-
-
-class StackResolver:
-    """BPF stack ids -> stored ``stacks.stack_id`` (see the module docstring).
-
-    ``bpf`` is the loaded BCC program that includes stack.h; ``store`` an
-    ingero Store (``append`` + ``con``).  ``resolve`` is meant for one decode
-    thread; a daemon thread of ours examines new processes as the BPF side
-    meets them (``close()`` stops it).
-    """
-
-    def __init__(self, bpf: Any, store: Any, *, session_id: int | None = None):
-        self.bpf = bpf
-        self.store = store
-        self.session_id = session_id
-        self.procs: dict[int, _Proc] = {}
-        self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
-        self._stored: set[int] = set()
-        self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
-        self._generation = 0
-        self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
-        self._lock = threading.RLock()
-        self._watcher: threading.Thread | None = None
-        self._closed = False
-        self.stats = {"stacks": 0, "frames": 0, "native_frames": 0, "native_unknown": 0,
-                      "python_frames": 0, "python_unreadable": 0, "missing": 0, "watch_errors": 0}
-        self.last_watch_error: str | None = None
-        _LIVE_RESOLVERS.add(self)
-        self._start_watcher()
-
-    # -- targets -----------------------------------------------------------
-
-    def prepare(self, pids) -> list[int]:
-        """Register processes as targets; returns the pids found to run CPython.
-
-        Every process is then watched for PENDING_TIMEOUT_S: one that is not
-        running CPython yet (a ``--cmd`` child between fork and exec, libpython
-        not mapped yet) or that execs is re-examined within PENDING_POLL_S.
-        Processes the BPF side meets without an entry are prepared the same
-        way by the watcher, so calling this early is an optimisation.
-        """
-        python = []
-        with self._lock:
-            for pid in pids:
-                pid = int(pid)
-                proc = self._ensure(pid)
-                if proc.interp is not None:
-                    python.append(pid)
-                if proc.signature is not None and pid not in self._watched:
-                    self._watched[pid] = time.monotonic() + PENDING_TIMEOUT_S
-        return python
-
-    def _ensure(self, pid: int) -> _Proc:
-        """The _Proc of ``pid``'s current image (re-examined after an exec). Holds _lock."""
-        proc = self.procs.get(pid)
-        if proc is not None and (proc.signature is None or exec_signature(pid) in (proc.signature, None)):
-            return proc
-        if proc is not None:
-            # The old image's memory is gone; its _Proc stays in self.images
-            # to symbolise records it made (from caches and its maps snapshot).
-            for key in [k for k in self._ids if k[0] == pid]:
-                del self._ids[key]
-        self._generation += 1
-        proc = _Proc(pid, self._generation)
-        self.procs[pid] = proc
-        self.images[proc.generation] = proc
-        while len(self.images) > MAX_IMAGES:
-            old = self.images.pop(next(iter(self.images)))
-            if self.procs.get(old.pid) is not old:
-                old.close()
-        table = self.bpf.get_table("ingero_py_procs")
-        # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
-        table[table.Key(pid)] = (proc_config(proc.interp, proc.generation) if proc.interp is not None
-                                 else PyProcConfig(generation=proc.generation))
-        return proc
-
-    def _start_watcher(self) -> None:
-        if self._closed or (self._watcher is not None and self._watcher.is_alive()):
-            return
-        self._watcher = threading.Thread(target=self._watch, name="ingero-stack-watch", daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        try:
-            fresh = self.bpf.get_table("ingero_stack_new_tgids")
-        except KeyError:
-            return
-        while not self._closed:
-            try:
-                new = [k.value for k in fresh.keys()]
-                if new:
-                    self.prepare(new)
-                    for pid in new:
-                        fresh.pop(fresh.Key(pid), None)
-                with self._lock:
-                    now = time.monotonic()
-                    for pid, deadline in list(self._watched.items()):
-                        if now > deadline or exec_signature(pid) is None:
-                            del self._watched[pid]
-                        else:
-                            self._ensure(pid)
-            except Exception:  # the program was closed under us: nothing left to watch
-                if self._closed:
-                    return
-                raise
-            time.sleep(PENDING_POLL_S)
 
     def _stop_watcher(self) -> None:
         self._closed = True

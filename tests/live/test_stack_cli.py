@@ -74,7 +74,7 @@ def test_preempted_line_tops_the_list(tmp_path):
     hog = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)
-        stdout = trace(f"taskset -c 0 {sys.executable} {script} 2", db, 20)
+        stdout = trace(f"taskset -c 0 {sys.executable} {script} 3", db, 30)
     finally:
         hog.kill()
         hog.wait()
@@ -85,6 +85,9 @@ def test_preempted_line_tops_the_list(tmp_path):
     top = rows[0]
     assert (top["file"], top["line"]) == (str(script), hot)
     assert top["source"].startswith("while time.monotonic() < end: n += 1")
-    # Sharing one core with a hog for 2 s: CFS slices of a few ms -> hundreds of preemptions.
-    assert top["preemptions"] >= 50
+    # Sharing one core with a hog for 3 s: CFS slices of a few ms give
+    # hundreds of preemptions on an idle machine; a loaded shared one (load 16
+    # on 2 cores seen) still gives dozens.  Most land on the loop.
+    assert top["preemptions"] >= 10
+    assert top["preemptions"] > sum(r["preemptions"] for r in rows[1:])
     assert os.path.basename(top["file"]) == "stack_hot_loop.py"

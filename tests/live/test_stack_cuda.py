@@ -136,9 +136,10 @@ def check_python(harness, store, python: str, n: int = 5):
     assert py_malloc[1][2] == "main" and py_malloc[1][5] == lines["LOOP_CALL_LINE"]
     assert py_sync[0][2] == "main" and py_sync[0][5] == lines["SYNC_LINE"]
     assert [r[2] for r in py_malloc[-2:]] == ["main", "<module>"]
-    # The innermost frame is the CUDA call itself, symbolised natively.
-    assert malloc[0][1:4] == ("native", "cudaMalloc", libcudart())
-    assert sync[0][1:4] == ("native", "cudaDeviceSynchronize", libcudart())
+    # CPython processes get Python frames only (the native walk ends in
+    # garbage after libffi without frame pointers): the call site is depth 0.
+    assert malloc[0][0] == 0 and malloc == [r for r in malloc if r[1] == "python"]
+    assert sync[0][2] == "main"
     return h.resolver
 
 

@@ -233,11 +233,22 @@ def test_stack_header_constants_match_python_mirror():
     m = re.search(r"#define INGERO_PY_MAX_FRAMES (\d+)", text)
     assert int(m.group(1)) == stacks.PY_MAX_FRAMES
     assert ctypes.sizeof(stacks.StackRecord) == 16 + 16 * stacks.PY_MAX_FRAMES
-    assert ctypes.sizeof(stacks.PyProcConfig) == 56
+    assert ctypes.sizeof(stacks.PyProcConfig) == 64
     # Field order of struct ingero_py_proc as declared in stack.h.
     body = re.search(r"struct ingero_py_proc \{(.*?)\};", text, re.S).group(1)
     names = re.findall(r"\b[us](?:16|32|64) (\w+);", body)
     assert names == [f[0] for f in stacks.PyProcConfig._fields_]
+
+
+@pytest.mark.parametrize("version", sorted(pyframes.LAYOUTS))
+def test_frame_fields_fit_one_bpf_read(version):
+    interp = pyframes.Interpreter(1, version, 0x1000, "python", pyframes.LAYOUTS[version])
+    cfg = stacks.proc_config(interp, 7)
+    assert cfg.generation == 7 and cfg.flags == stacks.PY_NO_NATIVE
+    assert 0 < cfg.block_len <= stacks.FRAME_BLOCK
+    for off in (cfg.frame_code, cfg.frame_previous, cfg.frame_instr):
+        assert cfg.block_start <= off and off + 8 <= cfg.block_start + cfg.block_len
+        assert (off - cfg.block_start) % 8 == 0
 
 
 def test_bpf_text_inlines_stack_header(tmp_path):
