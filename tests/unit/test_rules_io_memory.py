@@ -28,6 +28,7 @@ def test_io_stall_fires_names_writer():
     assert "ionice -c 3 -p 8000   (idle-class I/O for dd)" in chain.fix
     assert chain.correlation is not None and chain.correlation < -0.9
     assert chains_of(report, "memory-pressure") == []
+    assert chains_of(report, "cpu-contention") == []  # D state is not contention
 
 
 def test_io_without_effect_on_the_loop_is_silent():
@@ -54,6 +55,7 @@ def test_memory_pressure_fires_and_io_stall_defers():
     assert chain.numbers["major_faults"] >= 8000
     assert chain.numbers["faults_per_s_quiet"] == 0
     assert chains_of(report, "io-stall") == []
+    assert chains_of(report, "cpu-contention") == []
 
 
 def test_memory_pressure_from_own_faults_aligned_with_slowdown():

@@ -25,6 +25,7 @@ def test_launch_bound_fires():
     assert chain.numbers["oncpu_share"] > 0.95
     assert any("CUDA graph" in f for f in chain.fix)
     assert chains_of(report, "sync-heavy") == []
+    assert chains_of(report, "cpu-contention") == []
 
 
 def test_launch_rate_just_below_threshold():
@@ -50,6 +51,7 @@ def test_sync_heavy_fires_counts_read_backs():
     assert chain.numbers["small_d2h_copies"] > 0
     assert any(".item()" in f for f in chain.fix)
     assert chains_of(report, "launch-bound") == []
+    assert chains_of(report, "cpu-contention") == []  # sleeping in syncs is not contention
 
 
 def test_sync_per_launch_just_below_threshold():
