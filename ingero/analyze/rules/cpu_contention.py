@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
+from ingero.analyze.windows import SYNC_OPS
 
 ID = "cpu-contention"
 TITLE = "CPU scheduling contention → CUDA calls delayed"
@@ -146,7 +147,7 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         top = list(outsiders)[:3]
         root.append("CPU taken by " + ", ".join(f"{names[p].name} (PID {p})" for p in top if p in names))
     effect = []
-    for op, clean_p99, ev_p99 in baseline.op_p99(ctx, pid, tid, _sync_ops(), s)[:2]:
+    for op, clean_p99, ev_p99 in baseline.op_p99(ctx, pid, tid, SYNC_OPS, s)[:2]:
         if s.has_baseline and clean_p99 > 0 and ev_p99 >= T.min_p99_ratio * clean_p99:
             effect.append(
                 f"{op} p99 {units.ratio(ev_p99, clean_p99)} baseline ({units.ns(clean_p99)} → {units.ns(ev_p99)})"
@@ -193,12 +194,6 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             "throughput_drop": round(drop, 4),
         },
     )
-
-
-def _sync_ops() -> list[str]:
-    from ingero.analyze.windows import SYNC_OPS
-
-    return SYNC_OPS
 
 
 def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int) -> list[str]:
