@@ -97,3 +97,9 @@ def test_launch_bound_survives_other_load_on_the_host():
     [chain] = chains_of(report, "launch-bound")
     assert chain.numbers["oncpu_share"] < launch_bound.T.min_busy_share <= chain.numbers["busy_share"]
     assert chains_of(report, "cpu-contention")  # and the load is reported as well
+
+
+def test_processes_doing_different_work_are_not_stragglers():
+    # an inference process with 4 kernels per sync beside a 40-kernel training step
+    tr = base().loop(0, 20).loop(0, 20, pid=4300, tid=4300, launches=4, device_ms=2, cpu_ms=20)
+    assert chains_of(tr.explain(), "straggler") == []

@@ -27,6 +27,8 @@ class Thresholds:
     high_rate_ratio: float = 0.5
     # Peers compared only over windows where all of them were active, at least this many.
     min_common_windows: int = 3
+    # Same work: kernel launches per sync (the step's shape) within this factor.
+    max_shape_ratio: float = 1.5
 
 
 T = Thresholds()
@@ -40,6 +42,18 @@ REASONS = (
 )
 
 
+def _launches_per_sync(rows: list[baseline.Row]) -> float:
+    launches = sum(r["launch_n"] for r in rows)
+    syncs = sum(r["sync_n"] for r in rows)
+    return launches / syncs if syncs else float(launches)
+
+
+def _similar(a: float, b: float) -> bool:
+    if a <= 0 or b <= 0:
+        return a == b
+    return max(a, b) / min(a, b) <= T.max_shape_ratio
+
+
 def evaluate(con, ctx: Context) -> list[Chain]:
     by_pid = baseline.windows_by_pid(ctx)
     if len(by_pid) < 2:
@@ -50,6 +64,12 @@ def evaluate(con, ctx: Context) -> list[Chain]:
     rows = {pid: [r for r in rs if int(r["w"]) in common] for pid, rs in by_pid.items()}
     rate = {pid: sum(r["launch_n"] for r in rs) / (sum(r["wall_ns"] for r in rs) / 1e9) for pid, rs in rows.items()}
     slow = min(rate, key=rate.get)
+    # Peers run the same loop: about as many kernels per sync (per step).
+    shape = {pid: _launches_per_sync(rs) for pid, rs in rows.items()}
+    same = [p for p in rate if p != slow and _similar(shape[p], shape[slow])]
+    if not same:
+        return []
+    rate = {p: rate[p] for p in [slow, *same]}
     peers = [rate[p] for p in rate if p != slow]
     peer_rate = baseline.median(peers)
     if peer_rate <= 0 or rate[slow] >= T.max_rate_ratio * peer_rate:
