@@ -128,9 +128,16 @@ class _Percentiles:
         self.counts = np.zeros(256, dtype=np.int64)
 
     def add(self, recs: np.ndarray) -> None:
-        self.counts += np.bincount(recs["op"], minlength=256)
+        op = recs["op"]
+        counts = np.bincount(op, minlength=256)
+        self.counts += counts
         if len(recs) > PCT_SAMPLE:
-            recs = recs[:: len(recs) // PCT_SAMPLE + 1]  # a strided sample: no random permutation to pay for
+            # a strided sample (no random permutation to pay for) that keeps
+            # every record of the ops too rare to survive the stride
+            step = len(recs) // PCT_SAMPLE + 1
+            keep = counts[op] < PCT_SAMPLE // 16
+            keep[::step] = True
+            recs = recs[keep]
         self._current.append((recs["op"].copy(), recs["duration_ns"].copy()))
 
     def roll(self) -> None:
