@@ -86,3 +86,29 @@ def test_preempted_by_own_workers_is_medium_and_sizes_workers():
     assert chain.severity == "MEDIUM"
     assert chain.culprits[0].pid == 5001 and "(same job)" in chain.culprits[0].detail
     assert any(f.startswith("DataLoader(num_workers=1,") for f in chain.fix)
+
+
+def test_generalises_to_other_hosts_names_and_windows():
+    # 8 cores, another job name and competitor, 60 s run, 2 s windows, contention in the middle
+    tr = Trace(ncpu=8)
+    tr.name(9100, "python3 (finetune_llm.py)", "python3", "python3 finetune_llm.py --bs 16")
+    tr.name(9200, "ffmpeg", "ffmpeg", "ffmpeg -i in.mp4 out.webm")
+    tr.loop(0, 20, pid=9100, tid=9101, device_ms=50)
+    tr.loop(20, 44, pid=9100, tid=9101, device_ms=50, preempt_ms=80, preempt_by=9200)
+    tr.loop(44, 60, pid=9100, tid=9101, device_ms=50)
+    tr.competitor(9200, "ffmpeg", 20, 44).system(0, 60)
+    report = tr.explain(window_s=2.0)
+    [chain] = chains_of(report, "cpu-contention")
+    assert chain.severity == "HIGH" and chain.pids == [9100]
+    assert chain.culprits[0].name == "ffmpeg"
+    assert len(chain.evidence_windows) == 12
+    assert "taskset -c 7 python3 finetune_llm.py --bs 16   (give the loop its own core)" in chain.fix
+    assert "taskset -acp 0-6 9200   (keep ffmpeg off it)" in chain.fix
+
+
+def test_preemption_hidden_behind_gpu_work_is_not_a_chain():
+    # 30 ms preempted per step while the GPU works 50 ms: the step does not get longer
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.loop(0, 10, device_ms=50).loop(10, 20, device_ms=50, preempt_ms=30, preempt_by=STRESS).loop(20, 30, device_ms=50)
+    tr.name(STRESS, "stress", "stress").competitor(STRESS, "stress", 10, 20).system(0, 30)
+    assert chains_of(tr.explain(), "cpu-contention") == []
