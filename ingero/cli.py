@@ -61,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("ingero: aborted", err=True)
         return 130
+    except click.UsageError as exc:
+        # One line, like every other user error: what is wrong and where to look.
+        where = f"ingero {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path else "ingero --help"
+        click.echo(f"ingero: {exc.format_message()} — see `{where}`", err=True)
+        return 2
     except click.ClickException as exc:
-        exc.show()
-        return 2 if exc.exit_code == 2 else exc.exit_code
+        click.echo(f"ingero: {exc.format_message()}", err=True)
+        return 2 if exc.exit_code in (1, 2) else exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except BrokenPipeError:

@@ -127,7 +127,7 @@ def readable_name(argv: list[str], comm: str) -> str:
 
 
 def process_info(pid: int, proc: Path = PROC) -> dict | None:
-    """{pid, name, comm, cmdline} of a live process, or None if it is gone."""
+    """{pid, name, comm, cmdline, ppid} of a live process, or None if it is gone."""
     base = proc / str(pid)
     comm_raw = _read(base / "comm")
     if comm_raw is None:
@@ -139,7 +139,19 @@ def process_info(pid: int, proc: Path = PROC) -> dict | None:
         "name": readable_name(argv, comm),
         "comm": comm,
         "cmdline": " ".join(argv)[:MAX_CMDLINE_CHARS],
+        "ppid": _ppid(base),
     }
+
+
+def _ppid(base: Path) -> int | None:
+    """Field 4 of /proc/PID/stat (after the parenthesised comm, which may hold spaces)."""
+    raw = _read(base / "stat")
+    if not raw:
+        return None
+    try:
+        return int(raw[raw.rindex(b")") + 2 :].split()[1])
+    except (ValueError, IndexError):
+        return None
 
 
 def describe_pids(pids: Iterable[int], proc: Path = PROC) -> list[dict]:

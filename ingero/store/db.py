@@ -263,17 +263,19 @@ class Store:
         return len(crashed)
 
     def upsert_process_names(self, rows: list[dict[str, Any]]) -> None:
-        """rows: pid, name, comm, cmdline, session_id, seen_ns."""
+        """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid when known."""
         if not rows:
             return
-        batch = pa.Table.from_pylist(rows)
+        batch = pa.Table.from_pylist([{"ppid": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
             self.con.execute(
                 """INSERT INTO process_names
-                       SELECT pid, name, comm, cmdline, session_id, seen_ns, seen_ns FROM _ingero_names
+                       (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
+                       SELECT pid, name, comm, cmdline, ppid::INTEGER, session_id, seen_ns, seen_ns FROM _ingero_names
                    ON CONFLICT (pid) DO UPDATE SET
                        name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
+                       ppid = coalesce(excluded.ppid, process_names.ppid),
                        session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
             )
         finally:
@@ -296,6 +298,7 @@ TABLES = (
     "events",
     "process_names",
     "process_cpu",
+    "process_memory",
     "stacks",
     "system_metrics",
     "gpu_metrics",

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS process_names (
     name VARCHAR,                -- readable: 'python3 (train.py)'
     comm VARCHAR,                -- kernel task name (15 chars)
     cmdline VARCHAR,
+    ppid INTEGER,                -- parent pid (DataLoader workers point at the training process)
     session_id INTEGER,          -- last session that saw it
     first_seen_ns BIGINT,
     last_seen_ns BIGINT
@@ -76,6 +77,17 @@ CREATE TABLE IF NOT EXISTS process_cpu (
     involuntary BIGINT,          -- times preempted while runnable
     voluntary BIGINT,            -- times it went to sleep
     preempted_traced BIGINT      -- times it took the CPU from a traced thread
+);
+
+-- Resident memory of the largest processes on the host (and every traced
+-- one), sampled once a second: names the process behind memory pressure.
+CREATE TABLE IF NOT EXISTS process_memory (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,
+    pid INTEGER NOT NULL,
+    comm VARCHAR,
+    rss_bytes BIGINT,            -- resident set size
+    swap_bytes BIGINT            -- swapped out (VmSwap)
 );
 
 -- Call stacks captured with --stack, stored once each (deduplicated),

@@ -51,6 +51,7 @@ def _fake_proc(root: Path, pid: int, comm: str, cmdline: bytes) -> None:
     d.mkdir(parents=True)
     (d / "comm").write_text(comm + "\n")
     (d / "cmdline").write_bytes(cmdline)
+    (d / "stat").write_text(f"{pid} ({comm}) S 4000 {pid} {pid} 0 -1\n")
 
 
 def test_process_info_from_fake_proc(tmp_path):
