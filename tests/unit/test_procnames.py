@@ -63,6 +63,7 @@ def test_process_info_from_fake_proc(tmp_path):
         "name": "python3 (train.py)",
         "comm": "pt_main_thread",
         "cmdline": "/usr/bin/python3 train.py --bs 64",
+        "ppid": 4000,
     }
     assert process_info(99999, proc=tmp_path) is None
     rows = describe_pids([7, 99999, 4242, 7], proc=tmp_path)
