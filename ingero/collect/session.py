@@ -380,10 +380,16 @@ def _attach_line(lib: Any, ok: int, failed: int) -> str:
 
 class _Samplers:
     def __init__(self, enabled: bool):
-        self.system = self.gpu = None
+        self.system = self.gpu = self.memory = None
         self.note: str | None = None
         if not enabled:
             return
+        try:
+            from ingero.sample import memory
+
+            self.memory = memory
+        except ImportError:
+            self.memory = None
         try:
             from ingero.sample.system import SystemSampler
 
@@ -398,7 +404,11 @@ class _Samplers:
         except ImportError:
             self.gpu = None
 
-    def sample(self, store: Store, session_id: int) -> None:
+    def sample(self, store: Store, session_id: int, traced: set[int] | None = None) -> None:
+        if self.memory is not None:
+            rows = self.memory.sample(frozenset(traced or ()))
+            if rows:
+                store.append("process_memory", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
         if self.system is not None:
             row = self.system.sample()
             if row:
@@ -591,7 +601,8 @@ def _loop(
 
 def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> None:
     sess.harvest_process_cpu()
-    samplers.sample(sess.store, sess.session_id)
+    traced = sess.program.targets()
+    samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
@@ -602,6 +613,6 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
         sess.program.add_targets(found)
         sess.upsert_names(found)
     # targets whose process is gone (exit handler missed them, e.g. thread keys)
-    for pid in sess.program.targets():
+    for pid in traced:
         if not targets.alive(pid):
             sess.program.remove_targets([pid])
