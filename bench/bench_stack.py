@@ -142,7 +142,7 @@ def bench_throughput(tmp: Path) -> None:
         print(f"| {m} | {rate:,.0f} | {per_call[m]:.1f} | {stored if stored == '-' else f'{stored:,.0f}'} |")
     print(f"\n--stack costs {per_call['trace --stack'] - per_call['trace']:.1f} us per CUDA call "
           f"({(per_call['trace --stack'] / per_call['trace'] - 1) * 100:.0f} % of a traced call) "
-          f"for a {STACK_DEPTH}-frame Python stack + native stack, walked in BPF.")
+          f"for a {STACK_DEPTH}-frame Python stack walked in BPF (CPython processes: no native walk).")
     st = results["trace --stack"]
     calls = sum(r["stored"] for r in st)
     print(f"Events with a stack id: {sum(r['with_stack'] for r in st):,} of {calls:,}; "
@@ -150,10 +150,8 @@ def bench_throughput(tmp: Path) -> None:
           f"(the rest: before the new process was examined, ~20 ms after its first event).")
     nat = sum(r["native_frames"] for r in st)
     unk = sum(r["native_unknown"] for r in st)
-    print(f"Native frames stored: {nat:,}, unknown: {unk:,} ({100 * unk / max(nat, 1):.0f} %): "
-          "without frame pointers the unwinder stops after libffi / inside python3.11, so most "
-          "unknown frames are garbage return addresses past the first interpreter frame; the "
-          "innermost frame (the CUDA function) is always known.")
+    print(f"Native frames stored: {nat:,}, unknown: {unk:,} ({100 * unk / max(nat, 1):.0f} %) -- only "
+          "from events before the process was examined: CPython processes get Python frames only.")
 
 
 def bench_user_space_walk() -> None:

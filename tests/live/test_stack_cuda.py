@@ -125,6 +125,9 @@ def check_python(harness, store, python: str, n: int = 5):
     finally:
         finish(proc)
     assert (ids >= 0).all()
+    # Resolved records leave the BPF map (it only buffers unread call sites).
+    table = h.bpf["ingero_stacks"]
+    assert all(table.get(table.Key(int(i))) is None for i in set(ev["stack_id"].tolist()))
     # The n cudaMalloc calls come from one line: one stack, stored once.
     assert len(set(ids[:n].tolist())) == 1
     malloc = stack_rows(store, int(ids[0]))
