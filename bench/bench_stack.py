@@ -191,11 +191,60 @@ def bench_user_space_walk() -> None:
           "both cheaper and correct; user space only resolves each distinct stack once.")
 
 
+NATIVE_CALLER = r'''
+#include <dlfcn.h>
+#include <stdio.h>
+#include <time.h>
+typedef int (*malloc_fn)(void **, unsigned long);
+__attribute__((noinline)) int issue(malloc_fn f) { void *p; return f(&p, 64); }
+__attribute__((noinline)) int step(malloc_fn f) { return issue(f) + 1; }
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 1;
+    malloc_fn f = (malloc_fn)dlsym(h, "cudaMalloc");
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    long n = 0;
+    do { step(f); n++; clock_gettime(CLOCK_MONOTONIC, &b); } while (b.tv_sec - a.tv_sec < 1);
+    printf("{\"calls\": %ld}\n", n);
+    return 0;
+}
+'''
+
+
+def bench_native_unknown(tmp: Path) -> None:
+    """Share of unknown native frames for a C++-style caller, with and without frame pointers."""
+    lib = libcudart()
+    src = tmp / "caller.c"
+    src.write_text(NATIVE_CALLER)
+    print("\nNative stacks of a C caller (main -> step -> issue -> cudaMalloc), 1 s traced with --stack:\n")
+    print("| build | native frames stored | unknown | share | caller chain found |")
+    print("|---|---:|---:|---:|---|")
+    for label, flags in (("-O2", ["-O2"]), ("-O2 -fno-omit-frame-pointer", ["-O2", "-fno-omit-frame-pointer"])):
+        exe = tmp / ("caller" + str(len(flags)))
+        subprocess.run(["cc", *flags, "-o", str(exe), str(src), "-ldl"], check=True)
+        db = tmp / f"native{len(flags)}.duckdb"
+        res = subprocess.run([sys.executable, "-m", "ingero", "trace", "--stack", "--cmd", f"{exe} {lib}",
+                              "--duration", "60", "--db", str(db)], capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr[-2000:])
+        con = duckdb.connect(str(db), read_only=True)
+        total, unknown = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE function = '[unknown]') FROM stacks s "
+            "WHERE frame_kind = 'native' AND stack_id IN (SELECT stack_id FROM events WHERE op = 'cudaMalloc')").fetchone()
+        chain = [r[0] for r in con.execute(
+            "SELECT function FROM stacks WHERE stack_id = (SELECT any_value(stack_id) FROM events "
+            "WHERE op = 'cudaMalloc') ORDER BY depth").fetchall()]
+        con.close()
+        print(f"| {label} | {total} | {unknown} | {100 * unknown / max(total, 1):.0f} % | {' <- '.join(chain[:5])} |")
+
+
 def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench_stack needs root (eBPF)")
     with tempfile.TemporaryDirectory(prefix="ingero-bench-stack-") as tmp:
         bench_throughput(Path(tmp))
+        bench_native_unknown(Path(tmp))
     bench_user_space_walk()
 
 
