@@ -586,25 +586,41 @@ EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count
 	return copy(dst, src, count, (int)kind, stream, 1);
 }
 
+/* memset runs on the device at ~10x PCIe bandwidth; the synchronous form waits */
+static cudaError_t memset_impl(void *devPtr, size_t count, cudaStream_t stream, int async)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (!is_device(devPtr) || si < 0)
+		return ret(cudaErrorInvalidValue);
+	uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
+	if (!async)
+		wait_until(end);
+	return cudaSuccess;
+}
+
 EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 {
 	(void)value;
-	ensure_init();
-	if (!is_device(devPtr))
-		return ret(cudaErrorInvalidValue);
-	wait_until(enqueue(ENGINE_COMPUTE, 0, dma_ns(count) / 10));
-	return cudaSuccess;
+	return memset_impl(devPtr, count, NULL, 0);
+}
+
+EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count)
+{
+	(void)value;
+	return memset_impl(devPtr, count, NULL, 0);
 }
 
 EXPORT cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
 	(void)value;
-	ensure_init();
-	int si = stream_index(stream);
-	if (!is_device(devPtr) || si < 0)
-		return ret(cudaErrorInvalidValue);
-	enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
-	return cudaSuccess;
+	return memset_impl(devPtr, count, stream, 1);
+}
+
+EXPORT cudaError_t cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count, cudaStream_t stream)
+{
+	(void)value;
+	return memset_impl(devPtr, count, stream, 1);
 }
 
 /* ---- synchronisation ------------------------------------------------------ */
@@ -647,13 +663,23 @@ EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
 	return stream_sync(stream);
 }
 
-EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
+static cudaError_t stream_query(cudaStream_t stream)
 {
 	ensure_init();
 	int si = stream_index(stream);
 	if (si < 0)
 		return ret(cudaErrorInvalidResourceHandle);
 	return now_ns() >= tail_of(si) ? cudaSuccess : cudaErrorNotReady;
+}
+
+EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+	return stream_query(stream);
+}
+
+EXPORT cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream)
+{
+	return stream_query(stream);
 }
 
 static cudaError_t stream_create(cudaStream_t *pStream)
