@@ -29,7 +29,7 @@ import numpy as np
 from ingero.collect import decode
 from ingero.collect.loader import BpfSettings, load_program
 from ingero.collect.records import EVENT_DTYPE, Counter, Kind, Op
-from ingero.collect.session import FLUSH_INTERVAL_S, POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
+from ingero.collect.session import FLUSH_INTERVAL_S, FLUSH_ROWS, POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
 from ingero.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def ingest_step(gen: Path, rate: float, db: Path) -> dict:
         while proc.poll() is None:
             n = sess.poll()
             now = time.monotonic()
-            if now >= next_flush or sess.pending_rows >= 1_000_000:
+            if now >= next_flush or sess.pending_rows >= FLUSH_ROWS:
                 sess.flush()
                 next_flush = now + FLUSH_INTERVAL_S
             if n < READ_BATCH:

@@ -36,7 +36,7 @@
 #endif
 
 #ifndef RING_PAGES
-#define RING_PAGES 16384 /* 64 MiB with 4 KiB pages: ~1 s of records at 1 M/s */
+#define RING_PAGES 32768 /* 128 MiB with 4 KiB pages: ~2 s of records at 1 M/s */
 #endif
 #ifndef TRACE_ALL_CUDA
 #define TRACE_ALL_CUDA 1

@@ -27,7 +27,9 @@ from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter
 from ingero.errors import IngeroError
 
 MAIN_SOURCE = "ingero.bpf.c"
-DEFAULT_RING_MB = 64  # ~1 s of records at 1 M records/s (64 bytes each)
+# ~2 s of records at 1 M records/s (64 bytes each).  bench_ingest at 1 M/s:
+# 64 MiB dropped 1-3 records in 4 M (commit stalls on this shared VM's disk), 128 MiB none.
+DEFAULT_RING_MB = 128
 RING_MAP = "events"
 
 

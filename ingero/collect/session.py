@@ -1,8 +1,8 @@
 """One trace session: load, attach, then drain -> decode -> store until told to stop.
 
 Everything runs on one thread (the DuckDB writes included): the ring buffer
-holds ~1 s of records at 1 M/s (64 MiB), so the loop can afford a batched
-append once a second.  The loop, every POLL_INTERVAL_S:
+holds ~2 s of records at 1 M/s (128 MiB), so the loop can afford batched
+appends and the odd slow commit (a shared VM disk stalls fsync for a second).  The loop, every POLL_INTERVAL_S:
 
 * reads every submitted record from the ring buffer (ringbuf.RingReader);
 * at least once a second (or when FLUSH_ROWS are buffered) decodes and
@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.collect import decode, targets
-from ingero.collect.loader import BpfSettings, Program, load_program, ring_bytes_from_mb
+from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
 from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
@@ -37,7 +37,7 @@ from ingero.store.db import Store, invoking_user
 
 POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k records (640 KiB) a poll
 FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
-FLUSH_ROWS = 1_000_000  # or sooner when this many rows wait (bounds memory: ~56 MB)
+FLUSH_ROWS = 250_000  # or sooner when this many wait: each append holds up reading ~0.2 s at most
 READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
 DRAIN_MAX_S = 0.5  # at the end: give up when nothing new could be read for this long (BPF programs are short)
 PCT_WINDOW_S = 10  # live view percentiles cover the last 10 s
@@ -53,7 +53,7 @@ class TraceOptions:
     cmd: str | None = None
     cuda_libs: list[Path] = field(default_factory=list)
     stack: bool = False
-    ring_mb: int = 64
+    ring_mb: int = DEFAULT_RING_MB
     command_line: str = "ingero trace"
     samplers: bool = True  # benchmarks turn them off
 
@@ -212,12 +212,17 @@ class TraceSession:
         if self.stacks is not None:
             stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids)
+        # rows and heartbeat in one transaction: one commit (one fsync) per flush, not two
+        self.store.con.begin()
         try:
-            self.events += self.store.append("events", table)
+            added = self.store.append("events", table)
+            self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns())
+            self.store.con.commit()
         except Exception:
+            self.store.con.rollback()
             self.drops_user += len(recs)
             raise
-        self.store.update_session(self.session_id, events=self.events, heartbeat_ns=time.time_ns())
+        self.events += added
 
     def _note_pids(self, recs: np.ndarray) -> None:
         pids = np.unique(recs["pid"])

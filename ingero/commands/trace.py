@@ -18,7 +18,7 @@ from ingero.commands.options import DURATION, db_option, json_option, resolve_db
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
-@click.option("--ring-mb", type=int, default=64, show_default=True, help="Ring buffer size in MiB (power of two).")
+@click.option("--ring-mb", type=int, default=128, show_default=True, help="Ring buffer size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
 @db_option
 @json_option
