@@ -256,3 +256,15 @@ def test_reading_scenarios_read_the_dataset():
         for flags in (s.workload, s.fix_workload):
             if "--reads-per-batch" in flags:
                 assert flags[flags.index("--read-path") + 1] == "{dataset}", s.name
+
+
+def test_cli_synthetic_renders_diagnosis_and_before_after():
+    result = CliRunner().invoke(cli, ["demo", "memcpy-bottleneck", "--synthetic", "--duration", "8s"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "[HIGH] " in out
+    assert "Diagnosis: named the cause" in out
+    assert "Fix applied: pinned memory" in out
+    steps = next(line for line in out.splitlines() if line.strip().startswith("steps/s"))
+    assert steps.rstrip().endswith("better")
+    assert "After the fix, explain finds no causal chains" in out
