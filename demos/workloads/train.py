@@ -45,7 +45,6 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_LIB = HERE.parent / "build" / "libcudart.so.12"
 
 CUDA_H2D = 1
-SIMCUDA_HOST_ALLOC_DEFAULT = 0
 # Work calibration buffer: 256 KiB hashes in ~0.2-0.5 ms here, long enough to
 # time and short enough to repeat.
 CALIBRATION_BYTES = 256 * 1024

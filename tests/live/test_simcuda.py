@@ -7,11 +7,9 @@ up, so the minimum is the model's number plus the least noise.
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
