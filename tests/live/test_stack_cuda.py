@@ -184,3 +184,47 @@ def test_native_only_process_gets_native_stack(harness, tmp_path):
     assert rows[0][1:4] == ("native", "cudaMalloc", libcudart())
     assert "main" in [r[2] for r in rows if r[3] == str(exe)]
     assert all(r[1] == "native" for r in rows)
+
+
+THREADED = """
+import ctypes, sys, threading
+cudart = ctypes.CDLL(sys.argv[1])
+def worker():
+    p = ctypes.c_void_p()
+    for _ in range(4):
+        cudart.cudaMalloc(ctypes.byref(p), 64)  # WORKER_LINE
+print("ready", flush=True)
+sys.stdin.readline()
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_threads_are_matched_by_native_thread_id(harness, tmp_path):
+    """Calls from three worker threads: each gets its own thread's frames, not the main thread's."""
+    h, store = harness
+    script = tmp_path / "threaded.py"
+    script.write_text(THREADED)
+    line = next(n for n, t in enumerate(THREADED.splitlines(), 1) if t.endswith("# WORKER_LINE"))
+    proc = subprocess.Popen(["/usr/bin/python3", str(script), libcudart()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        h.target(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        ev = h.drain()
+        ev = ev[(ev["pid"] == proc.pid) & (ev["op"] == Op.CUDA_MALLOC)]
+        assert len(ev) == 12
+        assert len(set(ev["tid"].tolist())) == 3 and proc.pid not in set(ev["tid"].tolist())
+        ids = h.resolver.resolve(ev["stack_id"], ev["pid"])
+    finally:
+        finish(proc)
+    assert len(set(ids.tolist())) == 1  # same code, same line: one stored stack for all threads
+    rows = stack_rows(store, int(ids[0]))
+    assert rows[0][2] == "worker" and rows[0][4] == str(script) and rows[0][5] == line
+    assert [r[2] for r in rows][-3:] == ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
