@@ -27,9 +27,8 @@ import os
 import re
 import struct
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from ingero.collect.symbols import ElfSymbols, MemoryMap, read_maps
+from ingero.collect.symbols import ElfSymbols, read_maps
 
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
@@ -531,16 +530,3 @@ class CodeReader:
         if size > MAX_LINETABLE_BYTES:
             return None
         return self.mem.read(addr + lay.bytes_sval, size) if size else b""
-
-
-def version_of_running() -> tuple[int, int]:
-    import sys
-
-    return sys.version_info[:2]
-
-
-__all__ = [
-    "CodeInfo", "CodeReader", "Interpreter", "LAYOUTS", "ProcessMemory", "PyFrame", "PyLayout",
-    "find_interpreter", "layout_from_debug_offsets", "line_for", "line_ranges_310",
-    "line_ranges_311", "thread_states", "walk_thread", "Path",
-]

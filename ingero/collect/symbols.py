@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-# Symbols larger than this are not trusted to cover an address past their
-# start when their size is 0 (assembly stubs): the nearest preceding symbol
-# is still reported, as perf and gdb do.
+# Function (and module) name of a frame that no symbol covers: stripped local
+# functions, JIT code, garbage return addresses of a frame-pointer-less walk.
+# A sized symbol covers [value, value + size); a size-0 one (assembly stubs)
+# covers everything up to the next symbol, as perf and gdb report it.
 UNKNOWN = "[unknown]"
 
 
