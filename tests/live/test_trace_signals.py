@@ -26,7 +26,7 @@ def test_signal_mid_trace_flushes_everything_and_closes_the_session(tmp_path, si
     tracer = Tracer(db)
     tracer.wait_started()
     # a workload still calling CUDA when the signal arrives
-    work = subprocess.Popen([str(calls), str(lib), "100000", "64"], stdout=subprocess.DEVNULL)
+    work = subprocess.Popen([str(calls), str(lib), "5000000", "64"], stdout=subprocess.DEVNULL)  # killed below
     try:
         time.sleep(2.5)
         assert work.poll() is None, "the workload should still be running"
