@@ -57,7 +57,9 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 		next_tgid = *known;
 
 	if (prev_tid != 0) { /* tid 0 is the idle task */
-		tid_tgid_put(&prev_tid, &prev_tgid);
+		u32 *mapped = tid_tgid_get(&prev_tid);
+		if (!mapped || *mapped != prev_tgid) /* an LRU update costs far more than a lookup */
+			tid_tgid_put(&prev_tid, &prev_tgid);
 		struct ingero_proc_stat *ps = proc_stat(prev_tgid, args->prev_comm);
 		u64 *since = oncpu_since_get();
 		if (ps) {
