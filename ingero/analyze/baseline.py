@@ -125,6 +125,34 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return None if math.isnan(r) else round(r, 2)
 
 
+def evidence_correlation(s: Split, cause: Callable[[Row], float], effect: Callable[[Row], float],
+                         expect: int = -1) -> float | None:
+    """Correlation of cause and effect across the split's windows, kept only when it is evidence.
+
+    Without clean windows the cause is present throughout: its share then
+    varies only by noise, and a correlation over it is no evidence of
+    anything (None).  A correlation of the wrong sign (``expect``: -1 when the
+    effect metric falls as the cause grows, +1 when it rises) contradicts the
+    chain and is not printed as support either (None).
+    """
+    if not s.has_baseline:
+        return None
+    r = correlation([cause(r) for r in s.all], [effect(r) for r in s.all])
+    if r is None or r * expect <= 0:
+        return None
+    return r
+
+
+def least_affected(rows: list[Row], share: Callable[[Row], float]) -> tuple[list[Row], list[Row]]:
+    """(least, most): the quarter of windows where the cause's share is lowest and the quarter
+    where it is highest (at least one window each; empty lists with fewer than 4 windows)."""
+    if len(rows) < 4:
+        return [], []
+    ranked = sorted(rows, key=share)
+    q = len(ranked) // 4
+    return ranked[:q], ranked[-q:]
+
+
 def throughput(s: Split) -> tuple[float, float, float]:
     """(clean ops/s, evidence ops/s, drop 0-1) using window medians; drop 0 without baseline."""
     ev = median([ops_rate(r) for r in s.evidence])

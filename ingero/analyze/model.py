@@ -48,7 +48,11 @@ class Chain:
     windows_total: int = 0  # active windows of the affected process
     # Pearson correlation, across the affected process' active windows, of the
     # cause metric with the effect metric (None when either is constant).
+    # None too when no window is free of the cause (nothing to correlate) or
+    # when the sign contradicts the chain; ``correlation_note`` says what was
+    # correlated and which way, e.g. "CUDA ops/s fall as CPU wait rises".
     correlation: float | None = None
+    correlation_note: str = ""
     # Share of the affected thread's wall clock (in evidence windows) the cause
     # accounts for, 0-1: orders chains of equal severity.
     impact: float = 0.0

@@ -3,7 +3,7 @@
 Top-level keys: format_version, analysed, system, chains, notes, stack.  Each
 chain: rule_id, severity, title, root, effect, contributing, fix, pids,
 culprits [{pid, name, detail}], evidence_windows [{start_ns, end_ns}],
-windows_total, correlation, impact, numbers.
+windows_total, correlation, correlation_note, impact, numbers.
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ def write_chain(chain: Chain, out: IO[str]) -> None:
     _block(out, "Fix", chain.fix)
     ev = f"{len(chain.evidence_windows)} of {chain.windows_total} windows"
     if chain.correlation is not None:
-        ev += f", cause/effect correlation {chain.correlation:+.2f} across windows"
+        ev += f", cause/effect correlation {chain.correlation:+.2f} across {chain.windows_total} windows"
+        if chain.correlation_note:
+            ev += f" ({chain.correlation_note})"
     out.write(f"{INDENT}Evidence: {ev}  [{chain.rule_id}]\n")
 
 

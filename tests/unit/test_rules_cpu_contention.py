@@ -73,7 +73,29 @@ def test_present_throughout_reports_lost_time():
     [chain] = chains_of(tr.explain(), "cpu-contention")
     assert chain.severity == "HIGH"
     assert chain.culprits[0].name == "gzip"
-    assert any("present in every active window" in e for e in chain.effect)
+    # no clean window: said so, compared with the run itself (runnable vs on CPU), no correlation
+    assert chain.effect[0].startswith("no clean window to compare with (CPU wait in 29 of 29 active windows)")
+    assert "the loop was runnable" in chain.effect[0] and "waited" in chain.effect[0]
+    assert not any("present in every active window" in e for e in chain.effect)
+    assert chain.correlation is None and chain.correlation_note == ""
+
+
+def test_present_throughout_but_varying_compares_least_and_most_contended():
+    # contended everywhere, but four times harder in the second half: the least-contended
+    # quarter of the run is the baseline, and the effect is the drop against it
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.name(STRESS, "gzip", "gzip", "gzip -9 big.tar").competitor(STRESS, "gzip", 0, 30)
+    tr.loop(0, 15, preempt_ms=10, preempt_by=STRESS).loop(15, 30, preempt_ms=60, preempt_by=STRESS)
+    [chain] = chains_of(tr.system(0, 30).explain(), "cpu-contention")
+    assert chain.effect[0].startswith("no clean window to compare with")
+    [line] = [e for e in chain.effect if "least-contended quarter" in e]
+    assert "down" in line
+    assert chain.correlation is None
+
+
+def test_correlation_is_shown_with_its_meaning_only_when_windows_vary():
+    chain = chains_of(contended(40).explain(), "cpu-contention")[0]
+    assert chain.correlation < 0 and chain.correlation_note == "CUDA ops/s fall as CPU wait rises"
 
 
 def test_preempted_by_own_workers_is_medium_and_sizes_workers():

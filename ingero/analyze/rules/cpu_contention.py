@@ -89,10 +89,11 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         return None
     wait_share = baseline.mean_share(s.evidence, "cpu_wait_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)
-    corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+    raw_corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+    corr = baseline.evidence_correlation(s, _share, baseline.ops_rate, expect=-1)
     if s.has_baseline:
         # time-aligned effect required: the loop is slower where it waits
-        if drop < T.min_drop or (corr is not None and corr > 0):
+        if drop < T.min_drop or (raw_corr is not None and raw_corr > 0):
             return None
         severity = "HIGH" if (wait_share >= T.high_wait_share or drop >= T.high_drop) else "MEDIUM"
     else:
@@ -157,9 +158,7 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
         )
     else:
-        effect.append(
-            f"present in every active window: {units.pct(wait_share)} of the loop's wall clock lost waiting for a CPU"
-        )
+        effect.extend(_effect_without_baseline(ctx, pid, tid, s))
     contributing = []
     if outsiders:
         comms = sorted({names[p].comm or names[p].name for p in outsiders if p in names})
@@ -184,6 +183,7 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
+        correlation_note="CUDA ops/s fall as CPU wait rises" if corr is not None else "",
         impact=wait_share,
         numbers={
             "cpu_wait_share": round(wait_share, 4),
@@ -194,6 +194,42 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             "throughput_drop": round(drop, 4),
         },
     )
+
+
+def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split) -> list[str]:
+    """The cause is in every window: no clean window to compare with.  Say so, and compare with
+    what the run itself shows: the time the loop wanted a CPU against the time it got one, and
+    the least- against the most-contended quarter of its windows when they differ."""
+    rows = s.all
+    wall = sum(r["wall_ns"] for r in rows)
+    wait = sum(r["cpu_wait_ns"] for r in rows)
+    # on CPU = wall clock minus every off-CPU interval (sleeps, D state, preempted)
+    oncpu = sum(max(0.0, r["wall_ns"] - r["off_ns"]) for r in rows)
+    wanted = oncpu + wait
+    out = [
+        f"no clean window to compare with (CPU wait in {len(s.evidence)} of {len(rows)} active windows): "
+        f"of the {units.ns(wanted)} the loop was runnable it ran {units.ns(oncpu)} "
+        f"and waited {units.ns(wait)} ({units.pct(wait / wanted if wanted else 0.0)})"
+    ]
+    least, most = baseline.least_affected(rows, _share)
+    if least and most:
+        lo_share, hi_share = baseline.mean_share(least, "cpu_wait_ns"), baseline.mean_share(most, "cpu_wait_ns")
+        lo_rate = baseline.median([baseline.ops_rate(r) for r in least])
+        hi_rate = baseline.median([baseline.ops_rate(r) for r in most])
+        if hi_share >= T.min_wait_share + lo_share and lo_rate > 0 and 1 - hi_rate / lo_rate >= T.min_drop:
+            out.append(
+                f"CUDA ops/s {units.count(lo_rate)} in the least-contended quarter of windows "
+                f"(CPU wait {units.pct(lo_share)}) vs {units.count(hi_rate)} in the most-contended "
+                f"({units.pct(hi_share)}): down {units.pct(1 - hi_rate / lo_rate)}"
+            )
+        quiet = baseline.Split(evidence=most, clean=least, all=rows)
+        for op, lo_p99, hi_p99 in baseline.op_p99(ctx, pid, tid, SYNC_OPS, quiet)[:1]:
+            if lo_p99 > 0 and hi_p99 >= T.min_p99_ratio * lo_p99:
+                out.append(
+                    f"{op} p99 {units.ratio(hi_p99, lo_p99)} the least-contended windows' "
+                    f"({units.ns(lo_p99)} → {units.ns(hi_p99)})"
+                )
+    return out
 
 
 def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int) -> list[str]:

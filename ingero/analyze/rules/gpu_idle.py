@@ -45,6 +45,11 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         share = len(idle) / len(seen)
         me = procs.lookup(con, [pid])[pid]
         mean_util = sum(util[int(r["w"])] for r in idle) / len(idle)
+        busy = [r for r in seen if util[int(r["w"])] >= T.idle_util_pct]
+        corr = baseline.evidence_correlation(
+            baseline.Split(evidence=idle, clean=busy, all=seen),
+            lambda r: util[int(r["w"])], baseline.ops_rate, expect=+1,
+        )
         chains.append(
             Chain(
                 rule_id=ID,
@@ -56,9 +61,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 pids=[pid],
                 evidence_windows=baseline.evidence_windows(ctx, idle),
                 windows_total=len(seen),
-                correlation=baseline.correlation(
-                    [util.get(int(r["w"]), 0.0) for r in seen], [baseline.ops_rate(r) for r in seen]
-                ),
+                correlation=corr,
+                correlation_note="GPU utilisation follows the loop's CUDA ops/s" if corr is not None else "",
                 # below any host chain of the same severity: it names no cause
                 impact=0.0,
                 numbers={"idle_window_share": round(share, 4), "util_pct_idle_windows": round(mean_util, 1)},

@@ -79,7 +79,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         if (starved_workers or io_workers) and severity == "HIGH":
             severity = "MEDIUM"
         base_rate, ev_rate, drop = baseline.throughput(s)
-        corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+        corr = baseline.evidence_correlation(s, _share, baseline.ops_rate, expect=-1)
 
         root = [
             f"{me.label} waited outside CUDA calls {units.ns(wait_ns)} of {units.ns(wall)} "
@@ -127,6 +127,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 evidence_windows=baseline.evidence_windows(ctx, s.evidence),
                 windows_total=len(rows),
                 correlation=corr,
+                correlation_note='CUDA ops/s fall as the wait for data grows' if corr is not None else "",
                 impact=wait,
                 numbers={
                     "input_wait_share": round(wait, 4),

@@ -109,7 +109,7 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         return None  # memory-pressure explains these windows
     io_share = baseline.mean_share(s.evidence, "io_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)
-    corr = baseline.correlation([r["bio_p99_ns"] for r in rows], [baseline.ops_rate(r) for r in rows])
+    corr = baseline.evidence_correlation(s, lambda r: r["bio_p99_ns"], baseline.ops_rate, expect=-1)
     fed = [r for r in s.evidence if _fed_by_blocked_workers(r)]
     starve_share = baseline.mean_share(fed, "sleep_out_ns") * len(fed) / len(s.evidence) if fed else 0.0
     worker_io_share = baseline.mean_share(s.evidence, "worker_io_ns")
@@ -181,6 +181,7 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
+        correlation_note='CUDA ops/s fall as disk latency grows' if corr is not None else "",
         impact=max(blocked, drop),
         numbers={
             "io_wait_share": round(io_share, 4),

@@ -109,7 +109,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
     io_share = baseline.mean_share(s.evidence, "io_ns")
     fault_share = baseline.mean_share(s.evidence, "faults_ns")
     base_rate, ev_rate, drop = baseline.throughput(s)
-    corr = baseline.correlation([r["mem_signal"] for r in rows], [baseline.ops_rate(r) for r in rows])
+    corr = baseline.evidence_correlation(s, lambda r: r["mem_signal"], baseline.ops_rate, expect=-1)
     if not (io_share >= T.min_io_share or fault_share >= T.min_fault_share
             or (s.has_baseline and drop >= T.min_drop)):
         return None
@@ -172,6 +172,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
+        correlation_note='CUDA ops/s fall as memory pressure rises' if corr is not None else "",
         impact=max(lost, drop),
         numbers={
             "io_wait_share": round(io_share, 4),

@@ -86,7 +86,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         dirs = con.execute(DIRECTIONS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
         me = procs.lookup(con, [pid])[pid]
         base_rate, ev_rate, drop = baseline.throughput(s)
-        corr = baseline.correlation([_share(r) for r in rows], [baseline.ops_rate(r) for r in rows])
+        corr = baseline.evidence_correlation(s, _share, baseline.ops_rate, expect=-1)
         if s.has_baseline and drop < T.min_drop:
             continue
 
@@ -139,6 +139,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 evidence_windows=baseline.evidence_windows(ctx, s.evidence),
                 windows_total=len(rows),
                 correlation=corr,
+                correlation_note='CUDA ops/s fall as copy time grows' if corr is not None else "",
                 impact=share,
                 numbers={
                     "copy_share": round(share, 4),
