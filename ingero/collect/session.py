@@ -56,6 +56,7 @@ class TraceOptions:
     ring_mb: int = DEFAULT_RING_MB
     command_line: str = "ingero trace"
     samplers: bool = True  # benchmarks turn them off
+    cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
 
 
 @dataclass
@@ -451,7 +452,8 @@ def run_trace(
     launcher = None
     if spec.cmd:
         user = invoking_user()
-        launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None)
+        launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None,
+                                    stdout_to_stderr=opts.cmd_stdout_to_stderr)
     settings = settings_for(opts)
     libs, watcher = _find_libraries(list(opts.cuda_libs))
     store = Store.open(opts.db_path)

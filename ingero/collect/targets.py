@@ -93,7 +93,7 @@ def describe(spec: TargetSpec, launched_pid: int | None = None) -> str:
 class Launcher:
     """--cmd: fork, hold the child before exec until released, then exec the command."""
 
-    def __init__(self, cmd: str, *, run_as: tuple[int, int] | None = None):
+    def __init__(self, cmd: str, *, run_as: tuple[int, int] | None = None, stdout_to_stderr: bool = False):
         argv = shlex.split(cmd)
         if not argv:
             raise IngeroError("--cmd is empty", 'pass a command line, e.g. --cmd "python3 train.py"')
@@ -103,6 +103,7 @@ class Launcher:
         self.argv = argv
         self._exe = exe
         self._run_as = run_as
+        self._stdout_to_stderr = stdout_to_stderr  # keeps --json's stdout pure NDJSON
         self.pid: int | None = None
         self.returncode: int | None = None
         self._gate_w: int | None = None
@@ -118,6 +119,8 @@ class Launcher:
                 os.close(r)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if self._stdout_to_stderr:
+                    os.dup2(2, 1)
                 if self._run_as is not None:
                     uid, gid = self._run_as
                     os.setgid(gid)

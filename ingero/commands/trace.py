@@ -45,6 +45,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, db_
         stack=stack,
         ring_mb=ring_mb,
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
+        cmd_stdout_to_stderr=as_json,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source
