@@ -19,14 +19,15 @@ a 24-frame stack, bench/bench_stack.py.)  User space (this module):
   ``stacks`` once.
 
 Resolved records are deleted from the BPF map (it only buffers call sites
-not read yet).  New processes are examined by a watcher thread within
+not read yet).  The watcher thread also resolves new records every
+PENDING_POLL_S, while their processes still run.  New processes are examined by a watcher thread within
 PENDING_POLL_S of their first event, and re-examined after an exec; records
 carry the generation of the image they were walked in.
 
-Limits: code objects are read from /proc/PID/mem when a batch is resolved
-(each flush, ~1 s later), so frames of code freed meanwhile (a module body
-runs once at import) or of a process that exited first are lost: such a
-stack keeps its other frames, or gets no id.
+Limits: code objects are read from /proc/PID/mem up to PENDING_POLL_S after
+the event, so frames of code freed within that time (a module body runs
+once at import) or of a process that exited first are lost: such a stack
+keeps its other frames, or gets no id.
 
 BCC rewrites map calls (``m.lookup(k)``) only in the main source file, not in
 included headers, so a program using stack.h must be compiled from
@@ -63,6 +64,9 @@ PENDING_POLL_S = 0.02
 PENDING_TIMEOUT_S = 10.0
 # Exec'd images remembered to resolve their last records (one per exec).
 MAX_IMAGES = 4096
+# Records the watcher resolves ahead of the decode path (bounded in case
+# their events never arrive, e.g. dropped from a full ring buffer).
+MAX_EARLY = 100_000
 # (pid, BPF id) -> stored id entries kept before the cache starts over.
 MAX_CACHED_IDS = 1_000_000
 # The watcher gives up after this many failed rounds (the BPF program was closed).
@@ -270,6 +274,7 @@ class StackResolver:
         self._stored: set[int] = set()
         self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
         self._generation = 0
+        self._early: dict[int, list[tuple]] = {}   # BPF id -> frames resolved by the watcher
         self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
@@ -349,6 +354,7 @@ class StackResolver:
                     del self._watched[pid]
                 else:
                     self._ensure(pid)
+        self._drain_early()
 
     def _stop_watcher(self) -> None:
         self._closed = True
@@ -424,11 +430,39 @@ class StackResolver:
     def frames(self, bpf_id: int, pid: int) -> list[tuple]:
         """Resolved frames of one BPF id, innermost first:
         (frame_kind, function, module, file, line, source)."""
+        with self._lock:
+            early = self._early.pop(bpf_id, None)
+        if early is not None:
+            return early
         table = self.bpf.get_table("ingero_stacks")
         try:
             rec = table[table.Key(bpf_id)]
         except KeyError:
             return []
+        return self._frames_of(rec, pid)
+
+    def _drain_early(self) -> None:
+        """Resolve the records BPF stored since the last round, while their
+        processes are alive (a flush comes ~1 s later, maybe after the exit)."""
+        table = self.bpf.get_table("ingero_stacks")
+        for key in list(table.keys()):
+            bpf_id = key.value
+            with self._lock:
+                if bpf_id in self._early or len(self._early) >= MAX_EARLY:
+                    continue
+            try:
+                rec = table[key]
+            except KeyError:
+                continue
+            known = (int(rec.tgid), bpf_id) in self._ids
+            frames = [] if known else self._frames_of(rec, int(rec.tgid))
+            with self._lock:
+                if frames:
+                    self._early[bpf_id] = frames
+            if known or frames:
+                table.pop(key, None)
+
+    def _frames_of(self, rec: StackRecord, pid: int) -> list[tuple]:
         pid = int(rec.tgid) or pid
         with self._lock:
             proc = self.procs.get(pid) or self._ensure(pid)

@@ -227,3 +227,17 @@ def test_threads_are_matched_by_native_thread_id(harness, tmp_path):
     rows = stack_rows(store, int(ids[0]))
     assert rows[0][2] == "worker" and rows[0][4] == str(script) and rows[0][5] == line
     assert [r[2] for r in rows][-3:] == ["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"]
+
+
+def test_stacks_survive_the_process_exiting_before_the_flush(harness):
+    """The watcher resolves records while the process runs: a decode after its exit still gets lines."""
+    h, store = harness
+    proc, lines = run_workload(h, "/usr/bin/python3", 3)
+    time.sleep(0.3)  # > PENDING_POLL_S: the watcher has read the records
+    finish(proc)     # the process and its memory are gone before resolve()
+    ev = h.drain()
+    ev = ev[(ev["pid"] == proc.pid) & (ev["op"] == Op.CUDA_MALLOC)]
+    ids = h.resolver.resolve(ev["stack_id"], ev["pid"])
+    assert (ids >= 0).all()
+    rows = stack_rows(store, int(ids[0]))
+    assert (rows[0][2], rows[0][5]) == ("alloc_loop", lines["MALLOC_LINE"])
