@@ -108,6 +108,8 @@ WITH sw AS (
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
 ), calling AS (
     SELECT DISTINCT tid FROM ing_long
+), copying AS (
+    SELECT DISTINCT tid FROM ing_long WHERE cat = 'copy'
 ), j AS (
     -- only sleeps and D-state intervals of CUDA-calling threads need the
     -- join (preemptions count the same inside or outside a call)
@@ -118,9 +120,21 @@ WITH sw AS (
     FROM (SELECT * FROM sw WHERE kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling)) sw
     ASOF LEFT JOIN ing_long cu ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
     UNION ALL
+    -- preemptions need the call only when it is a copy: time preempted
+    -- inside a copy call is CPU wait, not transfer time (transfer-bound
+    -- subtracts it).  Copies are few, so this join stays small.
+    SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
+           CASE WHEN cu.end_ns > sw.timestamp THEN 'copy' ELSE 'none' END AS inside,
+           sw.duration_ns AS dur, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp AS room,
+           sw.runq_ns, sw.other_pid
+    FROM (SELECT * FROM sw WHERE kind = 'preempted' AND tid IN (SELECT tid FROM copying)) sw
+    ASOF LEFT JOIN (SELECT tid, timestamp, end_ns FROM ing_long WHERE cat = 'copy') cu
+         ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
+    UNION ALL
     SELECT pid, tid, (timestamp - $t0) // $wns, kind, 'none',
            duration_ns, $t0 + ((timestamp - $t0) // $wns + 1) * $wns - timestamp, runq_ns, other_pid
     FROM sw WHERE NOT (kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling))
+              AND NOT (kind = 'preempted' AND tid IN (SELECT tid FROM copying))
 ), g AS (
     -- per group: the part inside the start window, and the spill into the next
     SELECT pid, tid, w, kind, inside, other_pid, count(*) AS n,
@@ -250,7 +264,10 @@ WITH c AS (
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS sleep_out_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'sync') AS sleep_sync_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io') AS io_ns,
-        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns,
+        -- CPU wait inside copy calls: preempted, or runnable after the DMA woke it
+        sum(off_ns) FILTER (kind = 'preempted' AND inside = 'copy') AS copy_preempt_ns,
+        sum(runq_ns) FILTER (kind <> 'preempted' AND inside = 'copy') AS copy_runq_ns
     FROM ing_sched s JOIN ing_loop l ON s.pid = l.pid AND s.tid = l.tid
     GROUP BY ALL
 )
@@ -269,6 +286,7 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
     coalesce(s.io_ns, 0) AS io_ns, coalesce(s.io_out_ns, 0) AS io_out_ns,
+    least(coalesce(s.copy_preempt_ns, 0) + coalesce(s.copy_runq_ns, 0), coalesce(c.copy_ns, 0)) AS copy_wait_ns,
     coalesce(f.n, 0) AS faults_n, coalesce(f.dur_ns, 0) AS faults_ns,
     coalesce(f.copy_n, 0) AS copy_faults_n, coalesce(f.copy_ns, 0) AS copy_faults_ns
 FROM c LEFT JOIN s USING (pid, w)

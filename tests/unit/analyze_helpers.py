@@ -46,6 +46,7 @@ class Step:
     copy_kind: str = "H2D"
     copy_bytes: int = 4 << 20
     copy_ms: float = 0.02  # host time of the copy call (pinned async: tiny)
+    copy_preempt_ms: float = 0.0  # of copy_ms: runnable but off CPU inside the copy call
     wait_ms: float = 0.0  # sleeping outside CUDA calls (waiting for a batch)
     preempt_ms: float = 0.0  # runnable but off CPU, outside CUDA calls
     preempt_by: int = 0
@@ -106,7 +107,10 @@ class Trace:
             t += int(st.io_ms * MS)
         if st.copy_op:
             self.ev(t, st.copy_op, pid, tid, st.copy_ms * MS, kind=st.copy_kind, bytes=st.copy_bytes)
-            if st.copy_ms >= 1:  # a long synchronous copy sleeps while the DMA runs
+            if st.copy_preempt_ms:  # preempted inside the call: the CPU, not the bus
+                self.switch(t + 20 * US, pid, tid, st.copy_preempt_ms * MS, "preempted",
+                            runq=st.copy_preempt_ms * MS, other=st.preempt_by)
+            elif st.copy_ms >= 1:  # a long synchronous copy sleeps while the DMA runs
                 self.switch(t + 20 * US, pid, tid, (st.copy_ms - 0.05) * MS, "sleep", runq=0.01 * MS)
             t += int(st.copy_ms * MS)
         first_launch = t

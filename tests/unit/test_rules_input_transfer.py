@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, Trace, chains_of
+from analyze_helpers import MAIN_PID, S, Trace, chains_of
 from ingero.analyze.rules import input_bound, transfer_bound
 
 
@@ -88,6 +88,28 @@ def test_transfer_bound_with_pinned_memory_says_overlap():
     [chain] = chains_of(tr.explain(), "transfer-bound")
     assert "pageable" not in chain.title
     assert chain.fix[0].startswith("overlap copies with compute")
+
+
+def test_copy_slowed_by_preemption_is_not_a_transfer_problem():
+    # 25 ms cudaMemcpyAsync calls, 24 ms of which the thread was runnable but off CPU:
+    # on CPU the copy took 1 ms (64 MiB at 64 GB/s): contention, not the bus
+    tr = base().name(7000, "stress", "stress", "stress --cpu 2").competitor(7000, "stress", 0, 30)
+    tr.loop(0, 30, copy_op="cudaMemcpyAsync", copy_bytes=64 << 20, copy_ms=25, copy_preempt_ms=24,
+            preempt_by=7000)
+    report = tr.explain()
+    assert chains_of(report, "transfer-bound") == []
+    assert chains_of(report, "cpu-contention") != []
+
+
+def test_pinned_allocation_outside_the_analysed_range_counts():
+    # buffers pinned at start-up, before the range explain looks at
+    tr = base().loop(0, 30, copy_op="cudaMemcpy", copy_bytes=512 << 20, copy_ms=25)
+    tr.ev(tr.events[0]["timestamp"] - 5 * S, "cudaMallocHost", MAIN_PID, MAIN_PID, 1000, bytes=512 << 20)
+    first = tr.events[0]["timestamp"]
+    [chain] = chains_of(tr.explain(from_ns=first), "transfer-bound")
+    assert chain.numbers["pinned_allocs"] == 1
+    assert "pageable" not in chain.title
+    assert not any("no cudaMallocHost" in r for r in chain.root)
 
 
 def test_transfer_bound_just_below_threshold():

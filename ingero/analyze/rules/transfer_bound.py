@@ -6,7 +6,10 @@ waits inside cudaMemcpy / cudaMemcpyAsync for the whole transfer while no
 kernel is queued.  From pinned memory, cudaMemcpyAsync returns at once and
 the transfer overlaps compute.  The cause metric is the share of the loop's
 wall clock spent in copy calls; effective bandwidth (bytes / host time) and
-the absence of cudaMallocHost / cudaHostRegister say whether memory is pageable.
+the absence of cudaMallocHost / cudaHostRegister (anywhere in the process' session)
+say whether memory is pageable.  Time the thread waited for a CPU inside a copy
+call (preempted, or in the run queue after the DMA woke it) is contention,
+not transfer: it is subtracted before anything is measured.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
+from ingero.analyze.windows import PINNED_OPS
 
 ID = "transfer-bound"
 TITLE = "Host↔device copies block the training loop"
@@ -44,8 +48,11 @@ class Thresholds:
 
 T = Thresholds()
 
+# Pinned buffers are allocated once, usually at start-up, often before the
+# analysed range: look over the whole session of the process.
 PINNED_SQL = """
-SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND cat = 'pinned'
+SELECT count(*) FROM events
+WHERE session_id = $sid AND pid = $pid AND list_contains($ops, op)
 """
 
 DIRECTIONS_SQL = """
@@ -56,8 +63,14 @@ GROUP BY ALL ORDER BY dur_ns DESC
 """
 
 
+def _copy_ns(r: baseline.Row) -> float:
+    """Host time in copy calls while the thread had a CPU: time preempted (or waiting in
+    the run queue) inside a copy is CPU contention, not the transfer."""
+    return max(0.0, r["copy_ns"] - r["copy_wait_ns"])
+
+
 def _share(r: baseline.Row) -> float:
-    return r["copy_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+    return _copy_ns(r) / r["wall_ns"] if r["wall_ns"] else 0.0
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
@@ -68,7 +81,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         if not s.evidence:
             continue
         tid = loops.get(pid, pid)
-        share = baseline.mean_share(s.evidence, "copy_ns")
+        wall = sum(r["wall_ns"] for r in s.evidence)
+        copy_ns = sum(_copy_ns(r) for r in s.evidence)
+        share = copy_ns / wall if wall else 0.0
         severity = "HIGH" if share >= T.high_copy_share else "MEDIUM"
         copy_faults = sum(r["copy_faults_n"] for r in s.evidence)
         copy_fault_ns = sum(r["copy_faults_ns"] for r in s.evidence)
@@ -76,12 +91,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         if faulting and severity == "HIGH":
             severity = "MEDIUM"  # the deeper cause is paging: memory-pressure
         ws = [int(r["w"]) for r in s.evidence]
-        copy_ns = sum(r["copy_ns"] for r in s.evidence)
         copy_bytes = sum(r["copy_bytes"] for r in s.evidence)
         copy_n = sum(r["copy_n"] for r in s.evidence)
-        wall = sum(r["wall_ns"] for r in s.evidence)
         bw = copy_bytes / (copy_ns / 1e9) if copy_ns else 0.0
-        pinned = int(con.execute(PINNED_SQL, {"pid": pid}).fetchone()[0])
+        pinned = int(con.execute(PINNED_SQL, {"sid": ctx.session_id, "pid": pid, "ops": PINNED_OPS}).fetchone()[0])
         pageable = pinned == 0 and bw < T.pageable_max_bw_bytes_per_s
         dirs = con.execute(DIRECTIONS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
         me = procs.lookup(con, [pid])[pid]
@@ -92,14 +105,17 @@ def evaluate(con, ctx: Context) -> list[Chain]:
 
         root = [
             f"{me.label} spent {units.ns(copy_ns)} of {units.ns(wall)} ({units.pct(share)} of wall clock) "
-            f"inside {units.count(copy_n)} copy calls",
+            f"inside {units.count(copy_n)} copy calls, on CPU",
             f"effective bandwidth {units.rate(copy_bytes, copy_ns)} for {units.size(copy_bytes)} "
             f"({units.size(copy_bytes / copy_n if copy_n else 0)} per copy)",
         ]
+        copy_wait = sum(r["copy_wait_ns"] for r in s.evidence)
+        if copy_wait > 0:
+            root.append(f"not counted: {units.ns(copy_wait)} waiting for a CPU inside the copies (see cpu-contention)")
         if pinned == 0:
             root.append("no cudaMallocHost / cudaHostRegister seen: host buffers are pageable")
         effect = []
-        sync_copy = sum(r["sync_copy_ns"] for r in s.evidence)
+        sync_copy = max(0.0, sum(r["sync_copy_ns"] for r in s.evidence) - copy_wait)
         if sync_copy:
             effect.append(f"synchronous cudaMemcpy held the loop {units.ns(sync_copy)}: no kernel queued meanwhile")
         if s.has_baseline and drop > 0:
