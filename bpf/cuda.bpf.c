@@ -57,11 +57,21 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	struct call_state *s = inflight_here(1);
 	if (!s)
 		return 0;
+	u64 sp = PT_REGS_SP(ctx);
 	if (s->depth) {
-		s->depth++;
-		count(CNT_NEST_SKIPPED);
-		return 0;
+		/* A call made inside the outer one runs deeper in the stack (lower
+		 * SP).  At or above the outer entry's SP the outer frame is gone and
+		 * its return was never seen (a longjmp, or a return probe that was
+		 * not in place yet): start afresh rather than swallow every later
+		 * call of this thread as "nested". */
+		if (sp < s->sp) {
+			s->depth++;
+			count(CNT_NEST_SKIPPED);
+			return 0;
+		}
+		count(CNT_STALE_CALLS);
 	}
+	s->sp = sp;
 	s->stack_id = ingero_stack_id(ctx);
 	s->op = op;
 	s->kind = kind;

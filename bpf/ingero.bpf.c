@@ -58,6 +58,7 @@
 /* cuda: a thread inside a probed CUDA call (entry -> return). */
 struct call_state {
 	u64 ts;
+	u64 sp;    /* stack pointer at the outer call's entry: tells nested from stale */
 	u64 arg;
 	u64 stream;
 	s32 stack_id;

@@ -190,12 +190,22 @@ class Program:
             return 0, 0
         self._attached_ids.add(identity)
         ok = failed = 0
+        no_return: set[str] = set()
         for a in probes.plan_library(str(path), kind, frozenset(exported)):
+            if a.probe_kind == "uprobe" and a.symbol in no_return:
+                # An entry without its return would leave call state that never
+                # ends: the symbol is skipped whole rather than half-traced.
+                failed += 1
+                self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False,
+                                                 "skipped: its return probe could not be attached"))
+                continue
             attach = self.bpf.attach_uprobe if a.probe_kind == "uprobe" else self.bpf.attach_uretprobe
             try:
                 attach(name=a.path.encode(), sym=a.symbol.encode(), fn_name=a.fn.encode())
             except Exception as exc:  # BCC raises bare Exception for every attach failure
                 failed += 1
+                if a.probe_kind == "uretprobe":
+                    no_return.add(a.symbol)
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False, str(exc)))
                 continue
             ok += 1

@@ -102,8 +102,10 @@ def plan_library(path: str, kind: str, exported: frozenset[str] | set[str]) -> l
         if probe.library != kind:
             continue
         for sym in variants(probe.symbol, exported):
-            out.append(Attachment(path, sym, probe.op, probe.entry_fn, "uprobe"))
+            # Return probe first: a call entering between the two attaches
+            # would otherwise leave entry state whose return is never seen.
             out.append(Attachment(path, sym, probe.op, RETURN_FN, "uretprobe"))
+            out.append(Attachment(path, sym, probe.op, probe.entry_fn, "uprobe"))
     return out
 
 

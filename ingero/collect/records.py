@@ -160,6 +160,7 @@ class Counter(enum.IntEnum):
     RB_DROPS = 0
     STACK_ERRORS = 1
     NEST_SKIPPED = 2
+    STALE_CALLS = 3
     MAX = 8
 
 
