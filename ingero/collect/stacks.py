@@ -64,6 +64,9 @@ PENDING_POLL_S = 0.02
 PENDING_TIMEOUT_S = 10.0
 # Exec'd images remembered to resolve their last records (one per exec).
 MAX_IMAGES = 4096
+# Time the watcher spends resolving records per round (the rest waits one
+# round), so noticing new processes and execs is never delayed by much.
+DRAIN_BUDGET_S = 0.005
 # Records the watcher resolves ahead of the decode path (bounded in case
 # their events never arrive, e.g. dropped from a full ring buffer).
 MAX_EARLY = 100_000
@@ -202,6 +205,23 @@ def exec_signature(pid: int) -> bytes | None:
         return None
 
 
+def unexeced_fork_of_us(pid: int) -> bool:
+    """A child of this process that has not exec'd yet (``--cmd`` holds its child
+    before exec): it runs our interpreter, not the command's, so it is not
+    prepared -- its exec is watched for instead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        if ppid != os.getpid():
+            return False
+        theirs, ours = os.stat(f"/proc/{pid}/exe"), os.stat("/proc/self/exe")
+        with open(f"/proc/{pid}/cmdline", "rb") as a, open("/proc/self/cmdline", "rb") as b:
+            same_cmd = a.read() == b.read()
+        return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) and same_cmd
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 class _Proc:
     """What we know about one traced process (one exec'd image of it)."""
 
@@ -209,13 +229,14 @@ class _Proc:
         self.pid = pid
         self.generation = generation
         self.signature = exec_signature(pid)
+        self.prefork = unexeced_fork_of_us(pid)
         self.native = symbols.NativeSymbolizer(pid)
         self.interp: pyframes.Interpreter | None = None
         self.mem: pyframes.ProcessMemory | None = None
         self.code: pyframes.CodeReader | None = None
         try:
             self.mem = pyframes.ProcessMemory(pid)
-            self.interp = pyframes.find_interpreter(pid, self.mem)
+            self.interp = None if self.prefork else pyframes.find_interpreter(pid, self.mem)
         except OSError:
             self.interp = None
         if self.interp is not None and self.mem is not None:
@@ -326,9 +347,14 @@ class StackResolver:
             if self.procs.get(old.pid) is not old:
                 old.close()
         table = self.bpf.get_table("ingero_py_procs")
-        # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
-        table[table.Key(pid)] = (proc_config(proc.interp, proc.generation) if proc.interp is not None
-                                 else PyProcConfig(generation=proc.generation))
+        if proc.prefork:
+            # No entry: BPF keeps noticing it, and its exec is caught at once.
+            table.pop(table.Key(pid), None)
+            self._watched[pid] = time.monotonic() + PENDING_TIMEOUT_S
+        else:
+            # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
+            table[table.Key(pid)] = (proc_config(proc.interp, proc.generation) if proc.interp is not None
+                                     else PyProcConfig(generation=proc.generation))
         return proc
 
     def _start_watcher(self) -> None:
@@ -445,7 +471,10 @@ class StackResolver:
         """Resolve the records BPF stored since the last round, while their
         processes are alive (a flush comes ~1 s later, maybe after the exit)."""
         table = self.bpf.get_table("ingero_stacks")
+        deadline = time.monotonic() + DRAIN_BUDGET_S
         for key in list(table.keys()):
+            if time.monotonic() > deadline:  # exec checks must not wait behind a burst of new stacks
+                return
             bpf_id = key.value
             with self._lock:
                 if bpf_id in self._early or len(self._early) >= MAX_EARLY:

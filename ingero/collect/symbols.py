@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -127,8 +128,62 @@ class ElfSymbols:
         return None
 
 
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SYM = struct.Struct("<IBBHQQ")
+_PT_LOAD = 1
+_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
+_STT_KEPT = (1, 2, 10)  # OBJECT, FUNC, GNU_IFUNC
+
+
 @lru_cache(maxsize=256)
 def _load_cached(path: str, _mtime_ns: int, _size: int) -> ElfSymbols | None:
+    """ELF64 little-endian files (x86-64, arm64) are read directly with struct:
+    ~50x faster than pyelftools, which matters when a process has just exec'd
+    and its frames are waiting; anything else goes through pyelftools."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data[:4] != b"\x7fELF":
+        return None
+    if data[4] != 2 or data[5] != 1:
+        return _load_pyelftools(path)
+    try:
+        return _parse_elf64le(path, data)
+    except (struct.error, IndexError, ValueError):
+        return _load_pyelftools(path)
+
+
+def _parse_elf64le(path: str, data: bytes) -> ElfSymbols:
+    (_, _, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _EHDR.unpack_from(data, 0)
+    segments = []
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz, p_memsz, _ = _PHDR.unpack_from(data, phoff + i * phentsize)
+        if p_type == _PT_LOAD:
+            segments.append(Segment(p_vaddr, p_offset, p_filesz, p_memsz))
+    sections = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)] if shoff else []
+    syms: dict[tuple[str, int], Symbol] = {}
+    for kind in (_SHT_SYMTAB, _SHT_DYNSYM):
+        for sh in sections:
+            if sh[1] != kind or not sh[9]:
+                continue
+            strtab_sh = sections[sh[6]]
+            strtab = data[strtab_sh[4]:strtab_sh[4] + strtab_sh[5]]
+            table = data[sh[4]:sh[4] + sh[5]]
+            for st_name, st_info, _, st_shndx, st_value, st_size in _SYM.iter_unpack(table[: len(table) - len(table) % 24]):
+                if not st_value or not st_name or not st_shndx or (st_info & 0xF) not in _STT_KEPT:
+                    continue
+                end = strtab.find(b"\0", st_name)
+                name = strtab[st_name:end].decode("utf-8", "replace").split("@", 1)[0]
+                if name:
+                    syms.setdefault((name, st_value), Symbol(name, st_value, st_size))
+    return ElfSymbols(path, list(syms.values()), segments)
+
+
+def _load_pyelftools(path: str) -> ElfSymbols | None:
     try:
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile

@@ -67,3 +67,18 @@ def test_maps_skip_anonymous_and_keep_deleted_paths(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(fake if p == "/proc/1/maps" else p, *a, **k))
     maps = read_maps(1)
     assert [(m.start, m.path, m.offset) for m in maps] == [(0x400000, "/usr/bin/x", 0), (0x9000, "/tmp/lib.so", 0x1000)]
+
+
+def test_fast_elf_reader_agrees_with_pyelftools():
+    """The struct-based reader and pyelftools see the same functions and segments."""
+    path = next((m.path for m in read_maps(os.getpid()) if os.path.basename(m.path).startswith("libm.so")), None)
+    if path is None:
+        path = next(m.path for m in read_maps(os.getpid()) if os.path.basename(m.path).startswith("libc.so"))
+    with open(path, "rb") as f:
+        fast = symbols._parse_elf64le(path, f.read())
+    slow = symbols._load_pyelftools(path)
+    funcs = {(s.name, s.value, s.size) for s in slow.symbols}
+    mine = {(s.name, s.value, s.size) for s in fast.symbols}
+    # pyelftools cannot name STT_GNU_IFUNC (it says STT_LOOS): the fast reader keeps more, never fewer.
+    assert funcs <= mine and len(funcs) > 100
+    assert [(g.vaddr, g.offset, g.filesz) for g in fast.segments] == [(g.vaddr, g.offset, g.filesz) for g in slow.segments]
