@@ -1,6 +1,7 @@
 """Native symbolisation for --stack: address in a process -> (function, module).
 
-Reads ELF ``.symtab`` (when not stripped) and ``.dynsym`` with pyelftools and
+Reads ELF ``.symtab`` (when not stripped) and ``.dynsym`` -- ELF64
+little-endian directly with ``struct``, anything else with pyelftools -- and
 maps addresses through /proc/PID/maps.  Our own rather than BCC's symbol
 cache (``BPF.sym``) because it is testable without root, keeps working from
 a snapshot of the maps after the process exited, and caches each ELF file
