@@ -29,8 +29,9 @@ LOOP_SQL = "SELECT pid, tid, cuda_n FROM ing_loop ORDER BY cuda_n DESC"
 # neither evidence nor baseline, so a noisy boundary does not blur both sides.
 CLEAN_FRACTION_OF_THRESHOLD = 0.5
 
-# The first and last active window of a process hold its start-up (imports,
-# worker spawn, first batch) and teardown, and only part of a window of
+# Windows before a process' first launch or sync are start-up and are left
+# out (skip_startup).  The first and last remaining active window hold the
+# rest of its start-up (first batch, warm-up) and teardown, and only part of a window of
 # work: with at least this many active windows they are left out, so rates
 # and shares describe the steady state.
 TRIM_EDGES_FROM_WINDOWS = 5
@@ -70,10 +71,26 @@ def windows_by_pid(ctx: Context) -> dict[int, list[Row]]:
                 row[k] = 0.0
         out.setdefault(int(row["pid"]), []).append(row)
     for pid, rows in out.items():
+        rows = skip_startup(rows)
         if len(rows) >= TRIM_EDGES_FROM_WINDOWS:
-            out[pid] = rows[1:-1]
+            rows = rows[1:-1]
+        out[pid] = rows
     ctx.extra["win_rows"] = out
     return out
+
+
+def skip_startup(rows: list[Row]) -> list[Row]:
+    """The rows from the process' first window with a kernel launch or a sync on.
+
+    Before it the process only initialises (imports, cudaMalloc, loading
+    data, first-touch page faults): no training loop runs yet, so its faults
+    and waits are no slowdown.  A process that never launches nor syncs
+    keeps all its rows (there is no loop to tell apart).
+    """
+    for i, r in enumerate(rows):
+        if r["launch_n"] or r["sync_n"]:
+            return rows[i:]
+    return rows
 
 
 def loop_threads(ctx: Context) -> dict[int, int]:
