@@ -57,6 +57,9 @@ class TraceOptions:
     command_line: str = "ingero trace"
     samplers: bool = True  # benchmarks turn them off
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
+    retain_s: float | None = None  # --retain: drop events older than this
+    max_db_bytes: int | None = None  # --max-db: prune oldest data to stay under this size
+    serve: bool = True  # answer `ingero query/explain/status` over a local socket while tracing
 
 
 @dataclass
@@ -187,6 +190,7 @@ class TraceSession:
         self.nameless: set[int] = set()
         self.notes: list[str] = []
         self.stacks: Any = None
+        self.daemon: Any = None  # ingero.daemon.runtime.Daemon once the session runs
         self._proc_prev: dict[int, np.ndarray] = {}
         self._proc_prev_ns = time.monotonic_ns()
         self._probe_rows_written = 0
@@ -219,11 +223,18 @@ class TraceSession:
             added = self.store.append("events", table)
             self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns())
             self.store.con.commit()
-        except Exception:
-            self.store.con.rollback()
+        except Exception as exc:
+            try:
+                self.store.con.rollback()
+            except Exception:
+                pass  # a dead connection (disk full) has nothing to roll back
             self.drops_user += len(recs)
-            raise
+            from ingero.daemon.faults import write_error
+
+            raise write_error(exc, self.store.path) from None
         self.events += added
+        if self.daemon is not None:
+            self.daemon.tick()
 
     def _note_pids(self, recs: np.ndarray) -> None:
         pids = np.unique(recs["pid"])
@@ -465,6 +476,7 @@ def run_trace(
         raise
     stop = _Stop()
     resolver = None
+    daemon = None
     completed = False
     try:
         lines: list[str] = []
@@ -502,6 +514,12 @@ def run_trace(
             resolver.prepare(initial + ([launched] if launched else []))
         sess.write_probe_rows()
         sess.upsert_names(initial)
+        # Other shells query through this (DuckDB allows one writer process);
+        # it also applies --retain/--max-db on this thread after flushes.
+        from ingero.daemon.runtime import Daemon
+
+        sess.daemon = daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes,
+                                      serve=opts.serve).start()
         samplers = _Samplers(opts.samplers)
         if samplers.note:
             lines.append(samplers.note)
@@ -517,6 +535,8 @@ def run_trace(
             launcher.stop()  # signalled or failed: do not leave the command behind
         if resolver is not None:
             resolver.close()
+        if daemon is not None:
+            daemon.stop()
         program.close()
         store.close()
     return summary

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import DURATION, db_option, json_option, resolve_db
+from ingero.commands.options import DURATION, SIZE, db_option, json_option, resolve_db
 
 
 @click.command("trace")
@@ -20,18 +20,29 @@ from ingero.commands.options import DURATION, db_option, json_option, resolve_db
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
 @click.option("--ring-mb", type=int, default=128, show_default=True, help="Ring buffer size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
+@click.option("--retain", type=DURATION, default=None,
+              help="Keep only the last DURATION of events (e.g. 24h): for always-on tracing.")
+@click.option("--max-db", "max_db", type=SIZE, default=None,
+              help="Prune the oldest data to keep the DB under SIZE (e.g. 10GB; at least 64MB).")
+@click.option("--no-serve", is_flag=True,
+              help="Do not answer `ingero query/explain/status` from other shells over the local socket.")
 @db_option
 @json_option
-def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, db_path, as_json) -> None:
+def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, retain, max_db, no_serve,
+            db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
     By default every process that calls CUDA is traced, with its scheduling,
     page faults and block I/O; --pid / --comm / --cmd narrow it down.
+    Without --duration it runs until Ctrl-C or SIGTERM (daemon mode); while
+    it runs, `ingero query`, `explain` and `status` from another shell are
+    answered by it over a local socket (root or the `ingero` group).
     \b
       sudo ingero trace --duration 60s
       sudo ingero trace --cmd "python3 train.py"
       sudo ingero trace --pid 4242 --stack --json
+      sudo ingero trace --retain 24h --max-db 10GB     (always on)
     """
     from ingero.collect import session, targets
 
@@ -46,6 +57,9 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, db_
         ring_mb=ring_mb,
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,
+        retain_s=retain,
+        max_db_bytes=max_db,
+        serve=not no_serve,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source
