@@ -15,6 +15,15 @@ class Proc:
     comm: str
     cmdline: str  # '' when unknown
     known: bool = False  # has a process_names row
+    ppid: int | None = None  # parent pid (None: unknown, older databases)
+
+    def child_of(self, parent: int) -> bool:
+        """A child of ``parent`` (a DataLoader worker of the training process)."""
+        return self.ppid is not None and self.ppid == parent and parent != self.pid
+
+    def role(self, parent: int) -> str:
+        """``name`` plus ", worker (child of PID N)" when it is a child of ``parent``."""
+        return f"{self.name}, worker (child of PID {parent})" if self.child_of(parent) else self.name
 
     @property
     def label(self) -> str:
@@ -46,7 +55,7 @@ class Proc:
 MAX_COMMAND_CHARS = 100
 
 NAMES_SQL = """
-SELECT p.pid, n.name, coalesce(n.comm, c.comm) AS comm, n.cmdline, n.pid IS NOT NULL AS known
+SELECT p.pid, n.name, coalesce(n.comm, c.comm) AS comm, n.cmdline, n.pid IS NOT NULL AS known, {ppid} AS ppid
 FROM (SELECT unnest($pids) AS pid) p
 LEFT JOIN process_names n ON n.pid = p.pid
 LEFT JOIN (SELECT pid, any_value(comm) AS comm FROM process_cpu
@@ -54,13 +63,25 @@ LEFT JOIN (SELECT pid, any_value(comm) AS comm FROM process_cpu
 """
 
 
+HAS_COLUMN_SQL = """
+SELECT count(*) FROM duckdb_columns() WHERE table_name = $table AND column_name = $column
+"""
+
+
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """Older databases lack newer columns/tables: rules degrade instead of failing."""
+    return bool(con.execute(HAS_COLUMN_SQL, {"table": table, "column": column}).fetchone()[0])
+
+
 def lookup(con: duckdb.DuckDBPyConnection, pids: list[int]) -> dict[int, Proc]:
     pids = sorted({int(p) for p in pids})
     if not pids:
         return {}
+    sql = NAMES_SQL.format(ppid="n.ppid" if has_column(con, "process_names", "ppid") else "NULL::INTEGER")
     out: dict[int, Proc] = {}
-    for pid, name, comm, cmdline, known in con.execute(NAMES_SQL, {"pids": pids}).fetchall():
+    for pid, name, comm, cmdline, known, ppid in con.execute(sql, {"pids": pids}).fetchall():
         comm = (comm or "").strip()
         label = name or comm or (f"pid {pid}" if pid else "idle")
-        out[int(pid)] = Proc(int(pid), label, comm, (cmdline or "").strip(), bool(known))
+        out[int(pid)] = Proc(int(pid), label, comm, (cmdline or "").strip(), bool(known),
+                             int(ppid) if ppid is not None else None)
     return out

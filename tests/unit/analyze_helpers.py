@@ -64,6 +64,7 @@ class Trace:
     sysm: list[dict[str, Any]] = field(default_factory=list)
     gpu: list[dict[str, Any]] = field(default_factory=list)
     names: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = T0
 
     # -- building blocks ---------------------------------------------------
@@ -81,8 +82,8 @@ class Trace:
         self.ev(ts, "sched_switch", pid, tid, dur, kind=kind, preempted=(kind == "preempted"),
                 other_pid=other, runq_ns=int(runq))
 
-    def name(self, pid: int, name: str, comm: str, cmdline: str = "") -> "Trace":
-        self.names.append({"pid": pid, "name": name, "comm": comm, "cmdline": cmdline,
+    def name(self, pid: int, name: str, comm: str, cmdline: str = "", ppid: int | None = None) -> "Trace":
+        self.names.append({"pid": pid, "name": name, "comm": comm, "cmdline": cmdline, "ppid": ppid,
                            "session_id": SESSION, "first_seen_ns": T0, "last_seen_ns": T0})
         return self
 
@@ -179,6 +180,16 @@ class Trace:
             t += step
         return self
 
+    def rss(self, pid: int, comm: str, start_s: float, end_s: float, start_bytes: float,
+            end_bytes: float) -> "Trace":
+        """process_memory samples once a second, RSS growing linearly from start to end."""
+        n = max(1, int(end_s) - int(start_s))
+        for k, s in enumerate(range(int(start_s), int(end_s))):
+            rss = start_bytes + (end_bytes - start_bytes) * k / max(1, n - 1)
+            self.memory.append({"session_id": SESSION, "timestamp": T0 + s * S, "pid": pid, "comm": comm,
+                                "rss_bytes": int(rss), "swap_bytes": 0})
+        return self
+
     def system(self, start_s: float, end_s: float, **fields: Any) -> "Trace":
         for s in range(int(start_s), int(end_s)):
             row = {"session_id": SESSION, "timestamp": T0 + (s + 1) * S, "cpu_pct": 45.0,
@@ -202,7 +213,7 @@ class Trace:
         )
         for table, rows in (("events", self.events), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),
-                            ("process_names", self.names)):
+                            ("process_names", self.names), ("process_memory", self.memory)):
             if rows:
                 store.append(table, pa.Table.from_pylist(rows))
         return store

@@ -134,3 +134,33 @@ def test_preemption_hidden_behind_gpu_work_is_not_a_chain():
     tr.loop(0, 10, device_ms=50).loop(10, 20, device_ms=50, preempt_ms=30, preempt_by=STRESS).loop(20, 30, device_ms=50)
     tr.name(STRESS, "stress", "stress").competitor(STRESS, "stress", 10, 20).system(0, 30)
     assert chains_of(tr.explain(), "cpu-contention") == []
+
+
+def test_children_of_the_training_process_are_its_workers_not_competitors():
+    # an untraced process preempts the loop; process_names says it is a child of the loop's process
+    worker = 5001
+    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    tr.name(worker, "python3 (train.py)", "pt_data_worker", "python3 train.py", ppid=MAIN_PID)
+    tr.loop(0, 10).loop(10, 20, preempt_ms=40, preempt_by=worker).loop(20, 30)
+    tr.competitor(worker, "pt_data_worker", 10, 20, oncpu=0.9).system(0, 30)
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    [culprit] = chain.culprits
+    assert culprit.pid == worker and culprit.name == "python3 (train.py), worker (child of PID 4242)"
+    assert culprit.detail.endswith("(same job)")
+    assert not any(f.startswith("renice") for f in chain.fix)  # not an unrelated competitor
+    assert any("workers of PID 4242" in f for f in chain.fix)
+    assert chain.severity == "MEDIUM"
+
+
+def test_names_without_parent_pids_degrade_to_traced_membership():
+    # an older database (no ppid column): the same process is then an outsider
+    import duckdb
+
+    from ingero.analyze import procs
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE process_names (pid INTEGER, name VARCHAR, comm VARCHAR, cmdline VARCHAR)")
+    con.execute("CREATE TABLE process_cpu (pid INTEGER, comm VARCHAR)")
+    con.execute("INSERT INTO process_names VALUES (5001, 'python3 (train.py)', 'pt_data_worker', 'python3 x.py')")
+    p = procs.lookup(con, [5001])[5001]
+    assert p.ppid is None and not p.child_of(MAIN_PID) and p.role(MAIN_PID) == "python3 (train.py)"

@@ -123,3 +123,18 @@ def test_pinned_async_copies_are_healthy():
     tr = base().loop(0, 30, copy_op="cudaMemcpyAsync", copy_bytes=64 << 20, copy_ms=0.02)
     assert tr.explain().chains == []
     assert input_bound.T.min_wait_share > 0
+
+
+def test_input_bound_counts_only_its_own_children_as_workers():
+    # two traced helpers: a child of the loop's process (its DataLoader worker) and an
+    # unrelated traced process with a different parent
+    tr = base().loop(0, 30, wait_ms=60)
+    tr.name(5000, "python3 (train.py)", "pt_data_worker", "python3 train.py", ppid=MAIN_PID)
+    tr.worker(5000, 0, 30, oncpu=0.95)
+    tr.name(6000, "python3 (other.py)", "python3", "python3 other.py", ppid=1)
+    tr.worker(6000, 0, 30, oncpu=0.5)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    assert chain.numbers["workers"] == 1
+    assert [c.pid for c in chain.culprits] == [5000]
+    assert chain.culprits[0].name == "python3 (train.py), worker (child of PID 4242)"
+    assert any("1 DataLoader worker process of PID 4242 used" in r for r in chain.root)

@@ -90,3 +90,36 @@ def test_d_state_without_faults_stays_io_stall():
     report = tr.explain()
     assert report.chains[0].rule_id == "io-stall"
     assert chains_of(report, "memory-pressure") == []
+
+
+def _pressured() -> Trace:
+    tr = base().system(10, 20, swap_in_bytes=50_000_000, major_faults=800, mem_pct=97)
+    return tr.loop(0, 10).loop(10, 20, io_ms=25, faults=200).loop(20, 30)
+
+
+def test_memory_pressure_names_the_process_holding_the_memory():
+    hog = 9100
+    tr = _pressured().name(hog, "memhog", "memhog", "/usr/bin/memhog 12g")
+    tr.rss(hog, "memhog", 0, 30, 1 << 30, 12 << 30)  # grows 11 GiB
+    tr.rss(MAIN_PID, "python3", 0, 30, 3 << 30, 3 << 30)  # larger than the hog at first, flat
+    [chain] = chains_of(tr.explain(), "memory-pressure")
+    assert chain.culprits[0].pid == hog
+    assert any("memory held by memhog (PID 9100)" in r for r in chain.root)
+    assert any(f.startswith("stop PID 9100 (memhog) or cap it: systemd-run --scope -p MemoryMax=<limit> "
+                            "/usr/bin/memhog 12g") for f in chain.fix)
+    assert not any("--sort=-rss" in f for f in chain.fix)
+
+
+def test_memory_pressure_held_by_its_own_worker_says_so():
+    worker = 5001
+    tr = _pressured().name(worker, "python3 (train.py)", "pt_data_worker", "python3 train.py", ppid=MAIN_PID)
+    tr.rss(worker, "pt_data_worker", 0, 30, 1 << 30, 9 << 30)
+    [chain] = chains_of(tr.explain(), "memory-pressure")
+    assert chain.culprits[0].name == "python3 (train.py), worker (child of PID 4242)"
+    assert any(f.startswith("PID 5001 is the job itself (a worker)") for f in chain.fix)
+
+
+def test_memory_pressure_without_process_memory_falls_back_to_ps():
+    [chain] = chains_of(_pressured().explain(), "memory-pressure")
+    assert chain.culprits == []
+    assert any("--sort=-rss" in f for f in chain.fix)

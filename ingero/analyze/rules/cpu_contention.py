@@ -124,16 +124,21 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         if other in names and names[other].is_kernel_thread:
             kernel.append(other)
             continue
-        bucket = own if other in traced else outsiders
+        # the job's own processes: traced with it, or its children (DataLoader workers)
+        mine = other in traced or (other in names and names[other].child_of(pid))
+        bucket = own if mine else outsiders
         bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
     for other, comm, oncpu, took in busy:
-        if other in traced or other in outsiders or other in kernel:
+        if other in traced or other in outsiders or other in kernel or other in own:
+            continue
+        if other in names and names[other].child_of(pid):
+            own[other] = f"{units.ns(oncpu)} on CPU"
             continue
         if other in names and names[other].is_kernel_thread:
             continue
         outsiders[other] = f"{units.ns(oncpu)} on CPU"
     culprits = [Culprit(p, names[p].name if p in names else str(p), d) for p, d in outsiders.items()]
-    culprits += [Culprit(p, names[p].name if p in names else str(p), d + " (same job)") for p, d in own.items()]
+    culprits += [Culprit(p, names[p].role(pid) if p in names else str(p), d + " (same job)") for p, d in own.items()]
     own_only = bool(own) and not outsiders
     if own_only and severity == "HIGH":
         # the job competes with itself: real, but the fix is its own sizing
@@ -164,7 +169,14 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         comms = sorted({names[p].comm or names[p].name for p in outsiders if p in names})
         contributing.append(f"{len(outsiders)} busy processes ({', '.join(comms[:4])}) on {ctx.ncpu} cores")
     if own:
-        contributing.append(f"{len(own)} processes of the same job also preempted the loop")
+        kids = [p for p in own if p in names and names[p].child_of(pid)]
+        if kids:
+            contributing.append(
+                f"{len(kids)} worker process{'es' if len(kids) != 1 else ''} of PID {pid} (its children: "
+                f"{', '.join(str(p) for p in kids[:6])}) also took the CPU"
+            )
+        if len(own) > len(kids):
+            contributing.append(f"{len(own) - len(kids)} processes of the same job also preempted the loop")
     if kernel:
         contributing.append("kernel threads: " + ", ".join(names[p].name for p in kernel[:4]))
     if wake_ns > 0:
@@ -248,6 +260,6 @@ def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int
         workers = max(1, ctx.ncpu - 1)
         fix.append(
             f"DataLoader(num_workers={workers}, persistent_workers=True)   "
-            f"(at most one worker per spare core: {ctx.ncpu} cores)"
+            f"(at most one worker per spare core: {ctx.ncpu} cores; workers of PID {me.pid})"
         )
     return fix

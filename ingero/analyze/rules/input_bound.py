@@ -68,6 +68,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         workers = con.execute(WORKERS_SQL, {"ws": ws}).fetchall()
         names = procs.lookup(con, [pid] + [w[0] for w in workers])
         me = names[pid]
+        # with parent pids known, this process' workers are its children (another
+        # CUDA process' workers, or an unrelated traced helper, are not)
+        if any(names[w[0]].ppid is not None for w in workers):
+            workers = [w for w in workers if names[w[0]].child_of(pid)]
         n_workers = len(workers)
         w_oncpu = sum(w[1] for w in workers) / wall if wall else 0.0  # in CPUs
         w_wait = sum(w[2] for w in workers) / wall if wall else 0.0
@@ -87,7 +91,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         ]
         if n_workers:
             root.append(
-                f"{n_workers} DataLoader worker process{'es' if n_workers != 1 else ''} used "
+                f"{n_workers} DataLoader worker process{'es' if n_workers != 1 else ''}"
+                f"{f' of PID {pid}' if all(names[w[0]].child_of(pid) for w in workers) else ''} used "
                 f"{w_oncpu:.2f} CPUs of {ctx.ncpu} ({w_oncpu / n_workers * 100:.0f}% of a core each)"
             )
         else:
@@ -110,7 +115,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         loop_cpus = 1.0 - baseline.mean_share(s.evidence, "off_ns")
         fix = _fixes(ctx, me, n_workers, wait, workers[0][0] if workers else None, w_oncpu, loop_cpus)
         culprits = [
-            Culprit(w[0], names[w[0]].name, f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
+            Culprit(w[0], names[w[0]].role(pid), f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
             for w in workers[:4]
         ]
         chains.append(
@@ -170,7 +175,7 @@ def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker
         )
         fix.append("make each sample cheaper: cache decoded/augmented samples, move augmentation to the GPU")
     if top_worker is not None:
-        fix.append(f"py-spy top --pid {top_worker}   (see where the busiest worker spends its time)")
+        fix.append(f"py-spy top --pid {top_worker}   (see where the busiest worker of PID {me.pid} spends its time)")
     else:
         fix.append(f"py-spy top --pid {me.pid}   (see what the loop waits on between steps)")
     return fix

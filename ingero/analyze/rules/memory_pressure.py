@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
-from ingero.analyze.model import Chain
+from ingero.analyze.model import Chain, Culprit
 
 ID = "memory-pressure"
 TITLE = "Memory pressure (page faults, swap) stalls the training loop"
@@ -58,6 +58,26 @@ FAULTERS_SQL = """
 SELECT pid, sum(n) AS n FROM ing_faults WHERE list_contains($ws, w)
 GROUP BY pid ORDER BY n DESC LIMIT 4
 """
+
+
+# Who holds the memory (process_memory: top RSS processes per second plus
+# the traced ones), from the start of the range to the end of the last
+# evidence window: the largest RSS growth, else the largest RSS.
+HOLDERS_SQL = """
+SELECT pid, any_value(comm) AS comm, max(rss_bytes) AS peak,
+       arg_max(rss_bytes, timestamp) - arg_min(rss_bytes, timestamp) AS growth
+FROM process_memory
+WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND rss_bytes IS NOT NULL
+GROUP BY pid ORDER BY greatest(growth, 0) DESC, peak DESC LIMIT 3
+"""
+
+
+def holders(con, ctx: Context, end_ns: int) -> list[tuple[int, str, float, float]]:
+    """[(pid, comm, peak RSS, RSS growth)] biggest first; [] when the database has no process_memory."""
+    if not procs.has_column(con, "process_memory", "rss_bytes"):
+        return []
+    rows = con.execute(HOLDERS_SQL, {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": end_ns}).fetchall()
+    return [(int(p), c or "", float(peak or 0), float(g or 0)) for p, c, peak, g in rows]
 
 
 def host_memory(con) -> dict[int, tuple[float, float, float]]:
@@ -154,12 +174,32 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         effect.append(
             f"CUDA ops/s down {units.pct(drop)} under pressure ({units.count(base_rate)} → {units.count(ev_rate)})"
         )
-    fix = [
-        "lower host memory use: smaller batch or prefetch_factor, fewer DataLoader workers (each holds a copy)",
-        "find what holds the memory: ps -eo pid,rss,comm --sort=-rss | head   (then stop it, or cap it with "
-        "systemd-run --scope -p MemoryMax=...)",
-        f"reuse buffers instead of allocating per step in {me.command}; pre-allocate pinned buffers once",
-    ]
+    fix = ["lower host memory use: smaller batch or prefetch_factor, fewer DataLoader workers (each holds a copy)"]
+    culprits = []
+    held = holders(con, ctx, ctx.window_bounds(ws[-1])[1])
+    if held:
+        hp, hcomm, peak, growth = held[0]
+        hnames = procs.lookup(con, [hp])
+        h = hnames[hp]
+        mine = hp == pid or h.child_of(pid)
+        who = h.role(pid) if hp != pid else h.name
+        grew = f", grew {units.size(growth)} over the range" if growth > 0 else ""
+        root.append(f"memory held by {who} (PID {hp}): RSS up to {units.size(peak)}{grew}")
+        culprits.append(Culprit(hp, who, f"RSS {units.size(peak)}{grew}"))
+        if not mine:
+            fix.append(
+                f"stop PID {hp} ({h.comm or hcomm or h.name}) or cap it: "
+                f"systemd-run --scope -p MemoryMax=<limit> {h.command}   (it holds {units.size(peak)})"
+            )
+        else:
+            fix.append(f"PID {hp} is the job itself{' (a worker)' if hp != pid else ''}: "
+                       f"it holds {units.size(peak)}; shrink what it keeps resident")
+    else:
+        fix.append(
+            "find what holds the memory: ps -eo pid,rss,comm --sort=-rss | head   (then stop it, or cap it with "
+            "systemd-run --scope -p MemoryMax=...)"
+        )
+    fix.append(f"reuse buffers instead of allocating per step in {me.command}; pre-allocate pinned buffers once")
     return Chain(
         rule_id=ID,
         severity=severity,
@@ -169,6 +209,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         contributing=[f"{names[f[0]].name} (PID {f[0]}): {units.count(f[1])} page faults" for f in faulters[1:3]],
         fix=fix,
         pids=[pid],
+        culprits=culprits,
         evidence_windows=baseline.evidence_windows(ctx, s.evidence),
         windows_total=len(rows),
         correlation=corr,
