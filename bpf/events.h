@@ -11,7 +11,9 @@
 #ifndef INGERO_EVENTS_H
 #define INGERO_EVENTS_H
 
-#ifndef __BPF__
+/* BCC compiles with the kernel's headers and __KERNEL__ defined, where u8 ...
+ * already exist; user space (the parity test) gets them from stdint.h. */
+#if !defined(__KERNEL__) && !defined(__BPF__)
 #include <stdint.h>
 typedef uint8_t u8;
 typedef uint16_t u16;

@@ -24,16 +24,7 @@
  * maps only through these accessors.
  */
 #include <uapi/linux/ptrace.h>
-/* events.h keys its kernel-side branch on __BPF__, which BCC's front end
- * does not define while preprocessing: define it just for that include. */
-#ifndef __BPF__
-#define __BPF__ 1
-#define INGERO_DEFINED_BPF
-#endif
 #include "events.h"
-#ifdef INGERO_DEFINED_BPF
-#undef __BPF__
-#endif
 
 #ifndef RING_PAGES
 #define RING_PAGES 32768 /* 128 MiB with 4 KiB pages: ~2 s of records at 1 M/s */
