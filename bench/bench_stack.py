@@ -90,6 +90,11 @@ def _last_json(text: str) -> dict:
     raise RuntimeError(f"no result line in: {text[-500:]!r}")
 
 
+def tracer_env(tmp: Path) -> dict:
+    """A private query socket: another tracer on the machine must not refuse ours."""
+    return {**os.environ, "INGERO_SOCKET": str(tmp / "ingero.sock")}
+
+
 def run(mode: str, script: Path, lib: str, tmp: Path, k: int) -> dict:
     cmd = [sys.executable, str(script), lib, str(SECONDS), str(STACK_DEPTH - 2)]
     if mode == "untraced":
@@ -99,7 +104,7 @@ def run(mode: str, script: Path, lib: str, tmp: Path, k: int) -> dict:
     argv = [sys.executable, "-m", "ingero", "trace", "--cmd", " ".join(cmd), "--duration", "120", "--db", str(db)]
     if mode == "trace --stack":
         argv.insert(4, "--stack")
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=tracer_env(tmp))
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-2000:])
     out = _last_json(res.stdout)
@@ -225,7 +230,8 @@ def bench_native_unknown(tmp: Path) -> None:
         subprocess.run(["cc", *flags, "-o", str(exe), str(src), "-ldl"], check=True)
         db = tmp / f"native{len(flags)}.duckdb"
         res = subprocess.run([sys.executable, "-m", "ingero", "trace", "--stack", "--cmd", f"{exe} {lib}",
-                              "--duration", "60", "--db", str(db)], capture_output=True, text=True, timeout=300)
+                              "--duration", "60", "--db", str(db)], capture_output=True, text=True, timeout=300,
+                             env=tracer_env(tmp))
         if res.returncode != 0:
             raise RuntimeError(res.stderr[-2000:])
         con = duckdb.connect(str(db), read_only=True)
