@@ -35,11 +35,17 @@ def candidate_sockets() -> list[Path]:
     env = os.environ.get("INGERO_SOCKET")
     if env:
         out.append(Path(env).expanduser())
-    out.append(ROOT_SOCKET_DIR / SOCKET_NAME)
+    dirs = [ROOT_SOCKET_DIR]
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
-        out.append(Path(xdg) / "ingero" / SOCKET_NAME)
-    out.append(Path.home() / ".ingero" / SOCKET_NAME)
+        dirs.append(Path(xdg) / "ingero")
+    dirs.append(Path.home() / ".ingero")
+    for d in dirs:
+        out.append(d / SOCKET_NAME)
+        try:  # tracers writing other databases: ingero-<hash>.sock (server.socket_name)
+            out.extend(sorted(d.glob("ingero-*.sock")))
+        except OSError:
+            pass
     seen: set[Path] = set()
     return [p for p in out if not (p in seen or seen.add(p))]
 

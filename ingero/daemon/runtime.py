@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ingero.daemon.retention import RETENTION_INTERVAL_S, Retention
-from ingero.daemon.server import DEFAULT_MEMORY_LIMIT_BYTES, QueryServer, lock_down
+from ingero.daemon.server import DEFAULT_MEMORY_LIMIT_BYTES, QueryServer, default_socket_path, lock_down
 from ingero.errors import IngeroError
 from ingero.store.db import Store
 
@@ -43,7 +43,8 @@ class Daemon:
             raise IngeroError(f"bad --retain/--max-db: {exc}") from None
         self.store = store
         self.server = (
-            QueryServer(store.con.cursor, socket_path, memory_limit_bytes=memory_limit_bytes) if serve else None
+            QueryServer(store.con.cursor, socket_path or default_socket_path(store.path),
+                        memory_limit_bytes=memory_limit_bytes) if serve else None
         )
         self._memory_limit = memory_limit_bytes
         self._interval_s = retention_interval_s

@@ -23,6 +23,7 @@ Integration (session.py)::
 from __future__ import annotations
 
 import grp
+import hashlib
 import io
 import os
 import pwd
@@ -74,17 +75,38 @@ ACCEPT_POLL_S = 0.5
 DEFAULT_MEMORY_LIMIT_BYTES = 1 << 30
 
 
-def default_socket_path() -> Path:
-    """INGERO_SOCKET, else /run/ingero/ingero.sock for root, else $XDG_RUNTIME_DIR/ingero/ or ~/.ingero/."""
+def socket_name(db_path: Path | str | None = None) -> str:
+    """ingero.sock for the default database; ingero-<hash>.sock for any other.
+
+    One socket per database lets two tracers writing two files run side by
+    side; clients find the one serving their file by asking each (status).
+    """
+    if db_path is None:
+        return SOCKET_NAME
+    from ingero.store.db import default_db_path
+
+    real = os.path.realpath(db_path)
+    if real == os.path.realpath(default_db_path()):
+        return SOCKET_NAME
+    return f"ingero-{hashlib.sha256(real.encode()).hexdigest()[:12]}.sock"
+
+
+def socket_dirs() -> list[Path]:
+    """Where sockets live: /run/ingero for root, else $XDG_RUNTIME_DIR/ingero or ~/.ingero."""
+    if os.geteuid() == 0:
+        return [ROOT_SOCKET_DIR]
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return [Path(xdg) / "ingero"]
+    return [Path.home() / ".ingero"]
+
+
+def default_socket_path(db_path: Path | str | None = None) -> Path:
+    """INGERO_SOCKET, else <socket dir>/<socket_name(db_path)>."""
     env = os.environ.get("INGERO_SOCKET")
     if env:
         return Path(env).expanduser()
-    if os.geteuid() == 0:
-        return ROOT_SOCKET_DIR / SOCKET_NAME
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_dir():
-        return Path(xdg) / "ingero" / SOCKET_NAME
-    return Path.home() / ".ingero" / SOCKET_NAME
+    return socket_dirs()[0] / socket_name(db_path)
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None = DEFAULT_MEMORY_LIMIT_BYTES) -> None:

@@ -45,3 +45,17 @@ def test_tick_waits_for_its_interval_and_no_bounds_is_a_no_op():
 def test_bad_bounds_are_one_line_errors():
     with pytest.raises(IngeroError, match="bad --retain/--max-db: max_db_bytes must be at least 64 MB"):
         Daemon(Store.memory(), max_db_bytes=10**6, serve=False)
+
+
+def test_socket_names_are_per_database(tmp_path, monkeypatch) -> None:
+    """Two tracers writing two files serve on two sockets; the default DB keeps ingero.sock."""
+    from ingero.daemon.server import SOCKET_NAME, default_socket_path, socket_name
+
+    monkeypatch.delenv("INGERO_SOCKET", raising=False)
+    monkeypatch.setenv("INGERO_DB", str(tmp_path / "default.duckdb"))
+    a, b = socket_name(tmp_path / "a.duckdb"), socket_name(tmp_path / "b.duckdb")
+    assert a != b and a.startswith("ingero-") and a.endswith(".sock")
+    assert socket_name(tmp_path / "default.duckdb") == SOCKET_NAME
+    assert socket_name(tmp_path / "a.duckdb") == a  # stable
+    monkeypatch.setenv("INGERO_SOCKET", str(tmp_path / "x.sock"))
+    assert default_socket_path(tmp_path / "a.duckdb") == tmp_path / "x.sock"
