@@ -170,6 +170,35 @@ def least_affected(rows: list[Row], share: Callable[[Row], float]) -> tuple[list
     return ranked[:q], ranked[-q:]
 
 
+# In a run without clean windows, the least- and most-affected quarters are
+# compared only when the cause's share differs between them by at least this
+# much of wall clock (a smaller spread is window-to-window noise) ...
+MIN_QUARTILE_SHARE_GAP = 0.10
+# ... and the call rate falls by at least this much (a healthy run's rate
+# varies ~5-10% between windows).
+MIN_QUARTILE_DROP = 0.15
+
+
+def quartile_contrast(rows: list[Row], share: Callable[[Row], float], what: str) -> str | None:
+    """Without clean windows: the call rate in the least- vs the most-affected quarter of windows,
+    as one effect line ("CUDA ops/s 231 in the quarter of windows with the least <what> (41.2%) vs
+    13 in the most (60.8%): down 94.2%"), or None when the quarters do not differ enough."""
+    least, most = least_affected(rows, share)
+    if not least or not most:
+        return None
+    lo_share = sum(share(r) * r["wall_ns"] for r in least) / (sum(r["wall_ns"] for r in least) or 1)
+    hi_share = sum(share(r) * r["wall_ns"] for r in most) / (sum(r["wall_ns"] for r in most) or 1)
+    lo_rate = median([ops_rate(r) for r in least])
+    hi_rate = median([ops_rate(r) for r in most])
+    if hi_share - lo_share < MIN_QUARTILE_SHARE_GAP or lo_rate <= 0 or 1 - hi_rate / lo_rate < MIN_QUARTILE_DROP:
+        return None
+    return (
+        f"CUDA ops/s {hi_rate:,.0f} in the quarter of windows with the most {what} ({hi_share * 100:.1f}%) "
+        f"vs {lo_rate:,.0f} in the quarter with the least ({lo_share * 100:.1f}%): "
+        f"down {(1 - hi_rate / lo_rate) * 100:.1f}%"
+    )
+
+
 def throughput(s: Split) -> tuple[float, float, float]:
     """(clean ops/s, evidence ops/s, drop 0-1) using window medians; drop 0 without baseline."""
     ev = median([ops_rate(r) for r in s.evidence])

@@ -138,3 +138,19 @@ def test_input_bound_counts_only_its_own_children_as_workers():
     assert [c.pid for c in chain.culprits] == [5000]
     assert chain.culprits[0].name == "python3 (train.py), worker (child of PID 4242)"
     assert any("1 DataLoader worker process of PID 4242 used" in r for r in chain.root)
+
+
+def test_without_clean_windows_effects_compare_least_and_most_affected_quarters():
+    # the loop always waits for data (>= 20% of every window), four times longer in the second half
+    tr = with_workers(base(), 1, 0.95).loop(0, 15, wait_ms=30).loop(15, 30, wait_ms=120)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    assert chain.correlation is None
+    assert any(e.startswith("CUDA ops/s") and "quarter of windows with the most waiting for data" in e
+               for e in chain.effect)
+    # pageable copies in every window, three times longer in the second half
+    tr = base().loop(0, 15, copy_op="cudaMemcpy", copy_bytes=64 << 20, copy_ms=25)
+    tr.loop(15, 30, copy_op="cudaMemcpy", copy_bytes=64 << 20, copy_ms=75)
+    [chain] = chains_of(tr.explain(), "transfer-bound")
+    assert chain.effect[1].startswith("no clean window to compare with (copies in")
+    assert any("quarter of windows with the most copy time" in e for e in chain.effect)
+    assert not any(e.startswith("present in") for e in chain.effect)

@@ -223,17 +223,11 @@ def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split
         f"of the {units.ns(wanted)} the loop was runnable it ran {units.ns(oncpu)} "
         f"and waited {units.ns(wait)} ({units.pct(wait / wanted if wanted else 0.0)})"
     ]
+    line = baseline.quartile_contrast(rows, _share, "CPU wait")
+    if line:
+        out.append(line)
     least, most = baseline.least_affected(rows, _share)
     if least and most:
-        lo_share, hi_share = baseline.mean_share(least, "cpu_wait_ns"), baseline.mean_share(most, "cpu_wait_ns")
-        lo_rate = baseline.median([baseline.ops_rate(r) for r in least])
-        hi_rate = baseline.median([baseline.ops_rate(r) for r in most])
-        if hi_share >= T.min_wait_share + lo_share and lo_rate > 0 and 1 - hi_rate / lo_rate >= T.min_drop:
-            out.append(
-                f"CUDA ops/s {units.count(lo_rate)} in the least-contended quarter of windows "
-                f"(CPU wait {units.pct(lo_share)}) vs {units.count(hi_rate)} in the most-contended "
-                f"({units.pct(hi_share)}): down {units.pct(1 - hi_rate / lo_rate)}"
-            )
         quiet = baseline.Split(evidence=most, clean=least, all=rows)
         for op, lo_p99, hi_p99 in baseline.op_p99(ctx, pid, tid, SYNC_OPS, quiet)[:1]:
             if lo_p99 > 0 and hi_p99 >= T.min_p99_ratio * lo_p99:

@@ -105,6 +105,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             effect.append(
                 f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
             )
+        elif not s.has_baseline:
+            line = baseline.quartile_contrast(rows, _share, "waiting for data")
+            effect.append(line or f"no clean window to compare with: the loop waited for data in {len(ws)} of "
+                          f"{len(rows)} active windows")
         contributing = []
         if starved_workers:
             contributing.append(f"workers waited for a CPU {w_wait:.2f} CPU-s per s: see cpu-contention")

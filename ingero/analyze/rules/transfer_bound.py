@@ -122,8 +122,12 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             effect.append(
                 f"CUDA ops/s down {units.pct(drop)} in copy-heavy windows ({units.count(base_rate)} → {units.count(ev_rate)})"
             )
-        else:
-            effect.append(f"present in {len(ws)} of {len(rows)} active windows: the loop copies instead of computing")
+        elif not s.has_baseline:
+            effect.append(f"no clean window to compare with (copies in {len(ws)} of {len(rows)} active windows): "
+                          "the loop copies instead of computing")
+            line = baseline.quartile_contrast(rows, _share, "copy time")
+            if line:
+                effect.append(line)
         contributing = []
         if faulting:
             contributing.append(
