@@ -166,15 +166,18 @@ CREATE OR REPLACE TEMP TABLE ing_faults AS
 WITH pf AS (
     SELECT pid, tid, timestamp, coalesce(duration_ns, 0) AS duration_ns
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
-), calling AS (
-    SELECT DISTINCT tid FROM ing_long
+), copying AS (
+    SELECT DISTINCT tid FROM ing_long WHERE cat = 'copy'
 ), j AS (
+    -- only a copy call matters (its source paged in while copying): the
+    -- join is against the few copy calls, for the threads that make them
     SELECT pf.pid, pf.tid, pf.timestamp, pf.duration_ns,
-           CASE WHEN cu.end_ns > pf.timestamp THEN cu.cat ELSE 'none' END AS inside
-    FROM (SELECT * FROM pf WHERE tid IN (SELECT tid FROM calling)) pf
-    ASOF LEFT JOIN ing_long cu ON pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
+           CASE WHEN cu.end_ns > pf.timestamp THEN 'copy' ELSE 'none' END AS inside
+    FROM (SELECT * FROM pf WHERE tid IN (SELECT tid FROM copying)) pf
+    ASOF LEFT JOIN (SELECT tid, timestamp, end_ns FROM ing_long WHERE cat = 'copy') cu
+         ON pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
     UNION ALL
-    SELECT pid, tid, timestamp, duration_ns, 'none' FROM pf WHERE tid NOT IN (SELECT tid FROM calling)
+    SELECT pid, tid, timestamp, duration_ns, 'none' FROM pf WHERE tid NOT IN (SELECT tid FROM copying)
 )
 SELECT pid, tid, (timestamp - $t0) // $wns AS w, inside, count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns
 FROM j GROUP BY ALL
