@@ -8,12 +8,13 @@ running (then it describes the last session: closed or crashed).
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from ingero.store.db import pid_alive
 
 # events/s is measured over the last RATE_WINDOW_S seconds of event
 # timestamps.  The writer flushes every <= 1 s, so the newest second is
@@ -21,15 +22,6 @@ import duckdb
 RATE_WINDOW_S = 10.0
 FLUSH_LAG_S = 1.0
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def db_file_of(con: duckdb.DuckDBPyConnection) -> Path | None:
@@ -87,7 +79,7 @@ def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = N
         return out
     s = dict(zip(_SESSION_COLS, rows[0]))
     status = s["status"]
-    if status == "running" and tracer_pid is None and (s["tracer_pid"] is None or not _pid_alive(int(s["tracer_pid"]))):
+    if status == "running" and tracer_pid is None and (s["tracer_pid"] is None or not pid_alive(int(s["tracer_pid"]))):
         status = "crashed"
     stored = con.execute(
         "SELECT count(*) FROM events WHERE session_id = $sid", {"sid": s["session_id"]}

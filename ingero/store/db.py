@@ -255,7 +255,7 @@ class Store:
         rows = self.con.execute(
             "SELECT session_id, tracer_pid FROM sessions WHERE status = 'running'"
         ).fetchall()
-        crashed = [sid for sid, pid in rows if pid is None or not _pid_alive(int(pid))]
+        crashed = [sid for sid, pid in rows if pid is None or not pid_alive(int(pid))]
         for sid in crashed:
             self.con.execute(
                 "UPDATE sessions SET status = 'crashed' WHERE session_id = $sid", {"sid": sid}
@@ -282,7 +282,8 @@ class Store:
             self.con.unregister("_ingero_names")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (a tracer that wrote a 'running' session)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
