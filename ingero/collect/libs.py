@@ -33,6 +33,7 @@ from typing import Iterable, Iterator
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from ingero.collect.procnames import stat_fields
 from ingero.errors import IngeroError
 
 PROC = Path("/proc")
@@ -519,7 +520,7 @@ def _stat_fields(proc_dir: str, pid: int) -> tuple[int, int] | None:
             os.close(fd)
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = stat_fields(data)
     try:
         return int(fields[19]), int(fields[20])  # stat fields 22 (starttime) and 23 (vsize)
     except (IndexError, ValueError):

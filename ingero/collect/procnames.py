@@ -38,7 +38,8 @@ def _script_name(arg: str) -> str:
     return os.path.basename(arg)
 
 
-def _read(path: Path) -> bytes | None:
+def read_proc_file(path: Path) -> bytes | None:
+    """A /proc file's bytes, or None when the process (or file) is gone."""
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -129,11 +130,11 @@ def readable_name(argv: list[str], comm: str) -> str:
 def process_info(pid: int, proc: Path = PROC) -> dict | None:
     """{pid, name, comm, cmdline, ppid} of a live process, or None if it is gone."""
     base = proc / str(pid)
-    comm_raw = _read(base / "comm")
+    comm_raw = read_proc_file(base / "comm")
     if comm_raw is None:
         return None
     comm = comm_raw.decode("utf-8", "replace").rstrip("\n")
-    argv = split_cmdline(_read(base / "cmdline") or b"")
+    argv = split_cmdline(read_proc_file(base / "cmdline") or b"")
     return {
         "pid": pid,
         "name": readable_name(argv, comm),
@@ -145,13 +146,22 @@ def process_info(pid: int, proc: Path = PROC) -> dict | None:
 
 def _ppid(base: Path) -> int | None:
     """Field 4 of /proc/PID/stat (after the parenthesised comm, which may hold spaces)."""
-    raw = _read(base / "stat")
+    raw = read_proc_file(base / "stat")
     if not raw:
         return None
     try:
-        return int(raw[raw.rindex(b")") + 2 :].split()[1])
+        return int(stat_fields(raw)[1])
     except (ValueError, IndexError):
         return None
+
+
+def stat_fields(raw: bytes) -> list[bytes]:
+    """/proc/PID/stat fields from field 3 (state) on: index i is field i + 3.
+
+    The comm in field 2 is parenthesised and may hold spaces or ')', so the
+    split starts after its last ')'.
+    """
+    return raw[raw.rfind(b")") + 2 :].split()
 
 
 def describe_pids(pids: Iterable[int], proc: Path = PROC) -> list[dict]:

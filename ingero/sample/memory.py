@@ -12,21 +12,15 @@ import os
 import time
 from pathlib import Path
 
+from ingero.collect.procnames import read_proc_file
+
 PROC = Path("/proc")
 TOP_N = 10  # the largest processes kept per sample: enough to name a hog, cheap to store
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _swap_bytes(base: Path) -> int | None:
-    raw = _read(base / "status")
+    raw = read_proc_file(base / "status")
     if raw is None:
         return None
     for line in raw.splitlines():
@@ -43,7 +37,7 @@ def sample(extra_pids: set[int] | frozenset[int] = frozenset(), *, top_n: int = 
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
-        raw = _read(proc / name / "statm")
+        raw = read_proc_file(proc / name / "statm")
         if not raw:
             continue
         parts = raw.split()
@@ -57,6 +51,6 @@ def sample(extra_pids: set[int] | frozenset[int] = frozenset(), *, top_n: int = 
     rows = []
     for pid, rss in keep.items():
         base = proc / str(pid)
-        comm = (_read(base / "comm") or b"?").decode("utf-8", "replace").strip()
+        comm = (read_proc_file(base / "comm") or b"?").decode("utf-8", "replace").strip()
         rows.append({"timestamp": now, "pid": pid, "comm": comm, "rss_bytes": rss, "swap_bytes": _swap_bytes(base)})
     return rows
