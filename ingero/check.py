@@ -107,6 +107,9 @@ def check_bpf_load() -> Check:
     """Compile and load a tiny tracepoint program: the real proof that tracing can work."""
     if os.geteuid() != 0:
         return Check("BPF load", False, "skipped (not root)", "run with sudo")
+    bcc = check_bcc()
+    if not bcc.ok:
+        return Check("BPF load", False, f"skipped: BCC {bcc.detail}", bcc.fix)
     try:
         from bcc import BPF
 

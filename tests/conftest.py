@@ -15,24 +15,15 @@ import pytest
 
 @functools.lru_cache(maxsize=1)
 def ebpf_unavailable() -> str | None:
-    """Why live tests cannot run here, or None when they can (root + BCC + a BPF program loads)."""
-    if os.geteuid() != 0:
-        return "needs root (eBPF)"
-    try:
-        import bcc  # noqa: F401
-    except ImportError as exc:
-        return f"BCC not importable ({exc}); run `make setup`"
-    try:
-        from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
+    """Why live tests cannot run here, or None when they can.
 
-        ensure_tracefs()
-        find_kernel_headers().export()
-        from bcc import BPF
+    The same proof `ingero check` uses: as root, a sched_switch program is
+    compiled against the headers ingero finds, loaded and attached.
+    """
+    from ingero.check import check_bpf_load
 
-        BPF(text=b"int probe(void *ctx) { return 0; }").load_func("probe", BPF.SOCKET_FILTER)
-    except Exception as exc:  # any failure to load a trivial program means no eBPF here
-        return f"cannot load a BPF program: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-    return None
+    result = check_bpf_load()
+    return None if result.ok else f"{result.detail} ({result.fix})"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
