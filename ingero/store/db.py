@@ -80,6 +80,15 @@ def _schema_sql() -> str:
     return resources.files("ingero.store").joinpath("schema.sql").read_text()
 
 
+def _require_existing(path: Path) -> None:
+    """Readers never create a database: a missing file is the user's to fix."""
+    if not path.exists():
+        raise IngeroError(
+            f"no ingero database at {path}",
+            "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
+        )
+
+
 def _raise_open_error(path: Path, exc: Exception) -> None:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if "lock" in text.lower():
@@ -108,11 +117,7 @@ class Store:
         """Open (creating and migrating when writable) the store at ``path``."""
         path = Path(path) if path is not None else default_db_path()
         if read_only:
-            if not path.exists():
-                raise IngeroError(
-                    f"no ingero database at {path}",
-                    "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
-                )
+            _require_existing(path)
             try:
                 con = duckdb.connect(str(path), read_only=True)
             except duckdb.Error as exc:
@@ -310,11 +315,7 @@ TABLES = (
 def open_for_user_sql(path: Path | str | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only connection for SQL typed by a user: no files, network, extensions or SET."""
     path = Path(path) if path is not None else default_db_path()
-    if not path.exists():
-        raise IngeroError(
-            f"no ingero database at {path}",
-            "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
-        )
+    _require_existing(path)
     try:
         return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_CONFIG))
     except duckdb.Error as exc:
