@@ -160,15 +160,16 @@ static __always_inline void del_target(u32 tgid)
 #ifdef TARGET_COMM
 static __always_inline int comm_matches(void)
 {
-	char want[16] = TARGET_COMM;
+	/* Byte by byte against the literal, terminating NUL included: unrolled,
+	 * TARGET_COMM[i] folds to an immediate.  The volatile reads keep clang
+	 * from turning a full 16-byte compare (a 15-character name) into a bcmp
+	 * against a .rodata copy of the literal, which BCC cannot load. */
 	char comm[16] = {};
 	bpf_get_current_comm(&comm, sizeof(comm));
 #pragma unroll
-	for (int i = 0; i < 16; i++) {
-		if (comm[i] != want[i])
+	for (int i = 0; i < sizeof(TARGET_COMM) && i < 16; i++) {
+		if (((volatile char *)comm)[i] != TARGET_COMM[i])
 			return 0;
-		if (comm[i] == 0)
-			return 1;
 	}
 	return 1;
 }

@@ -104,3 +104,26 @@ def test_comm_traces_only_processes_of_that_name(tmp_path, bins):
     rows = dict(query(db, "SELECT pid, count(*) FROM events WHERE op = 'cudaMalloc' GROUP BY pid"))
     assert rows == {mine_pid: 5}
     assert theirs_pid not in rows
+
+
+def test_comm_of_the_full_fifteen_characters_loads_and_matches(tmp_path, bins):
+    """The kernel keeps 15 characters of a name; a --comm that long fills the
+    whole 16-byte compare (it once failed to load) and must match exactly,
+    while a name differing only in the last character must not."""
+    import shutil
+
+    lib = libcudart()
+    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
+    mine, near = tmp_path / "cudart_calls_15", tmp_path / "cudart_calls_16"
+    shutil.copy(bins["cudart_calls"], mine)
+    shutil.copy(bins["cudart_calls"], near)
+    assert len(mine.name) == 15
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--comm", mine.name)
+    tracer.wait_started()
+    a = subprocess.run([str(mine), str(lib), "4", "8"], capture_output=True, text=True, check=True)
+    b = subprocess.run([str(near), str(lib), "4", "8"], capture_output=True, text=True, check=True)
+    tracer.finish()
+    rows = dict(query(db, "SELECT pid, count(*) FROM events WHERE op = 'cudaMalloc' GROUP BY pid"))
+    assert rows == {int(a.stdout.split()[1]): 4}
+    assert int(b.stdout.split()[1]) not in rows
