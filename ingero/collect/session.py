@@ -233,8 +233,6 @@ class TraceSession:
 
             raise write_error(exc, self.store.path) from None
         self.events += added
-        if self.daemon is not None:
-            self.daemon.tick()
 
     def _note_pids(self, recs: np.ndarray) -> None:
         pids = np.unique(recs["pid"])
@@ -515,7 +513,7 @@ def run_trace(
         sess.write_probe_rows()
         sess.upsert_names(initial)
         # Other shells query through this (DuckDB allows one writer process);
-        # it also applies --retain/--max-db on this thread after flushes.
+        # it also applies --retain/--max-db on this thread, once a second.
         from ingero.daemon.runtime import Daemon
 
         sess.daemon = daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes,
@@ -628,6 +626,8 @@ def _loop(
 
 def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> None:
     sess.harvest_process_cpu()
+    if sess.daemon is not None:
+        sess.daemon.tick()  # retention, when due: by age even while no events arrive
     traced = sess.program.targets()
     samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:

@@ -1,7 +1,7 @@
 """The three calls the trace session makes to run as a daemon.
 
     daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes).start()
-    ...  in the run loop, on the writer's thread, after each flush:
+    ...  in the run loop, on the writer's thread, once a second:
     daemon.tick()                      # applies retention every RETENTION_INTERVAL_S
     ...  on exit (before store.close()):
     daemon.stop()
