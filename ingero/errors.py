@@ -22,3 +22,10 @@ class IngeroError(Exception):
         if self.hint:
             return f"{self.message} — {self.hint}"
         return self.message
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (DuckDB and BCC append pages of
+    context), or its type name when it has no text: what a one-line error quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from ingero.errors import IngeroError
+from ingero.errors import IngeroError, first_line
 
 _DISK_FULL_TEXT = ("No space left on device", "Disk full", "ENOSPC", "could not write all bytes", "Quota exceeded")
 
@@ -23,10 +23,6 @@ def is_disk_full(exc: BaseException) -> bool:
     return any(t.lower() in text.lower() for t in _DISK_FULL_TEXT)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
 
 def write_error(exc: BaseException, db_path: Path | str) -> IngeroError:
     """The error a tracer stops with when writing to its database fails."""
@@ -36,7 +32,7 @@ def write_error(exc: BaseException, db_path: Path | str) -> IngeroError:
             "free space or pass --max-db to bound the database, then restart `ingero trace`",
         )
     return IngeroError(
-        f"stopped writing to {db_path}: {_first_line(exc)}; events written before this are kept",
+        f"stopped writing to {db_path}: {first_line(exc)}; events written before this are kept",
         "check the disk and the file, then restart `ingero trace`",
     )
 

@@ -40,7 +40,7 @@ import duckdb
 from ingero.daemon import protocol
 from ingero.daemon.sqlguard import check_sql
 from ingero.daemon.state import collect_status
-from ingero.errors import IngeroError
+from ingero.errors import IngeroError, first_line
 from ingero.store.db import invoking_user
 
 SOCKET_NAME = "ingero.sock"
@@ -128,10 +128,6 @@ def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None 
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # Keys a client may pass to explain: the fields of ingero.analyze.context.Options.
@@ -425,10 +421,10 @@ class QueryServer:
             return {"ok": False, "error": "interrupted (time limit reached or tracer stopping)",
                     "hint": "narrow the query (WHERE timestamp > ...) or pass a larger timeout"}
         except duckdb.PermissionException as exc:
-            return {"ok": False, "error": f"refused: {_first_line(exc)}",
+            return {"ok": False, "error": f"refused: {first_line(exc)}",
                     "hint": "queries cannot read files, the network or extensions"}
         except duckdb.Error as exc:
-            return {"ok": False, "error": _first_line(exc)}
+            return {"ok": False, "error": first_line(exc)}
 
     def _in_read_txn(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:
         if self._base is None or self._stopping.is_set():

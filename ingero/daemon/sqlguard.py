@@ -20,7 +20,7 @@ import re
 
 import duckdb
 
-from ingero.errors import IngeroError
+from ingero.errors import IngeroError, first_line
 
 # PRAGMAs that only describe the database.  Others (enable_profiling to a
 # file, memory settings, checkpoint variants) are refused.
@@ -67,12 +67,8 @@ def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
     try:
         return con.extract_statements(sql)
     except duckdb.Error as exc:
-        raise IngeroError(f"SQL does not parse: {_first_line(exc)}", "check the query syntax") from None
+        raise IngeroError(f"SQL does not parse: {first_line(exc)}", "check the query syntax") from None
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_sql(con: duckdb.DuckDBPyConnection, sql: str) -> str:

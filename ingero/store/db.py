@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from ingero import __version__
-from ingero.errors import IngeroError
+from ingero.errors import IngeroError, first_line
 
 SCHEMA_VERSION = 1
 
@@ -90,7 +90,7 @@ def _require_existing(path: Path) -> None:
 
 
 def _raise_open_error(path: Path, exc: Exception) -> None:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = first_line(exc)
     if "lock" in text.lower():
         raise IngeroError(
             f"database {path} is locked by another process ({text})",

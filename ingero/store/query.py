@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from ingero.errors import IngeroError
+from ingero.errors import IngeroError, first_line
 from ingero.store.db import default_db_path, open_for_user_sql
 
 DEFAULT_MAX_ROWS = 10_000
@@ -29,14 +29,10 @@ class QueryResult:
     truncated: bool  # more rows existed than max_rows
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
 
 def explain_duckdb_error(exc: duckdb.Error) -> IngeroError:
     """One line for a failed user query: what DuckDB said and what to do."""
-    msg = _first_line(exc)
+    msg = first_line(exc)
     if isinstance(exc, duckdb.PermissionException) or "disabled by configuration" in msg:
         return IngeroError(
             f"refused: {msg}",
