@@ -76,7 +76,8 @@ def _give_to_invoking_user(path: Path) -> None:
             pass
 
 
-def _schema_sql() -> str:
+def schema_sql() -> str:
+    """The DDL of schema.sql, shipped as package data."""
     return resources.files("ingero.store").joinpath("schema.sql").read_text()
 
 
@@ -148,7 +149,7 @@ class Store:
 
     def _apply_schema(self) -> None:
         try:
-            self.con.execute(_schema_sql())
+            self.con.execute(schema_sql())
         except duckdb.Error as exc:
             raise IngeroError(
                 f"{self.path} is not an ingero database ({str(exc).splitlines()[0]})",

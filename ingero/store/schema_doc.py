@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ingero.store.db import _schema_sql
+from ingero.store.db import schema_sql
 
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(")
 _COLUMN = re.compile(r"^\s{4}(\w+) ([A-Z]+(?:\[\])?)[^-]*?(?:--\s*(.*))?$")
@@ -34,7 +34,7 @@ def tables() -> list[Table]:
     out: list[Table] = []
     pending_doc: list[str] = []
     current: Table | None = None
-    for line in _schema_sql().splitlines():
+    for line in schema_sql().splitlines():
         m = _TABLE.search(line)
         if m:
             current = Table(m.group(1), " ".join(pending_doc))
