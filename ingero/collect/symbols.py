@@ -59,6 +59,7 @@ class Symbol:
     name: str
     value: int   # virtual address in the ELF file
     size: int
+    code: bool = True  # a function (FUNC/IFUNC); False: a data object, found by name only
 
 
 @dataclass
@@ -70,11 +71,15 @@ class Segment:
 
 
 class ElfSymbols:
-    """Sorted function symbols and PT_LOAD segments of one ELF file."""
+    """Sorted function symbols and PT_LOAD segments of one ELF file.
+
+    Data objects (_PyRuntime ...) are kept for lookup_name only: an address
+    inside one is not a call site, so lookup() never answers with it.
+    """
 
     def __init__(self, path: str, symbols: list[Symbol], segments: list[Segment]):
         self.path = path
-        self.symbols = sorted(symbols, key=lambda s: s.value)
+        self.symbols = sorted((s for s in symbols if s.code), key=lambda s: s.value)
         self._starts = [s.value for s in self.symbols]
         self.segments = segments
         self._by_name = {s.name: s for s in symbols}
@@ -135,7 +140,8 @@ _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 _PT_LOAD = 1
 _SHT_SYMTAB, _SHT_DYNSYM = 2, 11
-_STT_KEPT = (1, 2, 10)  # OBJECT, FUNC, GNU_IFUNC
+_STT_OBJECT = 1
+_STT_KEPT = (_STT_OBJECT, 2, 10)  # OBJECT, FUNC, GNU_IFUNC
 
 
 @lru_cache(maxsize=256)
@@ -180,7 +186,7 @@ def _parse_elf64le(path: str, data: bytes) -> ElfSymbols:
                 end = strtab.find(b"\0", st_name)
                 name = strtab[st_name:end].decode("utf-8", "replace").split("@", 1)[0]
                 if name:
-                    syms.setdefault((name, st_value), Symbol(name, st_value, st_size))
+                    syms.setdefault((name, st_value), Symbol(name, st_value, st_size, (st_info & 0xF) != _STT_OBJECT))
     return ElfSymbols(path, list(syms.values()), segments)
 
 
@@ -208,7 +214,8 @@ def _load_pyelftools(path: str) -> ElfSymbols | None:
                     if kind not in ("STT_FUNC", "STT_OBJECT", "STT_GNU_IFUNC") or not s["st_value"] or not s.name:
                         continue
                     name = s.name.split("@", 1)[0]
-                    syms.setdefault((name, s["st_value"]), Symbol(name, s["st_value"], s["st_size"]))
+                    syms.setdefault((name, s["st_value"]),
+                                    Symbol(name, s["st_value"], s["st_size"], kind != "STT_OBJECT"))
     except (OSError, ELFError, ValueError):
         return None
     return ElfSymbols(path, list(syms.values()), segments)
