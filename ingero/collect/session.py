@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -34,6 +35,7 @@ from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user
+from ingero.store.faults import write_error
 
 POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k records (640 KiB) a poll
 FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
@@ -229,8 +231,6 @@ class TraceSession:
             except Exception:
                 pass  # a dead connection (disk full) has nothing to roll back
             self.drops_user += len(recs)
-            from ingero.daemon.faults import write_error
-
             raise write_error(exc, self.store.path) from None
         self.events += added
 
@@ -600,12 +600,17 @@ def _loop(
         if n < READ_BATCH:
             time.sleep(POLL_INTERVAL_S)
     sess.drain()
-    sess.harvest_process_cpu()
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])
     nest_skipped = int(counters[Counter.NEST_SKIPPED])
-    sess.write_probe_rows()
-    sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel, drops_user=sess.drops_user)
+    try:
+        sess.harvest_process_cpu()
+        sess.write_probe_rows()
+        sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel,
+                               drops_user=sess.drops_user)
+    except duckdb.Error as exc:
+        # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
+        raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
     if launcher is not None and launcher.returncode is None and ended_by == "duration":
         notes.append(f"the command (pid {launcher.pid}) is still running; it is no longer traced")

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.duration and elapsed >= args.duration:
                 break
     except Exception as exc:  # the point of the disk-full test: say what failed, keep what was committed
-        from ingero.daemon.faults import describe_write_error
+        from ingero.store.faults import describe_write_error
         _emit({"error": describe_write_error(exc, args.db), "raw": str(exc).splitlines()[0] if str(exc) else "",
                "acked": acked})
         return 3

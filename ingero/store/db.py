@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ingero import __version__
 from ingero.errors import IngeroError, first_line
+from ingero.store.faults import is_disk_full, open_error
 
 SCHEMA_VERSION = 1
 
@@ -97,6 +98,8 @@ def _raise_open_error(path: Path, exc: Exception) -> None:
             f"database {path} is locked by another process ({text})",
             "while `ingero trace` writes it, query through the running tracer or pass another --db",
         ) from None
+    if is_disk_full(exc):
+        raise open_error(exc, path) from None
     raise IngeroError(
         f"cannot open database {path}: {text}",
         "pass --db with an ingero DuckDB file (or remove the damaged file)",
@@ -262,10 +265,14 @@ class Store:
             "SELECT session_id, tracer_pid FROM sessions WHERE status = 'running'"
         ).fetchall()
         crashed = [sid for sid, pid in rows if pid is None or not pid_alive(int(pid))]
-        for sid in crashed:
-            self.con.execute(
-                "UPDATE sessions SET status = 'crashed' WHERE session_id = $sid", {"sid": sid}
-            )
+        try:
+            for sid in crashed:
+                self.con.execute(
+                    "UPDATE sessions SET status = 'crashed' WHERE session_id = $sid", {"sid": sid}
+                )
+        except duckdb.Error as exc:
+            # The first write of a tracer's start: a full disk must be one line, not a traceback.
+            raise open_error(exc, self.path) from exc
         return len(crashed)
 
     def upsert_process_names(self, rows: list[dict[str, Any]]) -> None:
