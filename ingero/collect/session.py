@@ -89,6 +89,7 @@ class TickStats:
     nest_skipped: int
     ops: dict[str, OpStats]
     notes: list[str]  # new since the previous tick (new library attached ...)
+    stale_calls: int = 0  # CUDA calls whose return never came (BPF counter CNT_STALE_CALLS)
 
 
 @dataclass
@@ -104,6 +105,10 @@ class TraceSummary:
     ended_by: str  # 'duration' | 'SIGINT' | 'SIGTERM' | 'command exited'
     command_exit: int | None = None
     notes: list[str] = field(default_factory=list)
+    # CUDA calls whose return probe never fired (left by longjmp or a C++
+    # exception), counted by BPF when the thread's next call replaced their
+    # state (bpf/cuda.bpf.c); they have no row in events.
+    stale_calls: int = 0
 
 
 class _Stop:
@@ -196,6 +201,7 @@ class TraceSession:
         self._proc_prev: dict[int, np.ndarray] = {}
         self._proc_prev_ns = time.monotonic_ns()
         self._probe_rows_written = 0
+        self.last_counters: np.ndarray | None = None  # BPF counters as last read (once a second)
 
     # -- events ----------------------------------------------------------------
 
@@ -223,7 +229,8 @@ class TraceSession:
         self.store.con.begin()
         try:
             added = self.store.append("events", table)
-            self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns())
+            self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
+                                      **self._counter_fields())
             self.store.con.commit()
         except Exception as exc:
             try:
@@ -338,7 +345,16 @@ class TraceSession:
         )
 
     def counters(self) -> np.ndarray:
-        return self.program.counters()
+        self.last_counters = self.program.counters()
+        return self.last_counters
+
+    def _counter_fields(self) -> dict[str, int]:
+        """Session-row totals as of the last counter read, so `ingero status` shows them while tracing."""
+        fields = {"drops_user": self.drops_user}
+        if self.last_counters is not None:
+            fields["drops_kernel"] = int(self.last_counters[Counter.RB_DROPS])
+            fields["stale_calls"] = int(self.last_counters[Counter.STALE_CALLS])
+        return fields
 
     def drain(self) -> None:
         """Read everything submitted before now, then store it.
@@ -350,10 +366,14 @@ class TraceSession:
         _, stop_pos = self.reader.positions()
         give_up = time.monotonic() + DRAIN_MAX_S
         while True:
-            if self.poll():
-                give_up = time.monotonic() + DRAIN_MAX_S  # progress: a backlog is still being read
+            progress = self.poll()
             if self.pending_rows >= FLUSH_ROWS:
                 self.flush()
+            if progress:
+                # a backlog is still being read; timed from after the flush, which
+                # can itself outlast DRAIN_MAX_S on a busy disk (the drain then gave
+                # up on a full ring: bench_ingest at 2 M/s left ~0.7 M records unread)
+                give_up = time.monotonic() + DRAIN_MAX_S
             consumer, _ = self.reader.positions()
             if consumer >= stop_pos or time.monotonic() >= give_up:
                 break
@@ -583,6 +603,7 @@ def _loop(
                         nest_skipped=nest_skipped,
                         ops=sess.pct.stats(),
                         notes=sess.notes,
+                        stale_calls=int(counters[Counter.STALE_CALLS]),
                     )
                 )
                 sess.notes = []
@@ -603,11 +624,12 @@ def _loop(
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])
     nest_skipped = int(counters[Counter.NEST_SKIPPED])
+    stale_calls = int(counters[Counter.STALE_CALLS])
     try:
         sess.harvest_process_cpu()
         sess.write_probe_rows()
         sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel,
-                               drops_user=sess.drops_user)
+                               drops_user=sess.drops_user, stale_calls=stale_calls)
     except duckdb.Error as exc:
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
@@ -626,6 +648,7 @@ def _loop(
         ended_by=ended_by or "duration",
         command_exit=launcher.returncode if launcher is not None else None,
         notes=notes,
+        stale_calls=stale_calls,
     )
 
 

@@ -45,7 +45,16 @@ def file_sizes(path: Path | None) -> tuple[int, int]:
 
 
 _SESSION_COLS = ("session_id", "started_ns", "ended_ns", "status", "hostname", "command",
-                 "targets", "tracer_pid", "heartbeat_ns", "events", "drops_kernel", "drops_user")
+                 "targets", "tracer_pid", "heartbeat_ns", "events", "drops_kernel", "drops_user",
+                 "stale_calls")
+# Columns added by a schema migration: a read-only open of an older file (no
+# migration) lacks them, and reports None for them.
+_LATER_COLS = frozenset({"stale_calls"})
+
+
+def _session_cols(con: duckdb.DuckDBPyConnection) -> list[str]:
+    present = {d[0] for d in con.execute("SELECT * FROM sessions LIMIT 0").description}
+    return [c for c in _SESSION_COLS if c in present or c not in _LATER_COLS]
 
 
 def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = None,
@@ -56,7 +65,8 @@ def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = N
     session is 'running').  A 'running' row whose tracer is dead is reported as 'crashed'.
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
-    cols = ", ".join(_SESSION_COLS)
+    names = _session_cols(con)
+    cols = ", ".join(names)
     if tracer_pid is not None:
         rows = con.execute(
             f"SELECT {cols} FROM sessions WHERE tracer_pid = $pid AND status = 'running' "
@@ -77,7 +87,7 @@ def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = N
     }
     if not rows:
         return out
-    s = dict(zip(_SESSION_COLS, rows[0]))
+    s = {c: None for c in _SESSION_COLS} | dict(zip(names, rows[0]))
     status = s["status"]
     if status == "running" and tracer_pid is None and (s["tracer_pid"] is None or not pid_alive(int(s["tracer_pid"]))):
         status = "crashed"
@@ -148,6 +158,10 @@ def format_status(st: dict[str, Any]) -> list[str]:
     if s["events_per_s"] is not None:
         ev += f", {s['events_per_s']:,.0f}/s over the last {RATE_WINDOW_S:.0f} s"
     lines.append(ev)
-    lines.append(f"drops: {s['drops_kernel'] or 0:,} in kernel, {s['drops_user'] or 0:,} in user space")
+    drops = f"drops: {s['drops_kernel'] or 0:,} in kernel, {s['drops_user'] or 0:,} in user space"
+    if s.get("stale_calls"):
+        n = s["stale_calls"]
+        drops += f"; {n:,} stale CUDA call{'s' if n != 1 else ''} (never returned: longjmp or exception; no rows)"
+    lines.append(drops)
     lines.append(f"database: {st['db_path']} ({size})")
     return lines

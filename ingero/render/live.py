@@ -28,6 +28,12 @@ def _ms(ns: float | None) -> str:
     return f"{ns / 1e9:.2f} s"
 
 
+def stale_calls_text(n: int) -> str:
+    """What a non-zero stale-call count means, in one line (trace summary, status)."""
+    return (f"{n:,} CUDA call{'s' if n != 1 else ''} never returned (left by longjmp or a C++ exception); "
+            f"{'they have' if n != 1 else 'it has'} no row in events (sessions.stale_calls)")
+
+
 def _ops_dict(ops: dict[str, OpStats]) -> dict[str, Any]:
     return {name: asdict(st) for name, st in sorted(ops.items())}
 
@@ -76,6 +82,7 @@ class LiveView:
                     "events_per_s": round(t.events_per_s, 1),
                     "drops_kernel": t.drops_kernel,
                     "drops_user": t.drops_user,
+                    "stale_calls": t.stale_calls,
                     "ops": _ops_dict(t.ops),
                     "notes": t.notes,
                 }
@@ -128,6 +135,7 @@ class LiveView:
                     "drops_kernel": s.drops_kernel,
                     "drops_user": s.drops_user,
                     "nest_skipped": s.nest_skipped,
+                    "stale_calls": s.stale_calls,
                     "ended_by": s.ended_by,
                     "command_exit": s.command_exit,
                     "ops": _ops_dict(s.ops),
@@ -145,6 +153,8 @@ class LiveView:
             + (f" (kernel {s.drops_kernel:,}, user {s.drops_user:,})" if drops else ""),
             file=out,
         )
+        if s.stale_calls:
+            print(f"ingero: {stale_calls_text(s.stale_calls)}", file=out)
         if s.command_exit is not None:
             print(f"ingero: the command exited with code {s.command_exit}", file=out)
         print(f"ingero: next: ingero explain --db {s.db_path}", file=out)

@@ -25,11 +25,19 @@ from ingero import __version__
 from ingero.errors import IngeroError, first_line
 from ingero.store.faults import is_disk_full, open_error
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# version -> statements that bring a version-1-based DB from version-1 to it.
-# Columns are only added (the tables are a public API).
-MIGRATIONS: dict[int, list[str]] = {}
+# version -> statements that bring a DB from version-1 to it.  Columns are only
+# added (the tables are a public API); schema.sql already has them for new DBs.
+# Changelog:
+#   2: sessions.stale_calls (BPF counter CNT_STALE_CALLS).  Sessions recorded
+#      before it keep NULL (never counted), new ones start at 0.
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
+        "ALTER TABLE sessions ALTER COLUMN stale_calls SET DEFAULT 0",
+    ],
+}
 
 DEFAULT_DB_NAME = "ingero.duckdb"
 
@@ -169,9 +177,22 @@ class Store:
                 "upgrade ingero or pass another --db",
             )
         for v in range(version + 1, SCHEMA_VERSION + 1):
-            for stmt in MIGRATIONS.get(v, []):
-                self.con.execute(stmt)
-            self._set_version(v)
+            # one transaction per version: a failed step leaves the file at v - 1, not half-way
+            self.con.begin()
+            try:
+                for stmt in MIGRATIONS.get(v, []):
+                    self.con.execute(stmt)
+                self._set_version(v)
+                self.con.commit()
+            except duckdb.Error as exc:
+                try:
+                    self.con.rollback()
+                except duckdb.Error:
+                    pass
+                raise IngeroError(
+                    f"cannot upgrade {self.path} from schema version {v - 1} to {v}: {first_line(exc)}",
+                    "free disk space, or pass --db with another path",
+                ) from None
 
     def _set_version(self, version: int) -> None:
         self.con.execute(
@@ -236,7 +257,8 @@ class Store:
 
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
-        allowed = {"events", "drops_kernel", "drops_user", "heartbeat_ns", "targets", "status", "ended_ns"}
+        allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "heartbeat_ns", "targets", "status",
+                   "ended_ns"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")
@@ -246,7 +268,8 @@ class Store:
             {**fields, "session_id": session_id},
         )
 
-    def end_session(self, session_id: int, *, events: int, drops_kernel: int, drops_user: int) -> None:
+    def end_session(self, session_id: int, *, events: int, drops_kernel: int, drops_user: int,
+                    stale_calls: int = 0) -> None:
         now = time.time_ns()
         self.update_session(
             session_id,
@@ -256,6 +279,7 @@ class Store:
             events=events,
             drops_kernel=drops_kernel,
             drops_user=drops_user,
+            stale_calls=stale_calls,
         )
         self.con.execute("CHECKPOINT")
 

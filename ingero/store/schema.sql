@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     events BIGINT DEFAULT 0,         -- rows stored in events
     drops_kernel BIGINT DEFAULT 0,   -- ring-buffer reserve failures in BPF
     drops_user BIGINT DEFAULT 0,     -- records lost in user space
-    ncpu INTEGER                     -- CPUs on the host
+    ncpu INTEGER,                    -- CPUs on the host
+    stale_calls BIGINT DEFAULT 0     -- CUDA calls whose return was never seen (longjmp, exception), counted when the thread's next call replaced them; no row was stored for them; NULL: before schema 2
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,

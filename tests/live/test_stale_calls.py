@@ -1,0 +1,70 @@
+"""Live: CUDA calls that never return are counted exactly (sessions.stale_calls), and only those.
+
+Why this construction is deterministic (tests/live/workloads/stale_calls.c):
+
+* The BPF side keeps a thread's in-flight call in task-local storage
+  (BPF_TASK_STORAGE in bpf/ingero.bpf.c), and counts CNT_STALE_CALLS when
+  the same thread enters a probed call at or above the stack pointer of an
+  entry whose return never came (bpf/cuda.bpf.c, cuda_enter).  So a stale
+  call is one whose frame was left without returning while the thread went
+  on: here, a siglongjmp out of cudaDeviceSynchronize of the simulated
+  runtime, followed by cudaMalloc from the same frame.  The signal is sent
+  only once the thread sleeps in clock_nanosleep, which in the workload only
+  the runtime's sync does, so every one of the ESCAPES calls is in progress
+  when it is abandoned: exactly ESCAPES stale calls.
+* A thread killed mid-call, or still inside a call when the process exits,
+  takes its storage with it: nothing is replaced, nothing is counted.  That
+  also holds for a later thread that happens to get the dead one's tid (the
+  state is keyed by task, not by tid, so a reused tid starts clean); the
+  workload starts a fresh thread after the kill, whatever tid it gets.  A
+  "thread killed mid-call" therefore must add 0, and the test asserts the
+  total is exactly ESCAPES, not at least.
+* The trace targets only the command (--cmd): other processes calling CUDA
+  on the host at the same time are not traced and cannot add to the count.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workloads import REPO, Tracer, build, query
+
+pytestmark = pytest.mark.live
+
+SIMCUDA = REPO / "demos" / "build" / "libcudart.so.12"
+ESCAPES = 5
+
+
+@pytest.fixture(scope="module")
+def simcuda() -> Path:
+    proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return SIMCUDA
+
+
+def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: Path, simcuda: Path) -> None:
+    exe = build("stale_calls", tmp_path)
+    go = tmp_path / "go"
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(simcuda), "--duration", "90s",
+                    "--cmd", f"{exe} {simcuda} {go} {ESCAPES}")
+    tracer.wait_started()
+    go.touch()
+    summary = tracer.finish(sig=None, timeout=120)
+    assert f"done {ESCAPES}" in tracer.stderr  # the command's output goes to stderr under --json
+    assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
+
+    assert summary["stale_calls"] == ESCAPES
+    ops = dict(query(db, "SELECT op, count(*) FROM events WHERE op LIKE 'cuda%' GROUP BY op"))
+    # one launch; a cudaMalloc after each escape plus the fresh thread's; no sync ever returned
+    assert ops == {"cudaLaunchKernel": 1, "cudaMalloc": ESCAPES + 1}, ops
+    assert query(db, "SELECT status, stale_calls FROM sessions") == [("closed", ESCAPES)]
+
+    status = subprocess.run([sys.executable, "-m", "ingero", "status", "--db", str(db)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert f"{ESCAPES} stale CUDA calls (never returned" in status.stdout, status.stdout
