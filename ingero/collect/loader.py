@@ -341,10 +341,27 @@ def load_program(settings: BpfSettings) -> Program:
         else:
             failure = None
     if failure is not None:
-        msg = str(failure)
-        stage = "compile" if "compile" in msg.lower() else "load (verifier)"
-        raise IngeroError(
-            f"BPF {stage} failed: {_key_line(cap.text, msg)}",
-            "run `ingero trace --print-bpf` to see the program and flags, and `ingero check` for the kernel setup",
-        ) from None
+        raise load_error(str(failure), cap.text, src)
     return Program(bpf, settings)
+
+
+# BCC's exception for a program the kernel refused: "Failed to load BPF program b'NAME': REASON"
+_FAILED_PROGRAM = re.compile(r"Failed to load BPF program b?'?([\w.]+)")
+
+
+def load_error(bcc_message: str, log: str, src: Path) -> IngeroError:
+    """One line for a failed compile or load: the stage, the program, the key log line, and what to do."""
+    key = _key_line(log, bcc_message)
+    headers = os.environ.get("BCC_KERNEL_SOURCE") or "the running kernel's"
+    custom = os.environ.get("INGERO_BPF_DIR")
+    where = f"INGERO_BPF_DIR={custom} chose these sources: unset it to use the installed ones, or fix them; " if custom else ""
+    if "compile" in bcc_message.lower():
+        return IngeroError(
+            f"BPF compile failed ({src / MAIN_SOURCE}, kernel headers {headers}): {key}",
+            f"{where}`ingero check` checks the kernel headers; `ingero trace --print-bpf` shows the program and flags",
+        )
+    prog = _FAILED_PROGRAM.search(bcc_message)
+    return IngeroError(
+        f"BPF load failed: the kernel verifier refused {prog.group(1) if prog else 'a program'}: {key}",
+        f"{where}`ingero check` checks the kernel (BTF, version); report it with `ingero trace --print-bpf` output",
+    )
