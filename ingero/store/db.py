@@ -25,17 +25,29 @@ from ingero import __version__
 from ingero.errors import IngeroError, first_line
 from ingero.store.faults import is_disk_full, open_error
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
-# version -> statements that bring a DB from version-1 to it.  Columns are only
-# added (the tables are a public API); schema.sql already has them for new DBs.
-# Changelog:
+# Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
+# a table the migration renamed away, with the DDL of schema.sql, the one source.
+REAPPLY_SCHEMA = "-- schema.sql"
+
+# version -> statements that bring a DB from version-1 to it, run in one
+# transaction.  Columns are only added (the tables are a public API);
+# schema.sql already has them for new DBs.  Changelog:
 #   2: sessions.stale_calls (BPF counter CNT_STALE_CALLS).  Sessions recorded
 #      before it keep NULL (never counted), new ones start at 0.
+#   3: stacks loses its PRIMARY KEY (same columns, same rows): retention
+#      deletes from it, ~400x slower with the index (see schema.sql).
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
         "ALTER TABLE sessions ALTER COLUMN stale_calls SET DEFAULT 0",
+    ],
+    3: [
+        "ALTER TABLE stacks RENAME TO _stacks_v2",
+        REAPPLY_SCHEMA,
+        "INSERT INTO stacks BY NAME SELECT * FROM _stacks_v2",
+        "DROP TABLE _stacks_v2",
     ],
 }
 
@@ -181,7 +193,7 @@ class Store:
             self.con.begin()
             try:
                 for stmt in MIGRATIONS.get(v, []):
-                    self.con.execute(stmt)
+                    self.con.execute(schema_sql() if stmt == REAPPLY_SCHEMA else stmt)
                 self._set_version(v)
                 self.con.commit()
             except duckdb.Error as exc:

@@ -101,9 +101,12 @@ CREATE TABLE IF NOT EXISTS stacks (
     module VARCHAR,              -- shared object or Python module path
     file VARCHAR,                -- source file (Python frames)
     line INTEGER,                -- line being executed (Python frames)
-    source VARCHAR,              -- text of that line, when readable
-    PRIMARY KEY (stack_id, depth)
+    source VARCHAR               -- text of that line, when readable
 );
+-- (stack_id, depth) is unique because the tracer writes each stack once; it is
+-- not a PRIMARY KEY since schema 3: retention deletes stacks no event uses any
+-- more, and DuckDB deleted 400 k frames from the indexed file-backed table in
+-- 21-35 s, from the plain one in 0.08 s.
 
 -- Host metrics sampled once a second (psutil, /proc/vmstat).
 CREATE TABLE IF NOT EXISTS system_metrics (

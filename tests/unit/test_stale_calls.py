@@ -16,28 +16,8 @@ import pytest
 from ingero.collect.session import OpStats, TickStats, TraceSummary
 from ingero.daemon.state import collect_status, format_status
 from ingero.render.live import LiveView
-from ingero.store.db import SCHEMA_VERSION, Store, schema_sql
-
-NCPU_V2 = "    ncpu INTEGER,                    -- CPUs on the host\n"
-
-
-def _schema_v1() -> str:
-    """schema.sql as it was at version 1: sessions without stale_calls (the only change since)."""
-    sql = schema_sql()
-    lines = sql.splitlines(keepends=True)
-    stale = [ln for ln in lines if ln.lstrip().startswith("stale_calls ")]
-    assert len(stale) == 1 and NCPU_V2 in sql, "schema.sql changed shape: update this fixture"
-    return sql.replace(stale[0], "").replace(NCPU_V2, "    ncpu INTEGER                     -- CPUs on the host\n")
-
-
-def _write_v1_file(path: Path) -> None:
-    """A database as ingero with schema version 1 left it: one closed session."""
-    con = duckdb.connect(str(path))
-    con.execute(_schema_v1())
-    con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    con.execute("INSERT INTO sessions (session_id, started_ns, ended_ns, status, events, drops_kernel, drops_user) "
-                "VALUES (1, 10, 20, 'closed', 5, 0, 0)")
-    con.close()
+from ingero.store.db import SCHEMA_VERSION, Store
+from old_schemas import write_old_file
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple]:
@@ -48,12 +28,11 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple]:
 
 
 def test_version_1_file_gains_the_column_on_open(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 2
     path = tmp_path / "v1.duckdb"
-    _write_v1_file(path)
+    write_old_file(path)
     assert "stale_calls" not in [c[0] for c in _columns(duckdb.connect(str(path), read_only=True), "sessions")]
     store = Store.open(path)
-    assert store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     # the old session was never counted: NULL, not a made-up 0
     assert store.con.execute("SELECT stale_calls FROM sessions WHERE session_id = 1").fetchone() == (None,)
     sid = store.begin_session(command="ingero trace", targets="all")
@@ -72,7 +51,7 @@ def test_version_1_file_gains_the_column_on_open(tmp_path: Path) -> None:
 def test_a_version_1_file_read_only_reports_no_count(tmp_path: Path) -> None:
     """`ingero status` opens read-only (no migration): the missing column is None, not an error."""
     path = tmp_path / "v1.duckdb"
-    _write_v1_file(path)
+    write_old_file(path)
     ro = Store.open(path, read_only=True)
     st = collect_status(ro.con)
     ro.close()

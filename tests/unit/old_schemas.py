@@ -1,0 +1,43 @@
+"""Databases as older ingero versions left them, for the migration tests.
+
+Rebuilt from today's schema.sql by undoing each change of db.MIGRATIONS'
+changelog, with asserts that fail loudly when schema.sql changes shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from ingero.store.db import schema_sql
+
+NCPU_V2 = "    ncpu INTEGER,                    -- CPUs on the host\n"
+SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
+
+
+def old_schema(version: int) -> str:
+    """schema.sql as it was at ``version`` (1 or 2), rebuilt from today's by undoing each change."""
+    sql = schema_sql()
+    assert SOURCE_V3 in sql, "schema.sql changed shape: update this fixture"
+    # 3 dropped the PRIMARY KEY of stacks
+    sql = sql.replace(SOURCE_V3, "    source VARCHAR,              -- text of that line, when readable\n"
+                                 "    PRIMARY KEY (stack_id, depth)\n")
+    if version >= 2:
+        return sql
+    # 2 added sessions.stale_calls
+    lines = sql.splitlines(keepends=True)
+    stale = [ln for ln in lines if ln.lstrip().startswith("stale_calls ")]
+    assert len(stale) == 1 and NCPU_V2 in sql, "schema.sql changed shape: update this fixture"
+    return sql.replace(stale[0], "").replace(NCPU_V2, "    ncpu INTEGER                     -- CPUs on the host\n")
+
+
+def write_old_file(path: Path, version: int = 1) -> None:
+    """A database as ingero with schema ``version`` left it: one closed session, one 2-frame stack."""
+    con = duckdb.connect(str(path))
+    con.execute(old_schema(version))
+    con.execute("INSERT INTO meta VALUES ('schema_version', $v)", {"v": str(version)})
+    con.execute("INSERT INTO sessions (session_id, started_ns, ended_ns, status, events, drops_kernel, drops_user) "
+                "VALUES (1, 10, 20, 'closed', 5, 0, 0)")
+    con.execute("INSERT INTO stacks (stack_id, depth, function) VALUES (77, 0, 'inner'), (77, 1, 'outer')")
+    con.close()
