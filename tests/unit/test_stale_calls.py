@@ -111,3 +111,16 @@ def test_json_summary_and_ticks_carry_the_count() -> None:
     tick, summary = (json.loads(line) for line in out.getvalue().splitlines())
     assert (tick["type"], tick["stale_calls"]) == ("tick", 1)
     assert (summary["type"], summary["stale_calls"]) == ("summary", 2)
+
+
+def test_explains_analysed_line_shows_the_count_once_the_report_carries_it() -> None:
+    """render/terminal reads Analysed.stale_calls when analyze provides it (requested of its owner)."""
+    from ingero.analyze.model import Analysed
+    from ingero.render.terminal import analysed_line
+
+    a = Analysed(session_id=1, start_ns=0, end_ns=60 * 10**9, window_s=5.0, windows=12, events=100,
+                 cuda_events=40, processes=["python3 (train.py) (PID 1)"])
+    report = type("R", (), {"analysed": a})()
+    assert "stale" not in analysed_line(report)
+    a.stale_calls = 2  # what analyze's Analysed will carry (an attribute until then)
+    assert analysed_line(report).endswith("drops: 0 kernel, 0 user; 2 stale CUDA calls (never returned, not in events)")
