@@ -68,3 +68,32 @@ def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: 
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     assert f"{ESCAPES} stale CUDA calls (never returned" in status.stdout, status.stdout
+
+
+DEEP_CALLS = 100
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "bpf/cuda.bpf.c tells nested from stale by stack pointer only: after a longjmp, calls made "
+    "from deeper frames than the abandoned one are swallowed as nested (no rows, NEST_SKIPPED) "
+    "until a call comes from at or above it (reported to bpf/cuda.bpf.c's owner)"))
+def test_calls_from_deeper_frames_after_a_longjmp_are_recorded(tmp_path: Path) -> None:
+    """One call left by longjmp, then DEEP_CALLS calls from 5 frames further down, then one
+    from the abandoned call's own frame: every call that returned must be a row."""
+    import shutil
+
+    from workloads import HERE
+
+    cc = shutil.which("cc") or "gcc"
+    lib = tmp_path / "libcudart.so.12"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(HERE / "longjmp_lib.c")], check=True)
+    exe = build("stale_deep_main", tmp_path)
+    go = tmp_path / "go"
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {DEEP_CALLS}")
+    tracer.wait_started()
+    go.touch()
+    summary = tracer.finish(sig=None, timeout=120)
+    assert f"done {DEEP_CALLS}" in tracer.stderr
+    rows = query(db, "SELECT count(*) FROM events WHERE op = 'cudaStreamSync'")[0][0]
+    assert (rows, summary["stale_calls"], summary["nest_skipped"]) == (DEEP_CALLS + 1, 1, 0)
