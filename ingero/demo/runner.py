@@ -204,11 +204,13 @@ def _make_dataset(workdir: Path) -> Path:
 
 
 def workload_command(flags: tuple[str, ...], paths: dict[str, str], duration_s: float, summary: Path,
-                     ready: Path | None = None) -> list[str]:
+                     ready: Path | None = None, measure_from: Path | None = None) -> list[str]:
     cmd = [sys.executable, str(TRAIN), "--lib", str(LIBCUDART), *_expand(flags, paths),
            "--duration", f"{duration_s:g}", "--summary-json", str(summary)]
     if ready is not None:
         cmd += ["--ready-file", str(ready)]
+    if measure_from is not None:
+        cmd += ["--measure-from", str(measure_from)]
     return cmd
 
 
@@ -221,7 +223,10 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     items = s.interference if not fixed or s.fix_interference is None else s.fix_interference
     summary_path = workdir / f"{label}.json"
     ready = workdir / f"{label}.ready"
-    cmd = workload_command(flags, paths, duration_s, summary_path, ready)
+    # The slow run's clean lead-in (baseline windows for explain) is not what "before" means in
+    # before/after: its step times count from the moment the cause starts.
+    cause = workdir / f"{label}.cause" if items and not fixed else None
+    cmd = workload_command(flags, paths, duration_s, summary_path, ready, measure_from=cause)
     # --cuda-lib: probes go on the simulated runtime before the workload starts.  Found
     # later (when the process maps it), the attach races with calls in flight.
     tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
@@ -243,6 +248,8 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
             # the tracer takes seconds to compile and attach: count from the workload's first step
             if _wait(tracer, WORKLOAD_START_TIMEOUT_S, until=ready.exists) and _wait(tracer, delay):
                 start_interference(items, paths, procs, nice=19 if fixed and s.fix_renice else 0)
+                if cause is not None:
+                    cause.touch()
         else:
             progress(f"{label}: workload running")
         try:
