@@ -51,12 +51,19 @@ static __always_inline int cuda_traced(u32 tgid)
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream)
 {
 	EMPTY_RETURN();
-	u64 id = bpf_get_current_pid_tgid();
-	if (!cuda_traced(id >> 32))
-		return 0;
 	struct call_state *s = inflight_here(1);
 	if (!s)
 		return 0;
+	/* The thread's answer to "is my process traced" is cached in its call
+	 * state: a traced thread skips the targets hash lookup. */
+	u32 epoch = target_epoch_now();
+	if (s->traced != epoch) {
+		if (!cuda_traced(bpf_get_current_pid_tgid() >> 32)) {
+			s->traced = 0;
+			return 0;
+		}
+		s->traced = epoch;
+	}
 	u64 sp = PT_REGS_SP(ctx);
 	if (s->depth) {
 		/* A call made inside the outer one runs deeper in the stack (lower
@@ -128,6 +135,7 @@ static __always_inline u8 copy_kind(u64 k)
  * sharedMem and stream spill to the stack: stream is stack slot 2. */
 static __always_inline int on_cuda_launch_kernel_enter(struct pt_regs *ctx)
 {
+	EMPTY_RETURN(); /* the floor reads no user memory */
 	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 2));
 }
 
@@ -136,6 +144,7 @@ static __always_inline int on_cuda_launch_kernel_enter(struct pt_regs *ctx)
  * stream at offset 32. */
 static __always_inline int on_cuda_launch_kernel_exc_enter(struct pt_regs *ctx)
 {
+	EMPTY_RETURN(); /* the floor reads no user memory */
 	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
 }
 
@@ -203,6 +212,7 @@ static __always_inline int on_cuda_host_register_enter(struct pt_regs *ctx)
  * f..by fill the six registers; bz, sharedMem, hStream are stack slots 1..3. */
 static __always_inline int on_cu_launch_kernel_enter(struct pt_regs *ctx)
 {
+	EMPTY_RETURN(); /* the floor reads no user memory */
 	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 3));
 }
 
@@ -210,6 +220,7 @@ static __always_inline int on_cu_launch_kernel_enter(struct pt_regs *ctx)
  * config = {7 x unsigned int; CUstream hStream; ...}: stream at offset 32. */
 static __always_inline int on_cu_launch_kernel_ex_enter(struct pt_regs *ctx)
 {
+	EMPTY_RETURN(); /* the floor reads no user memory */
 	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
 }
 

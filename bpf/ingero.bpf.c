@@ -53,18 +53,24 @@ struct call_state {
 	u64 arg;
 	u64 stream;
 	s32 stack_id;
+	u32 traced; /* the thread's process is a target: target_epoch + 1 when last asked, 0 = no */
 	u16 depth; /* >1: probed calls nested inside the outer one */
 	u8 op;
 	u8 kind;
 };
 
-/* sched: a traced thread off CPU (switch-out -> switch-in). */
-struct offcpu_state {
-	u64 ts;      /* switch-out */
+/* sched: every thread seen switching out, host-wide (tid -> tgid: the
+ * tracepoint names the next task only by tid) and, for traced threads, the
+ * current off-CPU interval (switch-out -> switch-in).  One entry per thread
+ * instead of a tid -> tgid map plus an off-CPU map: a switch between two
+ * traced threads does one lookup per side instead of five. */
+struct thread_state {
+	u64 ts;      /* switch-out of the current off-CPU interval; 0: on CPU (or never traced) */
 	u64 wake_ts; /* became runnable again (0 until woken) */
 	u32 tgid;
 	u32 other_pid;
 	s32 stack_id;
+	u32 traced; /* its process is a target: target_epoch + 1 when last asked, 0 = no */
 	u16 cpu;
 	u8 kind;
 };
@@ -87,15 +93,20 @@ struct rq_state {
 BPF_RINGBUF_OUTPUT(events, RING_PAGES);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
+/* Bumped whenever BPF removes a target (exits).  Probes cache "this thread's
+ * process is a target" per thread (thread_state, call_state) with the epoch
+ * they asked in, so a traced thread skips the targets lookup; an answer older
+ * than the last removal is asked again.  (User space removes only targets
+ * whose processes are gone, whose threads hold no cached answer.) */
+BPF_ARRAY(target_epoch, u32, 1);
 /* Per-thread call state in task-local storage, not a tid-keyed hash: the
  * entry probe went from ~200 to ~115 ns here (kernel.bpf_stats_enabled),
  * and the state is freed with the thread. */
 BPF_TASK_STORAGE(inflight, struct call_state);
-BPF_HASH(offcpu, u32, struct offcpu_state, MAX_THREADS);
 BPF_HASH(proc_stats, u32, struct ingero_proc_stat, MAX_PROCS);
-/* tid -> tgid of every thread seen switching out: sched_switch names the
- * next task only by tid.  LRU so it never fills up. */
-BPF_TABLE("lru_hash", u32, u32, tid_tgid, MAX_THREADS);
+/* tid -> struct thread_state of every thread seen switching out.  LRU so it
+ * never fills up; entries are deleted at thread exit. */
+BPF_TABLE("lru_hash", u32, struct thread_state, threads, MAX_THREADS);
 /* When the task now on this CPU was switched in. */
 BPF_PERCPU_ARRAY(oncpu_since, u64, 1);
 /* Block requests in flight: device queues hold at most a few thousand. */
@@ -106,14 +117,11 @@ static __always_inline struct call_state *inflight_here(int create)
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
 	return inflight.task_storage_get(task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
-static __always_inline struct offcpu_state *offcpu_get(u32 *tid) { return offcpu.lookup(tid); }
-static __always_inline void offcpu_put(u32 *tid, struct offcpu_state *s) { offcpu.update(tid, s); }
-static __always_inline void offcpu_del(u32 *tid) { offcpu.delete(tid); }
+static __always_inline struct thread_state *thread_get(u32 *tid) { return threads.lookup(tid); }
+static __always_inline void thread_put(u32 *tid, struct thread_state *s) { threads.update(tid, s); }
+static __always_inline void thread_del(u32 *tid) { threads.delete(tid); }
 static __always_inline struct ingero_proc_stat *proc_stats_get(u32 *tgid) { return proc_stats.lookup(tgid); }
 static __always_inline void proc_stats_put(u32 *tgid, struct ingero_proc_stat *s) { proc_stats.update(tgid, s); }
-static __always_inline u32 *tid_tgid_get(u32 *tid) { return tid_tgid.lookup(tid); }
-static __always_inline void tid_tgid_put(u32 *tid, u32 *tgid) { tid_tgid.update(tid, tgid); }
-static __always_inline void tid_tgid_del(u32 *tid) { tid_tgid.delete(tid); }
 static __always_inline u64 *oncpu_since_get(void) { u32 zero = 0; return oncpu_since.lookup(&zero); }
 static __always_inline struct rq_state *block_rqs_get(struct rq_key *k) { return block_rqs.lookup(k); }
 static __always_inline void block_rqs_put(struct rq_key *k, struct rq_state *s) { block_rqs.update(k, s); }
@@ -154,7 +162,31 @@ static __always_inline void add_target(u32 tgid)
 
 static __always_inline void del_target(u32 tgid)
 {
-	targets.delete(&tgid);
+	if (targets.delete(&tgid) == 0) {
+		u32 zero = 0;
+		u32 *epoch = target_epoch.lookup(&zero);
+		if (epoch)
+			__sync_fetch_and_add(epoch, 1);
+	}
+}
+
+/* The cached answer in *traced (0, or target_epoch + 1 when it was asked),
+ * refreshed when a target was removed since or the answer was no. */
+/* What a cached "is a target" answer holds when it is current (never 0). */
+static __always_inline u32 target_epoch_now(void)
+{
+	u32 zero = 0;
+	u32 *epoch = target_epoch.lookup(&zero);
+	return (epoch ? *epoch : 0) + 1;
+}
+
+static __always_inline int is_target_cached(u32 tgid, u32 *traced)
+{
+	u32 now = target_epoch_now();
+	if (*traced == now)
+		return 1;
+	*traced = is_target(tgid) ? now : 0;
+	return *traced != 0;
 }
 
 #ifdef TARGET_COMM
