@@ -8,14 +8,21 @@ read-only connection, as the CLI runs it.  Prints a markdown table.
 
     python bench/bench_explain.py                 # 1 M and 10 M
     python bench/bench_explain.py --sizes 1e6 --repeat 5 --dir /tmp/ingero-bench
+    python -m bench.bench_explain --sizes 1e7 --keep --statements   # + where the time goes
+
+``--statements`` also prints, per size, the best-of-N wall and CPU time of
+every SQL statement explain runs (window tables by name, rules by module), so
+a change can be aimed at the statement that costs most.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -126,19 +133,76 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def time_explain(path: Path, repeat: int) -> tuple[list[float], list[float], int]:
-    """Wall and CPU seconds of each run (CPU time: this machine is shared, wall time is noisy)."""
+_TABLE = re.compile(r"CREATE\s+OR\s+REPLACE\s+TEMP\s+TABLE\s+(\w+)", re.I)
+
+
+def _statement_label(sql: str) -> str:
+    """'ing_sched' for a window table; 'rule cpu_contention' etc. for the module that ran it."""
+    m = _TABLE.search(sql)
+    if m:
+        return m.group(1)
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("ingero.analyze.rules."):
+            return "rule " + name.rsplit(".", 1)[1]
+        if name.startswith("ingero.analyze.") and name != "ingero.analyze.windows":
+            return name.rsplit(".", 1)[1]
+        frame = frame.f_back
+    return "other"
+
+
+class _TimedConnection:
+    """Forwards to a DuckDB connection, adding each execute's wall and CPU seconds to ``spent``
+    (label -> [wall, cpu]); the result is consumed by the caller, so fetch time of big
+    results would be missed, but explain only ever fetches small window-level results."""
+
+    def __init__(self, con, spent: dict[str, list[float]]):
+        self._con = con
+        self._spent = spent
+
+    def execute(self, sql, *args, **kwargs):
+        c, t = _cpu_s(), time.perf_counter()
+        result = self._con.execute(sql, *args, **kwargs)
+        got = self._spent.setdefault(_statement_label(sql), [0.0, 0.0])
+        got[0] += time.perf_counter() - t
+        got[1] += _cpu_s() - c
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None
+                 ) -> tuple[list[float], list[float], int]:
+    """Wall and CPU seconds of each run (CPU time: this machine is shared, wall time is noisy).
+    With ``statements``, fills it with the best (over runs) wall and CPU seconds per statement label."""
     times, cpus = [], []
     chains = 0
     for _ in range(repeat):
         store = Store.open(path, read_only=True)
+        spent: dict[str, list[float]] = {}
+        con = _TimedConnection(store.con, spent) if statements is not None else store.con
         c, t = _cpu_s(), time.perf_counter()
-        report = explain(store.con, Options())
+        report = explain(con, Options())
         times.append(time.perf_counter() - t)
         cpus.append(_cpu_s() - c)
         chains = len(report.chains)
         store.close()
+        if statements is not None:
+            for label, (wall, cpu) in spent.items():
+                best = statements.setdefault(label, [wall, cpu])
+                best[0], best[1] = min(best[0], wall), min(best[1], cpu)
     return times, cpus, chains
+
+
+def print_statements(size: int, statements: dict[str, list[float]], min_s: float = 0.005) -> None:
+    print(f"\nper statement at {size:,} events (best of runs; statements under {min_s * 1000:.0f} ms left out)\n")
+    print("| statement | wall s | CPU s |")
+    print("|---|---:|---:|")
+    for label, (wall, cpu) in sorted(statements.items(), key=lambda kv: -kv[1][1]):
+        if max(wall, cpu) >= min_s:
+            print(f"| {label} | {wall:.3f} | {cpu:.3f} |")
 
 
 def main() -> None:
@@ -147,15 +211,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/ingero-bench")
     ap.add_argument("--keep", action="store_true", help="reuse existing DB files of the right size")
+    ap.add_argument("--statements", action="store_true", help="also time every SQL statement of explain")
     args = ap.parse_args()
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    per_statement = {}
     for size in (int(float(s)) for s in args.sizes.split(",")):
         path = out / f"explain-{size}.duckdb"
         built = 0.0 if (args.keep and path.exists()) else build(path, size)
-        times, cpus, chains = time_explain(path, args.repeat)
+        statements: dict[str, list[float]] | None = {} if args.statements else None
+        times, cpus, chains = time_explain(path, args.repeat, statements)
         rows.append((size, built, min(times), statistics.median(times), min(cpus), chains, path.stat().st_size))
+        per_statement[size] = statements
     load = os.getloadavg()[0]
     print(f"explain over N stored events ({os.cpu_count()} CPUs, load {load:.1f}, best of {args.repeat} runs, "
           "read-only file DB)\n")
@@ -164,6 +232,9 @@ def main() -> None:
     for size, built, best, med, cpu, chains, nbytes in rows:
         print(f"| {size:,} | {built:.1f} | {best:.3f} | {med:.3f} | {cpu:.3f} | {best / size * 1e9:.0f} | "
               f"{chains} | {nbytes / 1e6:.0f} |")
+    for size, statements in per_statement.items():
+        if statements is not None:
+            print_statements(size, statements)
 
 
 if __name__ == "__main__":
