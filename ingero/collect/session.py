@@ -454,20 +454,6 @@ class _Samplers:
                 store.append("gpu_metrics", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
 
 
-def forget_stored_stacks(resolver: Any, stack_ids: Any) -> None:
-    """Retention deleted these stacks (no event referred to them): the resolver must write
-    them again when their call site recurs, instead of handing out ids with no rows.
-
-    Works on StackResolver's cache directly until it has a method for it (requested):
-    ``_ids`` maps (pid, BPF id) -> stored id, ``_stored`` is the set of ids written.
-    """
-    gone = {int(x) for x in stack_ids}
-    with resolver._lock:
-        resolver._stored.difference_update(gone)
-        for key in [k for k, v in resolver._ids.items() if v in gone]:
-            del resolver._ids[key]
-
-
 def check_can_trace() -> None:
     if os.geteuid() != 0:
         raise IngeroError("trace needs root (eBPF): run with sudo")
@@ -671,7 +657,7 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
     if sess.daemon is not None:
         info = sess.daemon.tick()  # retention, when due: by age even while no events arrive
         if info is not None and sess.stacks is not None and len(info.get("pruned_stack_ids", ())):
-            forget_stored_stacks(sess.stacks, info["pruned_stack_ids"])
+            sess.stacks.forget_stacks(info["pruned_stack_ids"])
     traced = sess.program.targets()
     samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:

@@ -306,6 +306,15 @@ class StackResolver:
         _LIVE_RESOLVERS.add(self)
         self._start_watcher()
 
+    def forget_stacks(self, stack_ids) -> None:
+        """Retention deleted these stored stacks (no event referred to them any more): a call
+        site that recurs must be written again, not handed an id with no rows."""
+        gone = {int(x) for x in stack_ids}
+        with self._lock:
+            self._stored.difference_update(gone)
+            for key in [k for k, v in self._ids.items() if v in gone]:
+                del self._ids[key]
+
     # -- targets -----------------------------------------------------------
 
     def prepare(self, pids) -> list[int]:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ingero.collect.session import forget_stored_stacks
+from ingero.collect.stacks import StackResolver
 from ingero.daemon.retention import Retention, prune_stacks
 from ingero.store.db import SCHEMA_VERSION, Store
 from old_schemas import write_old_file
@@ -85,32 +85,20 @@ def test_all_events_gone_takes_every_stack(store: Store) -> None:
     assert _stack_ids(store) == {}
 
 
-class _Resolver:
-    """What forget_stored_stacks touches of StackResolver."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._ids = {(7, 1): OLD, (8, 1): OLD, (7, 2): BOTH, (7, 3): NEW}
-        self._stored = {OLD, BOTH, NEW}
+def _resolver() -> StackResolver:
+    """A StackResolver's cache alone (no BPF, no watcher thread): what forget_stacks() works on."""
+    r = object.__new__(StackResolver)
+    r._lock = threading.RLock()
+    r._ids = {(7, 1): OLD, (8, 1): OLD, (7, 2): BOTH, (7, 3): NEW}
+    r._stored = {OLD, BOTH, NEW}
+    return r
 
 
 def test_the_resolver_forgets_pruned_stacks_so_a_recurring_site_is_written_again() -> None:
-    r = _Resolver()
-    forget_stored_stacks(r, np.array([OLD, NEVER], dtype=np.int64))
+    r = _resolver()
+    r.forget_stacks(np.array([OLD, NEVER], dtype=np.int64))
     assert r._ids == {(7, 2): BOTH, (7, 3): NEW}
     assert r._stored == {BOTH, NEW}
-
-
-def test_stack_resolver_still_has_the_cache_forget_relies_on() -> None:
-    """forget_stored_stacks reaches into StackResolver (until it has a method for it): fail here,
-    not silently, if those attributes are renamed."""
-    import inspect
-
-    from ingero.collect.stacks import StackResolver
-
-    init = inspect.getsource(StackResolver.__init__)
-    for attr in ("self._ids:", "self._stored:", "self._lock ="):
-        assert attr in init, attr
 
 
 def test_version_2_file_loses_the_stacks_key_and_keeps_its_rows(tmp_path: Path) -> None:
