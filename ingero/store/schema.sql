@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     drops_kernel BIGINT DEFAULT 0,   -- ring-buffer reserve failures in BPF
     drops_user BIGINT DEFAULT 0,     -- records lost in user space
     ncpu INTEGER,                    -- CPUs on the host
-    stale_calls BIGINT DEFAULT 0     -- CUDA calls whose return was never seen (longjmp, exception), counted when the thread's next call replaced them; no row was stored for them; NULL: before schema 2
+    stale_calls BIGINT DEFAULT 0,    -- CUDA calls whose return was never seen (longjmp, exception), counted when the thread's next call replaced them; no row was stored for them; NULL: before schema 2
+    sched_autogroup BOOLEAN          -- the kernel's sched_autogroup_enabled at start: when true, nice orders processes only within one session (setsid), so a fix for CPU contention must lower the competitor's autogroup; NULL: before schema 4
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
