@@ -403,7 +403,7 @@ def _report(works: list[Workload], res: Results) -> None:
           "stats add ~20-40 ns to every run, floor and ingero alike).  Equal run counts show the floor "
           "fires where ingero does.  Unpinned ping-pong switches 2 or 4 times per round trip depending on "
           "whether the scheduler keeps both processes on one CPU or not (it varies from run to run, and "
-          "is why that row is bimodal); pinned, it is 2:\n")
+          "is why that row is bimodal); pinned, 2 per round trip:\n")
     print("| workload | program | floor runs | ingero runs | floor ns/run | ingero ns/run |")
     print("|---|---|---:|---:|---:|---:|")
     for w in works:
