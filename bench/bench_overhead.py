@@ -70,14 +70,14 @@ from ingero.collect.loader import BpfSettings, load_program
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "tests" / "live" / "workloads"
-ROUNDS = int(os.environ.get("OVH_ROUNDS", "7"))  # 7 x 3 blocks: ~4 min here
+ROUNDS = int(os.environ.get("OVH_ROUNDS", "7"))  # 7 x 3 blocks: ~3 min here
 TARGET_ABOVE_FLOOR_PCT = 10.0  # from the issue
-# 9 probed calls per iteration, 2 probe hits per call; at ~1.1 us per uprobe
-# hit here (the trap dominates) the floor takes ~0.5 s.  Untraced, each call
-# fails fast (no driver): ~25 ns.
+# 9 probed calls per iteration, 2 probe hits per call: the floor costs ~1.3 us
+# per call here (two uprobe traps), ~0.3 s in all.  Untraced, each call fails
+# fast (no driver): ~25 ns.
 CUDA_ITERS = 25000
 CUDA_CALLS_PER_ITER = 9
-# Two blocking pipe hops per round trip: ~6 us each here, ~0.15 s untraced.
+# Two blocking pipe hops per round trip: ~6 us per round trip here, ~0.15 s in all.
 PINGPONG_TRIPS = 25000
 # comm of both workload binaries (<= 15 chars): `ingero trace --comm` traces both.
 WORK_COMM = "ovhwork"
