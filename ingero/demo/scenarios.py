@@ -89,17 +89,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         story="three busy processes share core 0 with the training loop, which waits for a CPU "
               "between every CUDA call",
         expected_rule="cpu-contention",
-        # Host work (4 ms) dominates the step and the device part is short (8 x 250 us), so the
-        # loop is CPU-bound: the share of a core it loses to the hogs is what the step loses,
-        # and the fix's gain does not hinge on how quiet the other core is.
-        workload=(*_BASE, "--kernel-us", "250", "--workers", "0", "--host-us", "4000", "--cpu", str(LOOP_CPU)),
-        fix_workload=(*_BASE, "--kernel-us", "250", "--workers", "0", "--host-us", "4000",
+        workload=(*_BASE, "--kernel-us", "1000", "--workers", "0", "--host-us", "4000", "--cpu", str(LOOP_CPU)),
+        fix_workload=(*_BASE, "--kernel-us", "1000", "--workers", "0", "--host-us", "4000",
                       "--cpu", str(FIX_CPU)),
         fix="taskset -c 1 (the loop gets its own core) and renice -n 19 the hogs",
         interference=(Interferer("cpu-hog", (str(LOOP_CPU),), count=3),),
         fix_renice=True,
-        physics=Physics(kernel_us=250, host_us=4800, preempt_share=0.6, hogs=3),
-        fix_physics=Physics(kernel_us=250, host_us=4800, hogs=3),
+        physics=Physics(kernel_us=1000, host_us=4800, preempt_share=0.6, hogs=3),
+        fix_physics=Physics(kernel_us=1000, host_us=4800, hogs=3),
     ),
     Scenario(
         name="memcpy-bottleneck",
