@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from ingero.analyze.procs import has_column
 from ingero.errors import IngeroError
 
 NS = 1_000_000_000
@@ -48,6 +49,10 @@ class Context:
     ncpu: int = 1
     drops_kernel: int = 0
     drops_user: int = 0
+    stale_calls: int = 0  # CUDA calls that never returned (no row): sessions.stale_calls
+    # the traced host grouped CPU time per session (renice does not reach across sessions);
+    # None: not recorded (a database older than schema 4)
+    sched_autogroup: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -120,6 +125,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
             "the time range holds no data of session %d" % sid,
             "widen --since / --from / --to, or pick another --session",
         )
+    stale, autogroup = _later_session_columns(con, sid)
     if ncpu is None:
         nrow = con.execute(
             "SELECT max(ncpu) FROM system_metrics WHERE session_id = $sid", {"sid": sid}
@@ -136,7 +142,23 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         ncpu=int(ncpu),
         drops_kernel=int(dk),
         drops_user=int(du),
+        stale_calls=stale,
+        sched_autogroup=autogroup,
     )
+
+
+def _later_session_columns(con: duckdb.DuckDBPyConnection, sid: int) -> tuple[int, bool | None]:
+    """sessions.stale_calls (schema 2) and sched_autogroup (schema 4): a read-only older file
+    cannot be migrated, so each is read only where it exists."""
+    stale, autogroup = 0, None
+    if has_column(con, "sessions", "stale_calls"):
+        row = con.execute("SELECT coalesce(stale_calls, 0) FROM sessions WHERE session_id = $sid",
+                          {"sid": sid}).fetchone()
+        stale = int(row[0]) if row else 0
+    if has_column(con, "sessions", "sched_autogroup"):
+        row = con.execute("SELECT sched_autogroup FROM sessions WHERE session_id = $sid", {"sid": sid}).fetchone()
+        autogroup = None if not row or row[0] is None else bool(row[0])
+    return stale, autogroup
 
 
 def parse_time(text: str) -> int:

@@ -92,6 +92,7 @@ def _analysed(ctx: Context) -> Analysed:
         processes=[names[p].label for p in pids if p in names],
         drops_kernel=ctx.drops_kernel,
         drops_user=ctx.drops_user,
+        stale_calls=ctx.stale_calls,
     )
 
 

@@ -87,6 +87,7 @@ class Analysed:
     processes: list[str]  # "python3 (train.py) (PID 4242)"
     drops_kernel: int = 0
     drops_user: int = 0
+    stale_calls: int = 0  # CUDA calls that never returned: counted, never stored as rows
 
 
 @dataclass

@@ -50,8 +50,7 @@ def analysed_line(report: Report) -> str:
         f"({a.windows} window{'s' if a.windows != 1 else ''} of {span_text(a.window_s)}), session {a.session_id}; "
         f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
     )
-    # sessions.stale_calls, once analyze's Analysed carries it (requested): calls with no row
-    stale = getattr(a, "stale_calls", None)
+    stale = a.stale_calls  # calls with no row: counted in BPF when the thread's next call came
     if stale:
         text += f"; {stale:,} stale CUDA call{'s' if stale != 1 else ''} (never returned, not in events)"
     return text

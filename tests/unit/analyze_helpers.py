@@ -59,6 +59,8 @@ class Step:
 @dataclass
 class Trace:
     ncpu: int = 2
+    sched_autogroup: bool | None = False  # the traced host's kernel setting (sessions row)
+    stale_calls: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     pcpu: list[dict[str, Any]] = field(default_factory=list)
     sysm: list[dict[str, Any]] = field(default_factory=list)
@@ -207,9 +209,10 @@ class Trace:
         end = max(self.end_ns, T0 + S)
         store.con.execute(
             """INSERT INTO sessions (session_id, started_ns, ended_ns, status, events,
-                   drops_kernel, drops_user, ncpu)
-               VALUES ($sid, $t0, $end, 'closed', $n, $d, 0, $ncpu)""",
-            {"sid": SESSION, "t0": T0, "end": end, "n": len(self.events), "d": drops, "ncpu": self.ncpu},
+                   drops_kernel, drops_user, ncpu, sched_autogroup, stale_calls)
+               VALUES ($sid, $t0, $end, 'closed', $n, $d, 0, $ncpu, $ag, $stale)""",
+            {"sid": SESSION, "t0": T0, "end": end, "n": len(self.events), "d": drops, "ncpu": self.ncpu,
+             "ag": self.sched_autogroup, "stale": self.stale_calls},
         )
         for table, rows in (("events", self.events), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),

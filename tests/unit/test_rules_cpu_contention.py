@@ -35,6 +35,28 @@ def test_fires_with_culprit_numbers_and_fix():
     assert any("involuntary context switches on python3 (train.py) (PID 4242)" in r for r in chain.root)
 
 
+def test_where_autogroups_are_on_the_fix_lowers_the_competitors_autogroup():
+    """renice alone orders processes inside one session only: the fix must say what reaches."""
+    tr = contended(40)
+    tr.sched_autogroup = True
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    assert "renice -n 19 -p 7000" in chain.fix
+    assert ("for p in 7000; do echo 19 > /proc/$p/autogroup; done   "
+            "(autogroups are on: renice alone does not reach across sessions)") in chain.fix
+    # off (and unknown, in a database older than schema 4): renice is the whole fix
+    for setting in (False, None):
+        tr.sched_autogroup = setting
+        [chain] = chains_of(tr.explain(), "cpu-contention")
+        assert not any("autogroup" in f for f in chain.fix)
+
+
+def test_stale_calls_are_shown_in_what_was_analysed():
+    tr = contended(40)
+    tr.stale_calls = 3
+    report = tr.explain()
+    assert report.analysed.stale_calls == 3
+
+
 def _throughout(preempt_ms: float) -> Trace:
     # host-bound steps (~5.3 ms of host work, 2 ms of GPU work), preempted in every window
     tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
