@@ -1,6 +1,6 @@
 """sessions.stale_calls: stored, migrated into version-1 files, shown by the trace summary and status.
 
-The count itself comes from BPF (CNT_STALE_CALLS, see tests/live/test_stale_calls.py);
+The count itself comes from BPF (CNT_STALE_CALLS, see tests/live/test_stale_calls_live.py);
 here: where it goes once read.
 """
 
