@@ -38,6 +38,10 @@ from ingero.store.db import Store, invoking_user
 from ingero.store.faults import write_error
 
 POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k records (640 KiB) a poll
+# An empty ring doubles the wait up to this: an idle tracer wakes 20 times a second, not 100.
+# The first poll after events resume then holds at most 50 ms of them (3 MiB of the 128 MiB ring
+# at 1 M/s), and stop/duration checks are at most this late.
+IDLE_POLL_MAX_S = 0.05
 FLUSH_INTERVAL_S = 1.0  # data in the store is at most this old
 FLUSH_ROWS = 250_000  # or sooner when this many wait: each append holds up reading ~0.2 s at most
 READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
@@ -579,6 +583,7 @@ def _loop(
     ended_by = None
     nest_skipped = 0
     drops_kernel = 0
+    idle_sleep = POLL_INTERVAL_S / 2  # doubled before use: the first idle wait is POLL_INTERVAL_S
     while True:
         n = sess.poll()
         now = time.monotonic()
@@ -618,8 +623,14 @@ def _loop(
         if launcher is not None and launcher.poll() is not None:
             ended_by = "command exited"
             break
-        if n < READ_BATCH:
+        if n == 0:
+            idle_sleep = min(idle_sleep * 2, IDLE_POLL_MAX_S)
+            time.sleep(idle_sleep)
+        elif n < READ_BATCH:
+            idle_sleep = POLL_INTERVAL_S / 2
             time.sleep(POLL_INTERVAL_S)
+        else:
+            idle_sleep = POLL_INTERVAL_S / 2
     sess.drain()
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])
@@ -653,11 +664,33 @@ def _loop(
 
 
 def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> None:
-    sess.harvest_process_cpu()
     if sess.daemon is not None:
         info = sess.daemon.tick()  # retention, when due: by age even while no events arrive
         if info is not None and sess.stacks is not None and len(info.get("pruned_stack_ids", ())):
             sess.stacks.forget_stacks(info["pruned_stack_ids"])
+    # One transaction for the second's rows (process_cpu, the samplers, probes, names): one
+    # commit instead of four; measured on an idle trace, the commits were a third of its CPU.
+    store = sess.store
+    store.con.begin()
+    try:
+        traced = _write_second(sess, watcher, samplers, spec)
+        store.con.commit()
+    except BaseException as exc:
+        try:
+            store.con.rollback()  # never leave the connection inside a transaction
+        except duckdb.Error:
+            pass  # a connection a full disk invalidated has nothing to roll back
+        if isinstance(exc, duckdb.Error):
+            raise write_error(exc, store.path) from None
+        raise
+    # targets whose process is gone (exit handler missed them, e.g. thread keys)
+    for pid in traced:
+        if not targets.alive(pid):
+            sess.program.remove_targets([pid])
+
+
+def _write_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> set[int]:
+    sess.harvest_process_cpu()
     traced = sess.program.targets()
     samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:
@@ -669,7 +702,4 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
         found = targets.pids_with_comm(spec.comm)
         sess.program.add_targets(found)
         sess.upsert_names(found)
-    # targets whose process is gone (exit handler missed them, e.g. thread keys)
-    for pid in traced:
-        if not targets.alive(pid):
-            sess.program.remove_targets([pid])
+    return traced
