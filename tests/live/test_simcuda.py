@@ -14,21 +14,17 @@ from pathlib import Path
 
 import pytest
 
+import workloads
 from ingero.collect import probes
 
 pytestmark = pytest.mark.live
 
-REPO = Path(__file__).resolve().parents[2]
-LIB = REPO / "demos" / "build" / "libcudart.so.12"
 REPS = 3
 
 
 @pytest.fixture(scope="module")
 def lib_path() -> Path:
-    proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert LIB.exists()
-    return LIB
+    return workloads.simcuda()
 
 
 def _run(code: str, lib: Path) -> str:

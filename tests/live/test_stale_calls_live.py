@@ -31,19 +31,17 @@ from pathlib import Path
 
 import pytest
 
-from workloads import REPO, Tracer, build, query
+import workloads
+from workloads import Tracer, build, build_shared, query
 
 pytestmark = pytest.mark.live
 
-SIMCUDA = REPO / "demos" / "build" / "libcudart.so.12"
 ESCAPES = 5
 
 
 @pytest.fixture(scope="module")
 def simcuda() -> Path:
-    proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return SIMCUDA
+    return workloads.simcuda()
 
 
 def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: Path, simcuda: Path) -> None:
@@ -71,6 +69,7 @@ def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: 
 
 
 DEEP_CALLS = 100
+DEEP_FRAMES = 5  # each call this many frames below main's (1 KiB of locals each)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -80,17 +79,11 @@ DEEP_CALLS = 100
 def test_calls_from_deeper_frames_after_a_longjmp_are_recorded(tmp_path: Path) -> None:
     """One call left by longjmp, then DEEP_CALLS calls from 5 frames further down, then one
     from the abandoned call's own frame: every call that returned must be a row."""
-    import shutil
-
-    from workloads import HERE
-
-    cc = shutil.which("cc") or "gcc"
-    lib = tmp_path / "libcudart.so.12"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(HERE / "longjmp_lib.c")], check=True)
-    exe = build("stale_deep_main", tmp_path)
+    lib = build_shared("longjmp_lib", tmp_path, "libcudart.so.12")
+    exe = build("longjmp_main", tmp_path)
     go = tmp_path / "go"
     db = tmp_path / "t.duckdb"
-    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {DEEP_CALLS}")
+    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {DEEP_CALLS} {DEEP_FRAMES}")
     tracer.wait_started()
     go.touch()
     summary = tracer.finish(sig=None, timeout=120)

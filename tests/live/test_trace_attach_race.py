@@ -17,6 +17,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from workloads import build, build_shared
+
 pytestmark = pytest.mark.live
 
 LOOP = textwrap.dedent("""
@@ -63,12 +65,8 @@ def test_calls_in_flight_during_attach_do_not_wedge_the_thread(tmp_path: Path) -
 def test_a_call_that_never_returns_does_not_swallow_later_calls(tmp_path: Path) -> None:
     """One call leaves its frame by longjmp (no return probe fires); the next
     1000 calls of the same thread must each still be one row."""
-    cc = "cc"
-    here = Path(__file__).resolve().parent / "workloads"
-    lib = tmp_path / "libcudart.so.12"
-    exe = tmp_path / "longjmp_main"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(here / "longjmp_lib.c")], check=True)
-    subprocess.run([cc, "-O1", "-o", str(exe), str(here / "longjmp_main.c"), "-ldl"], check=True)
+    lib = build_shared("longjmp_lib", tmp_path, "libcudart.so.12")
+    exe = build("longjmp_main", tmp_path)
     go = tmp_path / "go"
     db = tmp_path / "t.duckdb"
     tracer = subprocess.Popen(

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from workloads import Tracer, build, libcudart, query
+from workloads import Tracer, build, build_shared, libcudart, query
 
 pytestmark = pytest.mark.live
 
@@ -93,15 +93,9 @@ def test_calls_from_a_second_thread_carry_its_tid(tmp_path, calls_bin, cudart):
 
 def test_driver_api_of_an_already_running_pid(tmp_path):
     """--pid on a process started before the trace, driver API (a stand-in libcuda.so.1 via --cuda-lib)."""
-    import shutil
-
     libdir = tmp_path / "lib"
     libdir.mkdir()
-    cc = shutil.which("cc") or "gcc"
-    from workloads import HERE
-
-    libcuda = libdir / "libcuda.so.1"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(libcuda), str(HERE / "fake_libcuda.c")], check=True)
+    libcuda = build_shared("fake_libcuda", libdir, "libcuda.so.1")
     calls = build("driver_calls", tmp_path)
     work = subprocess.Popen([str(calls), str(libcuda), str(N), str(BYTES)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)

@@ -36,6 +36,25 @@ def build(name: str, out_dir: Path) -> Path:
     return out
 
 
+def build_shared(name: str, out_dir: Path, filename: str) -> Path:
+    """Compile workloads/<name>.c into the shared library out_dir/<filename>; returns it."""
+    out = out_dir / filename
+    if not out.exists():
+        cc = shutil.which("cc") or shutil.which("gcc")
+        assert cc, "a C compiler is needed for the live workloads"
+        subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(out), str(HERE / f"{name}.c")], check=True)
+    return out
+
+
+def simcuda() -> Path:
+    """The simulated CUDA runtime (demos/build/libcudart.so.12), built if it is not yet."""
+    proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lib = REPO / "demos" / "build" / "libcudart.so.12"
+    assert lib.exists()
+    return lib
+
+
 def libcudart() -> Path | None:
     """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
     try:
