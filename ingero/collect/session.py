@@ -230,17 +230,12 @@ class TraceSession:
             stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids)
         # rows and heartbeat in one transaction: one commit (one fsync) per flush, not two
-        self.store.con.begin()
         try:
-            added = self.store.append("events", table)
-            self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
-                                      **self._counter_fields())
-            self.store.con.commit()
+            with self.store.transaction():
+                added = self.store.append("events", table)
+                self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
+                                          **self._counter_fields())
         except Exception as exc:
-            try:
-                self.store.con.rollback()
-            except Exception:
-                pass  # a dead connection (disk full) has nothing to roll back
             self.drops_user += len(recs)
             raise write_error(exc, self.store.path) from None
         self.events += added
@@ -626,11 +621,10 @@ def _loop(
         if n == 0:
             idle_sleep = min(idle_sleep * 2, IDLE_POLL_MAX_S)
             time.sleep(idle_sleep)
-        elif n < READ_BATCH:
-            idle_sleep = POLL_INTERVAL_S / 2
-            time.sleep(POLL_INTERVAL_S)
         else:
             idle_sleep = POLL_INTERVAL_S / 2
+            if n < READ_BATCH:
+                time.sleep(POLL_INTERVAL_S)
     sess.drain()
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])
@@ -670,19 +664,11 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
             sess.stacks.forget_stacks(info["pruned_stack_ids"])
     # One transaction for the second's rows (process_cpu, the samplers, probes, names): one
     # commit instead of four; measured on an idle trace, the commits were a third of its CPU.
-    store = sess.store
-    store.con.begin()
     try:
-        traced = _write_second(sess, watcher, samplers, spec)
-        store.con.commit()
-    except BaseException as exc:
-        try:
-            store.con.rollback()  # never leave the connection inside a transaction
-        except duckdb.Error:
-            pass  # a connection a full disk invalidated has nothing to roll back
-        if isinstance(exc, duckdb.Error):
-            raise write_error(exc, store.path) from None
-        raise
+        with sess.store.transaction():
+            traced = _write_second(sess, watcher, samplers, spec)
+    except duckdb.Error as exc:
+        raise write_error(exc, sess.store.path) from None
     # targets whose process is gone (exit handler missed them, e.g. thread keys)
     for pid in traced:
         if not targets.alive(pid):

@@ -13,6 +13,8 @@ import platform
 import pwd
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -207,17 +209,12 @@ class Store:
             )
         for v in range(version + 1, SCHEMA_VERSION + 1):
             # one transaction per version: a failed step leaves the file at v - 1, not half-way
-            self.con.begin()
             try:
-                for stmt in MIGRATIONS.get(v, []):
-                    self.con.execute(schema_sql() if stmt == REAPPLY_SCHEMA else stmt)
-                self._set_version(v)
-                self.con.commit()
+                with self.transaction():
+                    for stmt in MIGRATIONS.get(v, []):
+                        self.con.execute(schema_sql() if stmt == REAPPLY_SCHEMA else stmt)
+                    self._set_version(v)
             except duckdb.Error as exc:
-                try:
-                    self.con.rollback()
-                except duckdb.Error:
-                    pass
                 raise IngeroError(
                     f"cannot upgrade {self.path} from schema version {v - 1} to {v}: {first_line(exc)}",
                     "free disk space, or pass --db with another path",
@@ -247,6 +244,20 @@ class Store:
         self.con.close()
 
     # -- writing -------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Writes in one transaction (one commit); on any error rolled back, never left open."""
+        self.con.begin()
+        try:
+            yield
+            self.con.commit()
+        except BaseException:
+            try:
+                self.con.rollback()
+            except duckdb.Error:
+                pass  # a connection a full disk invalidated has nothing to roll back
+            raise
 
     def append(self, table: str, batch: pa.Table | pa.RecordBatch) -> int:
         """Append an Arrow batch to ``table``, matching columns by name; returns rows added."""
