@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     step_ms: list[float] = []
     wait_ms: list[float] = []
     sync_ms: list[float] = []
-    busy0 = lib.simcudaDeviceBusyNs() if hasattr(lib, "simcudaDeviceBusyNs") else 0
+    device_busy_ns = getattr(lib, "simcudaDeviceBusyNs", None)  # only the simulated runtime has it
+    busy0 = device_busy_ns() if device_busy_ns else 0
     t_start = time.perf_counter()
     deadline = t_start + args.duration
     step = 0
@@ -279,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             if measure_from is not None and measure_from.exists():
                 # the clean lead-in is over: the summary describes the run with its cause
                 measure_from = None
-                step_ms.clear(), wait_ms.clear(), sync_ms.clear()
+                for samples in (step_ms, wait_ms, sync_ms):
+                    samples.clear()
                 measured_from_step, t_start = step, t0
-                busy0 = lib.simcudaDeviceBusyNs() if hasattr(lib, "simcudaDeviceBusyNs") else 0
+                busy0 = device_busy_ns() if device_busy_ns else 0
             # -- data: from the workers, or loaded inline
             if args.workers:
                 while not stop_signal.flag:
@@ -351,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         if mfd >= 0:
             os.close(mfd)
     wall = time.perf_counter() - t_start
-    busy = (lib.simcudaDeviceBusyNs() - busy0) / 1e9 if hasattr(lib, "simcudaDeviceBusyNs") else None
+    busy = (device_busy_ns() - busy0) / 1e9 if device_busy_ns else None
     measured = step - measured_from_step
     summary = {
         "steps": measured,
