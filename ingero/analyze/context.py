@@ -13,8 +13,8 @@ from typing import Any
 
 import duckdb
 
-from ingero.analyze.procs import has_column
 from ingero.errors import IngeroError
+from ingero.store.sessions import latest_session
 
 NS = 1_000_000_000
 
@@ -98,15 +98,10 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         sid = int(row[0])
     else:
         sid = opts.session
-    srow = con.execute(
-        """SELECT started_ns, ended_ns, heartbeat_ns, coalesce(drops_kernel, 0),
-                  coalesce(drops_user, 0), ncpu
-           FROM sessions WHERE session_id = $sid""",
-        {"sid": sid},
-    ).fetchone()
+    srow = latest_session(con, "session_id = $sid", {"sid": sid})
     if srow is None:
         raise IngeroError(f"no session {sid} in the database", "list sessions with `ingero status`")
-    started, ended, heartbeat, dk, du, ncpu = srow
+    started, ended, heartbeat, ncpu = srow["started_ns"], srow["ended_ns"], srow["heartbeat_ns"], srow["ncpu"]
     data = con.execute(
         "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid", {"sid": sid}
     ).fetchone()
@@ -125,7 +120,6 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
             "the time range holds no data of session %d" % sid,
             "widen --since / --from / --to, or pick another --session",
         )
-    stale, autogroup = _later_session_columns(con, sid)
     if ncpu is None:
         nrow = con.execute(
             "SELECT max(ncpu) FROM system_metrics WHERE session_id = $sid", {"sid": sid}
@@ -140,25 +134,12 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         window_ns=max(window_ns, 1),
         pids=tuple(opts.pids),
         ncpu=int(ncpu),
-        drops_kernel=int(dk),
-        drops_user=int(du),
-        stale_calls=stale,
-        sched_autogroup=autogroup,
+        drops_kernel=int(srow["drops_kernel"] or 0),
+        drops_user=int(srow["drops_user"] or 0),
+        # stale_calls (schema 2) and sched_autogroup (4) are missing in an older file read-only
+        stale_calls=int(srow.get("stale_calls") or 0),
+        sched_autogroup=None if srow.get("sched_autogroup") is None else bool(srow["sched_autogroup"]),
     )
-
-
-def _later_session_columns(con: duckdb.DuckDBPyConnection, sid: int) -> tuple[int, bool | None]:
-    """sessions.stale_calls (schema 2) and sched_autogroup (schema 4): a read-only older file
-    cannot be migrated, so each is read only where it exists."""
-    stale, autogroup = 0, None
-    if has_column(con, "sessions", "stale_calls"):
-        row = con.execute("SELECT coalesce(stale_calls, 0) FROM sessions WHERE session_id = $sid",
-                          {"sid": sid}).fetchone()
-        stale = int(row[0]) if row else 0
-    if has_column(con, "sessions", "sched_autogroup"):
-        row = con.execute("SELECT sched_autogroup FROM sessions WHERE session_id = $sid", {"sid": sid}).fetchone()
-        autogroup = None if not row or row[0] is None else bool(row[0])
-    return stale, autogroup
 
 
 def parse_time(text: str) -> int:

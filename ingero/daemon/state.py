@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from ingero.store.db import pid_alive
+from ingero.store.sessions import latest_session
 
 # events/s is measured over the last RATE_WINDOW_S seconds of event
 # timestamps.  The writer flushes every <= 1 s, so the newest second is
@@ -44,17 +45,10 @@ def file_sizes(path: Path | None) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+# The session fields status reports (a column an older file lacks reads as None).
 _SESSION_COLS = ("session_id", "started_ns", "ended_ns", "status", "hostname", "command",
                  "targets", "tracer_pid", "heartbeat_ns", "events", "drops_kernel", "drops_user",
                  "stale_calls")
-# Columns added by a schema migration: a read-only open of an older file (no
-# migration) lacks them, and reports None for them.
-_LATER_COLS = frozenset({"stale_calls"})
-
-
-def _session_cols(con: duckdb.DuckDBPyConnection) -> list[str]:
-    present = {d[0] for d in con.execute("SELECT * FROM sessions LIMIT 0").description}
-    return [c for c in _SESSION_COLS if c in present or c not in _LATER_COLS]
 
 
 def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = None,
@@ -65,16 +59,10 @@ def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = N
     session is 'running').  A 'running' row whose tracer is dead is reported as 'crashed'.
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
-    names = _session_cols(con)
-    cols = ", ".join(names)
     if tracer_pid is not None:
-        rows = con.execute(
-            f"SELECT {cols} FROM sessions WHERE tracer_pid = $pid AND status = 'running' "
-            "ORDER BY session_id DESC LIMIT 1",
-            {"pid": tracer_pid},
-        ).fetchall()
+        row = latest_session(con, "tracer_pid = $pid AND status = 'running'", {"pid": tracer_pid})
     else:
-        rows = con.execute(f"SELECT {cols} FROM sessions ORDER BY session_id DESC LIMIT 1").fetchall()
+        row = latest_session(con)
     db_path = db_file_of(con)
     db_bytes, wal_bytes = file_sizes(db_path)
     out: dict[str, Any] = {
@@ -85,9 +73,9 @@ def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = N
         "wal_bytes": wal_bytes,
         "session": None,
     }
-    if not rows:
+    if row is None:
         return out
-    s = {c: None for c in _SESSION_COLS} | dict(zip(names, rows[0]))
+    s = {c: row.get(c) for c in _SESSION_COLS}
     status = s["status"]
     if status == "running" and tracer_pid is None and (s["tracer_pid"] is None or not pid_alive(int(s["tracer_pid"]))):
         status = "crashed"
