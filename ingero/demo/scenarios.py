@@ -113,8 +113,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         name="dataloader-starvation",
         title="too few, too slow DataLoader workers",
-        story="one worker fetches (4.5 ms) and decodes (1.5 ms CPU) 8 samples per batch; the loop "
-              "waits ~48 ms per batch for a 24 ms step while the device idles",
+        story="one worker fetches (4.5 ms) and decodes (1.5 ms CPU) 8 samples per batch, a batch "
+              "every 48 ms; the loop's step is 24 ms of device work, so it waits ~24 ms per batch "
+              "while the device idles",
         expected_rule="input-bound",
         workload=(*_BASE, "--kernel-us", "3000", "--workers", "1", "--fetch-us", "4500",
                   "--decode-us", "1500", *_LOOP),
