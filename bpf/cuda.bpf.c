@@ -48,6 +48,32 @@ static __always_inline int cuda_traced(u32 tgid)
 #endif
 }
 
+/* The contract of events.queued (docs/schema.md): launches and async copies
+ * queue device work; stream / device / event / context syncs and the
+ * synchronous copies wait for it.  Called with a constant op from every entry
+ * handler, so it folds to a constant. */
+static __always_inline u8 op_class(u8 op)
+{
+	switch (op) {
+	case OP_CUDA_LAUNCH_KERNEL:
+	case OP_CUDA_GRAPH_LAUNCH:
+	case OP_CUDA_MEMCPY_ASYNC:
+	case OP_CU_LAUNCH_KERNEL:
+	case OP_CU_MEMCPY_ASYNC:
+		return CLASS_ASYNC;
+	case OP_CUDA_MEMCPY:
+	case OP_CUDA_STREAM_SYNC:
+	case OP_CUDA_DEVICE_SYNC:
+	case OP_CUDA_EVENT_SYNC:
+	case OP_CU_MEMCPY:
+	case OP_CU_CTX_SYNC:
+	case OP_CU_STREAM_SYNC:
+		return CLASS_SYNC;
+	default:
+		return CLASS_OTHER;
+	}
+}
+
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream)
 {
 	EMPTY_RETURN();
@@ -82,6 +108,8 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	s->stack_id = ingero_stack_id(ctx);
 	s->op = op;
 	s->kind = kind;
+	s->cls = op_class(op);
+	s->flags |= CALL_FLAG_SEEN;
 	s->arg = arg;
 	s->stream = stream;
 	s->depth = 1;
@@ -101,6 +129,21 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		return 0;
 	}
 	s->depth = 0;
+	s64 ret = (s32)PT_REGS_RC(ctx);
+	/* The queued bit changes when the outer call returns, not at entry:
+	 * while a sync waits, the device still runs the thread's work (those
+	 * off-CPU intervals are tagged in_call = the sync anyway), and whether a
+	 * launch queued anything is known only from its return code.  A launch
+	 * that failed (e.g. 35 on a host without a driver) queued nothing.  A
+	 * sync clears the bit whatever it returns: its errors are either a
+	 * failure of the queued work itself, which is sticky (the context is
+	 * lost, nothing queued runs any more), or a bad handle, a program bug.
+	 * Nested calls (the driver under the runtime) change nothing: the outer
+	 * call's op says what the thread asked for. */
+	if (s->cls == CLASS_ASYNC && ret == 0)
+		s->flags |= CALL_FLAG_QUEUED;
+	else if (s->cls == CLASS_SYNC)
+		s->flags &= ~CALL_FLAG_QUEUED;
 	u64 id = bpf_get_current_pid_tgid();
 	struct ingero_event *e = event_reserve();
 	if (e) {
@@ -111,7 +154,9 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		e->pid = id >> 32;
 		e->tid = (u32)id;
 		e->other_pid = 0;
-		e->ret = (s32)PT_REGS_RC(ctx);
+		e->ret = (s16)ret; /* cudaError_t / CUresult: all below 1000 */
+		e->call_op = OP_NONE;
+		e->call_flags = 0;
 		e->stack_id = s->stack_id;
 		e->op = s->op;
 		e->kind = s->kind;

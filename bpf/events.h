@@ -17,6 +17,7 @@
 #include <stdint.h>
 typedef uint8_t u8;
 typedef uint16_t u16;
+typedef int16_t s16;
 typedef uint32_t u32;
 typedef uint64_t u64;
 typedef int32_t s32;
@@ -89,11 +90,26 @@ struct ingero_event {
 	u32 pid;         /* tgid */
 	u32 tid;
 	u32 other_pid;   /* sched_switch: tgid that ran next; block_io: device */
-	s32 ret;         /* return code of the call; block I/O error */
 	s32 stack_id;    /* BPF stack map id, -1 when not collected */
+	/* Return code of the call: cudaError_t / CUresult (all below 1000);
+	 * block I/O: the error (0 or a small negative errno); page fault: the
+	 * x86 error code bits 0-14 (P, W, U, RSVD, I, PK, SS; the SGX and RMP
+	 * bits, enclaves and SEV-SNP guests only, are dropped).  16 bits keep
+	 * the record at 56 bytes with call_op and call_flags beside it. */
+	s16 ret;
+	u8 call_op;      /* sched_switch, page_fault: enum ingero_op of the CUDA call the thread was inside, OP_NONE outside */
+	u8 call_flags;   /* sched_switch, page_fault: enum ingero_call_flag bits of the thread */
 	u8 op;           /* enum ingero_op */
 	u8 kind;         /* enum ingero_kind */
 	u16 cpu;         /* CPU the event happened on */
+};
+
+/* ingero_event.call_flags: the thread's CUDA state when it went off CPU /
+ * faulted (struct call_state in ingero.bpf.c keeps them per thread).
+ * No bit set: the thread has made no traced CUDA call (queued is NULL). */
+enum ingero_call_flag {
+	CALL_FLAG_SEEN = 1,   /* the thread has made a traced CUDA call */
+	CALL_FLAG_QUEUED = 2, /* since its last synchronising call returned, a launch / async copy returned 0 */
 };
 
 /* Host-wide per-process scheduler totals, aggregated in a hash map keyed by

@@ -46,7 +46,10 @@
 
 /* ---- state kept between probes ---------------------------------------- */
 
-/* cuda: a thread inside a probed CUDA call (entry -> return). */
+/* cuda: a thread's CUDA state.  The call fields describe the probed call it
+ * is inside (entry -> return); flags persist across calls for the life of the
+ * thread, and sched / mm tag the thread's off-CPU intervals and faults with
+ * them (events in_call, queued). */
 struct call_state {
 	u64 ts;
 	u64 sp;    /* stack pointer at the outer call's entry: tells nested from stale */
@@ -57,6 +60,15 @@ struct call_state {
 	u16 depth; /* >1: probed calls nested inside the outer one */
 	u8 op;
 	u8 kind;
+	u8 flags;  /* enum ingero_call_flag (events.h) */
+	u8 cls;    /* enum call_class of the outer call's op */
+};
+
+/* What a call does to the thread's queued bit when it returns. */
+enum call_class {
+	CLASS_OTHER = 0,
+	CLASS_ASYNC = 1, /* queues device work: launches, async copies */
+	CLASS_SYNC = 2,  /* waits for the device: syncs, synchronous copies */
 };
 
 /* sched: every thread seen switching out, host-wide (tid -> tgid: the
@@ -73,6 +85,8 @@ struct thread_state {
 	u32 traced; /* its process is a target: target_epoch + 1 when last asked, 0 = no */
 	u16 cpu;
 	u8 kind;
+	u8 call_op;    /* at switch-out: the CUDA call it was inside (OP_NONE: none) */
+	u8 call_flags; /* at switch-out: its call_state flags */
 };
 
 /* blockio: a request between issue and completion. */

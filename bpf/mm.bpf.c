@@ -2,7 +2,8 @@
  *
  * mm.bpf.c - user page faults of traced processes.  Included by ingero.bpf.c
  * (maps, attach points).
- * arg = faulting address, ret = the x86 error code (bit 1: write, bit 2: user).
+ * arg = faulting address, ret = the x86 error code (bit 1: write, bit 2: user),
+ * call_op / call_flags = the thread's CUDA state at the fault (events.h).
  */
 
 static __always_inline int on_page_fault_user(struct tracepoint__exceptions__page_fault_user *args)
@@ -21,7 +22,11 @@ static __always_inline int on_page_fault_user(struct tracepoint__exceptions__pag
 	e->pid = tgid;
 	e->tid = (u32)id;
 	e->other_pid = 0;
-	e->ret = (s32)args->error_code;
+	/* bits 0-14 only: ret is 16 bits (events.h); higher bits are SGX / SEV-SNP */
+	e->ret = (s16)(args->error_code & 0x7fff);
+	struct call_state *c = inflight_here(0);
+	e->call_op = c && c->depth ? c->op : OP_NONE;
+	e->call_flags = c ? c->flags : 0;
 	e->stack_id = -1;
 	e->op = OP_PAGE_FAULT;
 	e->kind = KIND_NONE;

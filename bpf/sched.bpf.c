@@ -66,6 +66,12 @@ static __always_inline void switch_out(struct tracepoint__sched__sched_switch *a
 	t->stack_id = ingero_stack_id(args);
 	t->cpu = bpf_get_smp_processor_id();
 	t->kind = kind;
+	/* The thread leaving is the current task: its CUDA state (task storage,
+	 * never created here) says which call it is blocked in, and whether
+	 * device work it issued may still be running. */
+	struct call_state *c = inflight_here(0);
+	t->call_op = c && c->depth ? c->op : OP_NONE;
+	t->call_flags = c ? c->flags : 0;
 	t->ts = now;
 	if (kind == KIND_PREEMPTED && next_tid != 0) {
 		struct ingero_proc_stat *np = proc_stat(next_tgid, args->next_comm);
@@ -90,6 +96,8 @@ static __always_inline void switch_in(struct thread_state *t, u32 next_tid, u64 
 		e->tid = next_tid;
 		e->other_pid = t->other_pid;
 		e->ret = 0;
+		e->call_op = t->call_op;
+		e->call_flags = t->call_flags;
 		e->stack_id = t->stack_id;
 		e->op = OP_SCHED_SWITCH;
 		e->kind = t->kind;
@@ -178,6 +186,8 @@ static __always_inline void emit_proc(u8 op, u32 tgid, u32 tid, u32 other)
 	e->tid = tid;
 	e->other_pid = other;
 	e->ret = 0;
+	e->call_op = OP_NONE;
+	e->call_flags = 0;
 	e->stack_id = -1;
 	e->op = op;
 	e->kind = KIND_NONE;

@@ -10,7 +10,11 @@ Column semantics follow ingero/store/schema.sql:
   ``runq_ns`` for sched_switch;
 * ``stream`` only for CUDA ops that take a stream; ``preempted`` only for
   sched_switch; ``other_pid`` only where it means something; ``stack_id``
-  NULL for -1.
+  NULL for -1;
+* ``in_call`` (the op name of the CUDA call the thread was inside,
+  dictionary-encoded like ``op``) and ``queued`` only for sched_switch and
+  page_fault: ``in_call`` NULL outside every call, ``queued`` NULL for a
+  thread that has made no traced CUDA call (no CALL_FLAG_SEEN).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ingero.collect.records import (
     EVENT_DTYPE,
     KIND_NAME_TABLE,
     OP_NAME_TABLE,
+    CallFlag,
     Kind,
     Op,
 )
@@ -59,6 +64,9 @@ STREAM_OPS = frozenset(
 OTHER_PID_OPS = frozenset({Op.SCHED_SWITCH, Op.BLOCK_IO, Op.PROC_EXEC})
 # Ops without a return code.
 NO_RET_OPS = frozenset({Op.SCHED_SWITCH, Op.PROC_EXEC, Op.PROC_EXIT})
+# Ops tagged with the thread's CUDA call state (call_op, call_flags); the
+# bytes are unset in every other record.
+CALL_STATE_OPS = frozenset({Op.SCHED_SWITCH, Op.PAGE_FAULT})
 
 
 def _op_mask(ops: frozenset[Op]) -> np.ndarray:
@@ -71,6 +79,7 @@ _BYTES_MASK = _op_mask(BYTES_OPS)
 _STREAM_MASK = _op_mask(STREAM_OPS)
 _OTHER_MASK = _op_mask(OTHER_PID_OPS)
 _RET_MASK = ~_op_mask(NO_RET_OPS)
+_CALL_STATE_MASK = _op_mask(CALL_STATE_OPS)
 
 # Dictionaries for the op / kind columns: index = raw u8 id.  Kinds without a
 # name (KIND_NONE) are masked to NULL instead of being a NULL dictionary entry.
@@ -95,6 +104,8 @@ EVENTS_SCHEMA = pa.schema(
         ("other_pid", pa.int32()),
         ("runq_ns", pa.int64()),
         ("stack_id", pa.int64()),
+        ("in_call", pa.dictionary(pa.uint8(), pa.string())),
+        ("queued", pa.bool_()),
     ]
 )
 
@@ -182,8 +193,23 @@ def events_table(
         _masked(np.ascontiguousarray(records["other_pid"]).view(np.int32), _OTHER_MASK[op], pa.int32()),
         _masked(arg, is_switch, pa.int64()),
         _masked(stack, stack >= 0, pa.int64()),
+        *_call_state_columns(op, records),
     ]
     return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
+
+
+def _call_state_columns(op: np.ndarray, records: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """in_call and queued: from call_op / call_flags of sched_switch and page_fault records, else NULL."""
+    tagged = _CALL_STATE_MASK[op]
+    if not tagged.any():
+        return pa.nulls(len(op), pa.dictionary(pa.uint8(), pa.string())), pa.nulls(len(op), pa.bool_())
+    call_op = np.ascontiguousarray(records["call_op"])
+    flags = np.ascontiguousarray(records["call_flags"])
+    in_call_valid = tagged & (call_op != int(Op.NONE))
+    in_call = pa.DictionaryArray.from_arrays(pa.array(call_op, type=pa.uint8(), mask=~in_call_valid), _OP_DICT)
+    queued_valid = tagged & ((flags & int(CallFlag.SEEN)) != 0)
+    queued = pa.array((flags & int(CallFlag.QUEUED)) != 0, type=pa.bool_(), mask=~queued_valid)
+    return in_call, queued
 
 
 def op_names(records: np.ndarray) -> np.ndarray:

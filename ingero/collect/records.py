@@ -74,6 +74,13 @@ OP_NAMES: dict[Op, str] = {
 }
 
 CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
+# What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
+# op_class; the contract of events.queued): launches and async copies that
+# return 0 queue device work; syncs and synchronous copies wait for it.
+ASYNC_OPS = frozenset(
+    OP_NAMES[o]
+    for o in (Op.CUDA_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CUDA_MEMCPY_ASYNC, Op.CU_LAUNCH_KERNEL, Op.CU_MEMCPY_ASYNC)
+)
 SYNC_OPS = frozenset(
     OP_NAMES[o]
     for o in (
@@ -84,6 +91,9 @@ SYNC_OPS = frozenset(
         Op.CU_STREAM_SYNC,
     )
 )
+# Calls after whose return the thread has nothing of its own queued: the syncs
+# and the synchronous copies (which wait for the copy and the work before it).
+DRAINING_OPS = SYNC_OPS | {OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY]}
 
 
 class Kind(enum.IntEnum):
@@ -134,8 +144,10 @@ class Event(ctypes.Structure):
         ("pid", ctypes.c_uint32),
         ("tid", ctypes.c_uint32),
         ("other_pid", ctypes.c_uint32),
-        ("ret", ctypes.c_int32),
         ("stack_id", ctypes.c_int32),
+        ("ret", ctypes.c_int16),
+        ("call_op", ctypes.c_uint8),
+        ("call_flags", ctypes.c_uint8),
         ("op", ctypes.c_uint8),
         ("kind", ctypes.c_uint8),
         ("cpu", ctypes.c_uint16),
@@ -152,6 +164,13 @@ class ProcStat(ctypes.Structure):
         ("preempted_traced", ctypes.c_uint64),
         ("comm", ctypes.c_char * 16),
     ]
+
+
+class CallFlag(enum.IntFlag):
+    """enum ingero_call_flag: bits of Event.call_flags (sched_switch and page_fault records)."""
+
+    SEEN = 1  # the thread has made a traced CUDA call (else events.queued is NULL)
+    QUEUED = 2  # async device work issued since its last synchronising call returned
 
 
 class Counter(enum.IntEnum):
@@ -179,5 +198,6 @@ MIRRORS = {
 ENUM_MIRRORS = {
     "OP_": Op,
     "KIND_": Kind,
+    "CALL_FLAG_": CallFlag,
     "CNT_": Counter,
 }

@@ -25,9 +25,10 @@ import pyarrow as pa
 
 from ingero import __version__
 from ingero.errors import IngeroError, first_line
+from ingero.store import derive
 from ingero.store.faults import is_disk_full, open_error
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -42,6 +43,10 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      deletes from it, ~400x slower with the index (see schema.sql).
 #   4: sessions.sched_autogroup (whether renice reaches across sessions on the
 #      traced host; explain's CPU-contention fix depends on it).
+#   5: events.in_call, events.queued (the thread's CUDA state, tagged by BPF on
+#      sched_switch and page_fault rows); existing rows get them derived from
+#      the stored CUDA calls (store/derive.py, the same SQL explain uses on a
+#      file it reads without migrating).
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -54,6 +59,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE _stacks_v2",
     ],
     4: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS sched_autogroup BOOLEAN"],
+    5: [
+        "ALTER TABLE events ADD COLUMN IF NOT EXISTS in_call VARCHAR",
+        "ALTER TABLE events ADD COLUMN IF NOT EXISTS queued BOOLEAN",
+        derive.MIGRATION,
+    ],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"

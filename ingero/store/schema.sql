@@ -52,7 +52,9 @@ CREATE TABLE IF NOT EXISTS events (
     preempted BOOLEAN,           -- sched_switch: switched out while still runnable (involuntary)
     other_pid INTEGER,           -- sched_switch: the process that ran instead; block_io: device number
     runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
-    stack_id BIGINT              -- stacks.stack_id with --stack, else NULL
+    stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL
+    in_call VARCHAR,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
+    queued BOOLEAN               -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
 );
 
 -- A readable name per process: JOIN process_names USING (pid).

@@ -14,11 +14,21 @@ from ingero.store.db import schema_sql
 
 NCPU_V2 = "    ncpu INTEGER,                    -- CPUs on the host\n"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
+STACK_ID_V4 = "    stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL\n"
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 3), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 4), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 5 added events.in_call and events.queued after stack_id
+    lines = sql.splitlines(keepends=True)
+    added = [ln for ln in lines if ln.lstrip().startswith(("in_call ", "queued "))]
+    assert len(added) == 2 and STACK_ID_V4 in sql, "schema.sql changed shape: update this fixture"
+    for ln in added:
+        sql = sql.replace(ln, "")
+    sql = sql.replace(STACK_ID_V4, "    stack_id BIGINT              -- stacks.stack_id with --stack, else NULL\n")
+    if version >= 4:
+        return sql
     # 4 added sessions.sched_autogroup after stale_calls
     lines = sql.splitlines(keepends=True)
     autogroup = [ln for ln in lines if ln.lstrip().startswith("sched_autogroup ")]

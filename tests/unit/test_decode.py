@@ -101,3 +101,46 @@ def test_storage_order_groups_ops_and_keeps_time_order_within_each() -> None:
     switches = out[out["op"] == int(Op.SCHED_SWITCH)]
     assert switches["ts_ns"].tolist() == [200, 300, 200, 300]  # stable: arrival order kept
     assert out.dtype == EVENT_DTYPE
+
+
+def test_call_state_becomes_in_call_and_queued_on_switches_and_faults_only() -> None:
+    from ingero.collect.records import CallFlag
+
+    seen, queued = int(CallFlag.SEEN), int(CallFlag.SEEN | CallFlag.QUEUED)
+    sync = int(Op.CUDA_STREAM_SYNC)
+    r = np.concatenate(
+        [
+            # inside a sync, work queued / outside every call, nothing queued / never called CUDA
+            rec(ts_ns=1, pid=1, tid=2, op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP), call_op=sync, call_flags=queued),
+            rec(ts_ns=2, pid=1, tid=2, op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP), call_op=0, call_flags=seen),
+            rec(ts_ns=3, pid=1, tid=3, op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP), call_op=0, call_flags=0),
+            rec(ts_ns=4, pid=1, tid=2, op=int(Op.PAGE_FAULT), ret=6, call_op=int(Op.CUDA_MALLOC), call_flags=queued),
+            rec(ts_ns=5, pid=1, tid=2, op=int(Op.PAGE_FAULT), ret=-32768 + 6, call_op=0, call_flags=queued),
+            # other records leave the bytes unset: whatever they hold is not stored
+            rec(ts_ns=6, pid=1, tid=2, op=int(Op.BLOCK_IO), ret=-5, call_op=sync, call_flags=queued),
+            rec(ts_ns=7, pid=1, tid=2, op=int(Op.CUDA_LAUNCH_KERNEL), ret=999, call_op=sync, call_flags=queued),
+        ]
+    )
+    t = events_table(r, session_id=1, offset_ns=0)
+    assert t.schema.field("in_call").type == t.schema.field("op").type
+    got = [(x["in_call"], x["queued"], x["ret"]) for x in t.to_pylist()]
+    assert got == [
+        ("cudaStreamSync", True, None),
+        (None, False, None),
+        (None, None, None),
+        ("cudaMalloc", True, 6),
+        (None, True, -32762),
+        (None, None, -5),
+        (None, None, 999),
+    ]
+    store = Store.memory()
+    store.append("events", t)
+    assert store.con.execute(
+        "SELECT count(*) FILTER (queued), count(*) FILTER (NOT queued), count(in_call) FROM events"
+    ).fetchone() == (3, 1, 2)
+
+
+def test_batch_without_switches_or_faults_has_null_call_state() -> None:
+    t = events_table(rec(op=int(Op.CUDA_MALLOC), call_op=5, call_flags=3), session_id=1, offset_ns=0)
+    assert t.column("in_call").null_count == 1 and t.column("queued").null_count == 1
+    assert t.schema == EVENTS_SCHEMA

@@ -70,3 +70,21 @@ def test_numpy_dtype_is_the_ctypes_layout() -> None:
 def test_every_op_has_a_public_name() -> None:
     assert set(records.OP_NAMES) == set(records.Op)
     assert len(set(records.OP_NAMES.values())) == len(records.OP_NAMES)
+
+
+def test_bpf_op_classes_match_the_queued_contract() -> None:
+    """bpf/cuda.bpf.c op_class() and records.ASYNC_OPS / DRAINING_OPS (derive.py's SQL) agree."""
+    src = (EVENTS_H.parent / "cuda.bpf.c").read_text()
+    body = re.search(r"u8 op_class\(u8 op\)\s*\{(.*?)\n\}", src, re.S)
+    assert body, "op_class() not found in cuda.bpf.c"
+    classes: dict[str, set[str]] = {}
+    pending: list[str] = []
+    for token in re.findall(r"case (OP_[A-Z0-9_]+):|return (CLASS_[A-Z]+);", body.group(1)):
+        if token[0]:
+            pending.append(token[0])
+        else:
+            classes.setdefault(token[1], set()).update(pending)
+            pending = []
+    names = {cls: {records.OP_NAMES[records.Op[c[3:]]] for c in ops} for cls, ops in classes.items()}
+    assert names["CLASS_ASYNC"] == records.ASYNC_OPS
+    assert names["CLASS_SYNC"] == records.DRAINING_OPS

@@ -1,0 +1,131 @@
+"""events.in_call / events.queued derived from the stored CUDA calls (schema 5).
+
+Since schema 5 the BPF side tags every sched_switch and page_fault row with
+the thread's CUDA state at that moment (bpf/events.h call_op, call_flags).
+Rows written before it get the same meaning from SQL over the stored calls,
+in one definition used twice:
+
+* the v4 -> v5 migration (``MIGRATION``, run by store/db.py) fills the
+  columns of existing rows;
+* ``derived_events_view`` gives explain the v5 columns over an older file it
+  opened read-only (a TEMP VIEW: nothing is written to the file).
+
+The derivation.  Calls of one thread never overlap in the store (a call made
+inside another probed call is not stored), so for a host row at time t the
+last call the same thread started at or before t is the only one it can be
+inside: ``in_call`` = its op when it ended after t.  Each call leaves the
+thread's queued bit set (a launch or async copy that returned 0), cleared (a
+sync or synchronous copy, whatever it returned) or as it was; a window over
+the thread's calls carries the bit before and after each call, and the host
+row takes the "before" state when it is inside the call (the bit changes at
+return, as in bpf/cuda.bpf.c) and the "after" state otherwise.  No call
+started before t: the thread had made no traced CUDA call, queued is NULL.
+
+Where it differs from what BPF records: a call whose return was never seen
+(longjmp, exception: sessions.stale_calls) has no row, so rows of the time the
+thread was inside it get in_call NULL here, and the call's own entry already
+counted as "made a call" for BPF.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from ingero.collect.records import ASYNC_OPS, CUDA_OPS, DRAINING_OPS, OP_NAMES
+
+# Rows that carry the call state (the others keep NULL in both columns).
+TAGGED_OPS = ("sched_switch", "page_fault")
+CALL_STATE_COLUMNS = ("in_call", "queued")
+DEFAULT_VIEW = "ing_events_v5"
+
+
+def _names(ops: object) -> str:
+    # Literals, not parameters: a view body cannot hold parameters, and these
+    # are the fixed op names of records.py, never user input.
+    return "[" + ", ".join(f"'{name}'" for name in sorted(ops)) + "]"  # type: ignore[call-overload]
+
+
+_CUDA_NAMES = _names(OP_NAMES[o] for o in CUDA_OPS)
+
+
+def _tagged_sql(where: str, host_columns: str) -> str:
+    """SELECT of ``host_columns``, in_call, queued for every tagged row of ``events`` matching ``where``."""
+    return f"""
+WITH calls AS (
+    SELECT session_id, pid, tid, timestamp, timestamp + coalesce(duration_ns, 0) AS end_ns, op,
+           CASE WHEN list_contains({_names(ASYNC_OPS)}, op) AND ret = 0 THEN TRUE
+                WHEN list_contains({_names(DRAINING_OPS)}, op) THEN FALSE END AS effect
+    FROM events WHERE {where} AND list_contains({_CUDA_NAMES}, op)
+), state AS (
+    SELECT session_id, pid, tid, timestamp, end_ns, op, effect,
+           coalesce(last_value(effect IGNORE NULLS) OVER (
+               PARTITION BY session_id, pid, tid ORDER BY timestamp
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), FALSE) AS q_before
+    FROM calls
+), host AS (
+    SELECT {host_columns} FROM events e WHERE {where} AND list_contains({_names(TAGGED_OPS)}, op)
+)
+SELECT h.*,
+       CASE WHEN c.end_ns > h.timestamp THEN c.op END AS in_call,
+       CASE WHEN c.timestamp IS NULL THEN NULL
+            WHEN c.end_ns > h.timestamp THEN c.q_before
+            ELSE coalesce(c.effect, c.q_before) END AS queued
+FROM host h
+ASOF LEFT JOIN state c
+    ON h.session_id = c.session_id AND h.pid = c.pid AND h.tid = c.tid AND h.timestamp >= c.timestamp
+"""
+
+
+# The v4 -> v5 migration after the two ALTER TABLEs: fills the tagged rows of every session.
+MIGRATION = f"""
+UPDATE events SET in_call = d.in_call, queued = d.queued
+FROM ({_tagged_sql("TRUE", "rowid AS rid, session_id, pid, tid, timestamp")}) d
+WHERE events.rowid = d.rid
+"""
+
+
+def has_call_state(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when the connection's ``events`` table has the schema 5 columns in_call and queued."""
+    cols = {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' "
+            "AND table_schema = 'main' AND table_catalog = current_database()"
+        ).fetchall()
+    }
+    return set(CALL_STATE_COLUMNS) <= cols
+
+
+def derived_events_view(con: duckdb.DuckDBPyConnection, session_id: int, name: str = DEFAULT_VIEW) -> str:
+    """Create TEMP VIEW ``name``: the rows of ``session_id`` with the columns of a schema 5 ``events``.
+
+    in_call and queued are derived from the stored CUDA calls (the migration's
+    SQL); every other column is the stored one.  Works on a read-only
+    connection.  Returns ``name``.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"not a view name: {name!r}")
+    # int(): the session id goes into the view body as a literal (views take no parameters)
+    where = f"session_id = {int(session_id)}"
+    cols = [
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' "
+            "AND table_schema = 'main' AND table_catalog = current_database() ORDER BY ordinal_position"
+        ).fetchall()
+        if r[0] not in CALL_STATE_COLUMNS
+    ]
+    plain = ", ".join(f'e."{c}"' for c in cols)
+    con.execute(f"""
+CREATE OR REPLACE TEMP VIEW {name} AS
+SELECT {plain}, NULL::VARCHAR AS in_call, NULL::BOOLEAN AS queued
+FROM events e WHERE {where} AND NOT list_contains({_names(TAGGED_OPS)}, e.op)
+UNION ALL
+SELECT * FROM ({_tagged_sql(where, plain)})
+""")
+    return name
+
+
+def events_relation(con: duckdb.DuckDBPyConnection, session_id: int) -> str:
+    """What to read events from: ``events`` on a schema 5 file, else a derived view of ``session_id``."""
+    return "events" if has_call_state(con) else derived_events_view(con, session_id)

@@ -1,0 +1,103 @@
+"""Live: sched_switch and page_fault rows carry the thread's CUDA state (events.in_call, queued).
+
+The workload (tests/live/workloads/call_state.c, on the simulated runtime)
+sleeps a known number of times in each state, SLEEP_MS each: inside
+cudaStreamSynchronize with a kernel queued, outside any call right after a
+sync, and outside any call after a launch that no sync followed; and a helper
+thread that never calls CUDA sleeps too.  Each sleep is one voluntary switch,
+so the off-CPU rows of at least LONG_NS per state are exact counts.  Nothing
+else the workload does sleeps that long: the GO-file poll before its first
+call sleeps 1 ms at a time (and is before the first call, which the query
+leaves out), launches spin 5 us.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import workloads
+from workloads import Tracer, build, query
+
+pytestmark = pytest.mark.live
+
+IN_SYNC = 6  # N: sleeps inside cudaStreamSynchronize, kernel queued
+AFTER_SYNC = 5  # M: sleeps right after a sync
+AFTER_LAUNCH = 4  # K: sleeps after a launch, no sync
+HELPER = 3  # L: sleeps of a thread that never calls CUDA
+PAGES = 8  # fresh pages touched before each sleep of phases M and K
+# The workload's sleeps are 5 ms (SLEEP_MS in call_state.c); a sync sleeps
+# until its 5 ms kernel ends, a few us less than 5 ms after it began.
+LONG_NS = 4_000_000
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> tuple[Path, int, int]:
+    tmp = tmp_path_factory.mktemp("call_state")
+    lib = workloads.simcuda()
+    exe = build("call_state", tmp)
+    go = tmp / "go"
+    db = tmp / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd",
+                    f"{exe} {lib} {go} {IN_SYNC} {AFTER_SYNC} {AFTER_LAUNCH} {HELPER} {PAGES}")
+    tracer.wait_started()
+    go.touch()
+    summary = tracer.finish(sig=None, timeout=120)
+    assert "done" in tracer.stderr, tracer.stderr  # the command's output goes to stderr under --json
+    assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
+    main_tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]
+    helper_tid = int(re.search(r"^helper (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]
+    return db, main_tid, helper_tid
+
+
+def _states(db: Path, tid: int, op: str, min_ns: int) -> dict[tuple, int]:
+    """(in_call, queued) -> rows of ``op`` of thread ``tid`` since its first CUDA call (sleeps >= min_ns)."""
+    sleep_only = "AND kind = 'sleep' AND duration_ns >= $min_ns" if op == "sched_switch" else ""
+    rows = query(db, f"""
+        SELECT in_call, queued, count(*) FROM events
+        WHERE tid = $tid AND op = $op {sleep_only}
+          AND timestamp >= coalesce((SELECT min(timestamp) FROM events
+                                     WHERE tid = $tid AND op LIKE 'cuda%'), 0)
+        GROUP BY ALL""", {"tid": tid, "op": op, **({"min_ns": min_ns} if sleep_only else {})})
+    return {(a, b): n for a, b, n in rows}
+
+
+def test_sleeps_are_tagged_with_the_call_and_the_queued_work(traced) -> None:
+    db, main_tid, _ = traced
+    assert _states(db, main_tid, "sched_switch", LONG_NS) == {
+        ("cudaStreamSync", True): IN_SYNC,
+        (None, False): AFTER_SYNC,
+        (None, True): AFTER_LAUNCH,
+    }
+    # the calls behind it: every launch and sync returned 0 and was stored
+    ops = dict(query(db, "SELECT op, count(*) FROM events WHERE tid = $t AND op LIKE 'cuda%' AND ret = 0 GROUP BY op",
+                     {"t": main_tid}))
+    assert ops == {"cudaLaunchKernel": IN_SYNC + AFTER_LAUNCH, "cudaStreamSync": IN_SYNC + 1}
+
+
+def test_a_thread_that_never_called_cuda_has_no_queued_state(traced) -> None:
+    db, _, helper_tid = traced
+    assert _states(db, helper_tid, "sched_switch", LONG_NS) == {(None, None): HELPER}
+    # every row of it, short ones included
+    assert query(db, "SELECT count(*) FROM events WHERE tid = $t AND (queued IS NOT NULL OR in_call IS NOT NULL)",
+                 {"t": helper_tid}) == [(0,)]
+
+
+def test_page_faults_carry_the_state_too(traced) -> None:
+    db, main_tid, _ = traced
+    faults = _states(db, main_tid, "page_fault", 0)
+    # the pages touched after a sync and after a launch (code and stack pages were faulted in by phase N)
+    assert faults.get((None, False), 0) >= AFTER_SYNC * PAGES
+    assert faults.get((None, True), 0) >= AFTER_LAUNCH * PAGES
+    assert faults.get((None, None), 0) == 0
+
+
+def test_other_rows_carry_no_call_state(traced) -> None:
+    db, _, _ = traced
+    assert query(db, """SELECT count(*) FROM events WHERE op NOT IN ('sched_switch', 'page_fault')
+                        AND (in_call IS NOT NULL OR queued IS NOT NULL)""") == [(0,)]
+    # in_call holds op names only
+    assert {r[0] for r in query(db, "SELECT DISTINCT in_call FROM events WHERE in_call IS NOT NULL")} <= {
+        "cudaStreamSync", "cudaLaunchKernel"}
