@@ -48,6 +48,27 @@ static __always_inline int cuda_traced(u32 tgid)
 #endif
 }
 
+/* Whether the probed call whose entry saw SP = slot is still in progress, seen
+ * from a probe at a deeper sp of the same thread.  At the entry, slot held
+ * the call's return address; right after the entry probes, the kernel
+ * replaced it with the address of the uretprobe trampoline (slot 0 of the
+ * process's "[uprobes]" page), and it stays so until the call returns.
+ * Other frames reusing that stack after a longjmp out of the call write
+ * their own data there.  The trampoline address is page-aligned and, the
+ * kernel mapping that page as high as it can (xol_add_vma hints TASK_SIZE -
+ * PAGE_SIZE; measured here: 7fffffffe000 in every process), above every
+ * stack, so above sp; a return address into code or stack data rarely is
+ * both.  Errors fall on the side of "alive" (the behaviour before this
+ * check): a stale call taken for alive only loses rows until a call comes
+ * from at or above it, while a live call taken for stale would lose its row. */
+static __always_inline int outer_frame_alive(u64 slot, u64 sp)
+{
+	u64 v = 0;
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)slot) != 0)
+		return 1;
+	return (v & 0xfff) == 0 && v > sp;
+}
+
 /* The contract of events.queued (docs/schema.md): launches and async copies
  * queue device work; stream / device / event / context syncs and the
  * synchronous copies wait for it.  Called with a constant op from every entry
@@ -93,11 +114,12 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	u64 sp = PT_REGS_SP(ctx);
 	if (s->depth) {
 		/* A call made inside the outer one runs deeper in the stack (lower
-		 * SP).  At or above the outer entry's SP the outer frame is gone and
-		 * its return was never seen (a longjmp, or a return probe that was
-		 * not in place yet): start afresh rather than swallow every later
-		 * call of this thread as "nested". */
-		if (sp < s->sp) {
+		 * SP) while the outer frame is still there.  At or above the outer
+		 * entry's SP, or deeper but with the outer frame overwritten, the
+		 * outer call is gone and its return was never seen (a longjmp, or a
+		 * return probe that was not in place yet): start afresh rather than
+		 * swallow every later call of this thread as "nested". */
+		if (sp < s->sp && outer_frame_alive(s->sp, sp)) {
 			s->depth++;
 			count(CNT_NEST_SKIPPED);
 			return 0;
