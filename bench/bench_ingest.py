@@ -36,7 +36,7 @@ import numpy as np
 from ingero.collect import decode
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, load_program, ring_bytes_from_mb
 from ingero.collect.records import EVENT_DTYPE, Counter, Kind, Op
-from ingero.collect.session import FLUSH_INTERVAL_S, FLUSH_ROWS, POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
+from ingero.collect.session import POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
 from ingero.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,13 +80,9 @@ def ingest_step(gen: Path, rate: float, db: Path, *, ring_mb: int = DEFAULT_RING
         proc.stdin.close()
         t0 = time.monotonic()
         cpu0 = _cpu_s()
-        next_flush = t0 + FLUSH_INTERVAL_S
         while proc.poll() is None:
             n = sess.poll()
-            now = time.monotonic()
-            if now >= next_flush or sess.pending_rows >= FLUSH_ROWS:
-                sess.flush()
-                next_flush = now + FLUSH_INTERVAL_S
+            sess.flush_if_due(time.monotonic())
             if n < READ_BATCH:
                 time.sleep(POLL_INTERVAL_S)
         sess.drain()
@@ -227,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{t['per_s']:,.0f} events/s stored ({t['stored']:,} of {t['generated']:,} generated), "
               f"kernel drops {t['drops']:,}, user drops {t['drops_user']:,}, "
               f"{t['bytes_per_event']:.2f} bytes per stored event (file + WAL after CHECKPOINT; bench records)")
-    print(f"\n| metric | value | target | |\n|---|---:|---:|---|")
+    print("\n| metric | value | target | |\n|---|---:|---:|---|")
     print(f"| sustained events/s, nothing lost (fastest lossless step, {best_asked:,} asked) | {best:,.0f} "
           f"| {TARGET_EVENTS_PER_S:,} | {'ok' if ok_rate else 'MISSED'} |")
     # what one whole core would sustain at the measured CPU cost (the box is shared: the

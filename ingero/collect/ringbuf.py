@@ -50,30 +50,51 @@ class RecordSizeError(RuntimeError):
     """A record of another size was found: the BPF side and this reader disagree."""
 
 
-def take_span(raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """From a view of consecutive ring records, the submitted events and how many records to consume.
+# Events copied as opaque 56-byte items: numpy then copies each with one
+# memcpy instead of field by field (~3x faster than copying the structured field).
+_OPAQUE = np.dtype((np.void, EVENT_DTYPE.itemsize))
 
-    ``raw`` is a RECORD_DTYPE array starting at the consumer position.  Reading
+
+def span_into(raw: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+    """Copy the submitted events of a span of ring records into ``out``; (events stored, records to consume).
+
+    ``raw`` is a RECORD_DTYPE array starting at the consumer position, ``out``
+    an EVENT_DTYPE array; at most len(out) records are looked at.  Reading
     stops at the first BUSY record; DISCARDed records are consumed but not
-    returned.  Pure function (unit-tested on hand-made bytes).
+    copied.  One copy straight from the ring into ``out`` (the caller's
+    pending buffer), no intermediate arrays.  Pure function (unit-tested on
+    hand-made bytes).
     """
+    raw = raw[: len(out)]
     lens = raw["len"].copy()  # read the headers before the payloads they guard
-    busy = np.flatnonzero(lens & BUSY_BIT)
-    n = int(busy[0]) if busy.size else len(lens)
-    lens = lens[:n]
-    keep = (lens & DISCARD_BIT) == 0
-    sizes = lens[keep] & ~np.uint32(BUSY_BIT | DISCARD_BIT)
+    if not (lens & np.uint32(BUSY_BIT | DISCARD_BIT)).any():  # the usual case: every record submitted
+        n, keep = len(lens), None
+        sizes = lens
+    else:
+        busy = np.flatnonzero(lens & BUSY_BIT)
+        n = int(busy[0]) if busy.size else len(lens)
+        keep = (lens[:n] & DISCARD_BIT) == 0
+        sizes = lens[:n][keep] & ~np.uint32(BUSY_BIT | DISCARD_BIT)
+    if n == 0:
+        return 0, 0
     if sizes.size and (sizes != EVENT_DTYPE.itemsize).any():
         bad = int(sizes[sizes != EVENT_DTYPE.itemsize][0])
         raise RecordSizeError(f"ring buffer record of {bad} bytes, expected {EVENT_DTYPE.itemsize}")
-    if n == 0:
-        return np.empty(0, dtype=EVENT_DTYPE), 0
-    # copy the payload bytes as a 2-D byte slice: ~6x faster than copying the structured field
-    payload = np.ascontiguousarray(raw[:n]).view(np.uint8).reshape(n, RECORD_STRIDE)
-    payload = payload[:, HEADER_BYTES : HEADER_BYTES + EVENT_DTYPE.itemsize]
-    if not keep.all():
-        payload = payload[keep]
-    return np.ascontiguousarray(payload).view(EVENT_DTYPE).reshape(-1), n
+    src = raw["event"][:n].view(_OPAQUE)  # strided (64-byte) view of the payloads
+    dst = out.view(_OPAQUE)
+    if keep is None or keep.all():
+        dst[:n] = src
+        return n, n
+    stored = int(keep.sum())
+    dst[:stored] = src[keep]
+    return stored, n
+
+
+def take_span(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """span_into a new array: (the submitted events, records to consume)."""
+    out = np.empty(len(raw), dtype=EVENT_DTYPE)
+    stored, consumed = span_into(raw, out)
+    return out[:stored], consumed
 
 
 class RingReader:
@@ -98,20 +119,25 @@ class RingReader:
         cons, prod = self.positions()
         return prod - cons
 
-    def read(self, max_records: int = 1 << 20) -> np.ndarray:
-        """Copy out up to ``max_records`` submitted events (EVENT_DTYPE) and consume them."""
+    def read_into(self, out: np.ndarray) -> int:
+        """Copy up to len(out) submitted events into ``out`` (EVENT_DTYPE) and consume them; returns how many."""
         cons, prod = self.positions()
-        n = min((prod - cons) // RECORD_STRIDE, max_records, self.size // RECORD_STRIDE)
+        n = min((prod - cons) // RECORD_STRIDE, len(out), self.size // RECORD_STRIDE)
         if n <= 0:
-            return np.empty(0, dtype=EVENT_DTYPE)
-        start = cons & self._mask
-        raw = np.frombuffer(self._producer, dtype=RECORD_DTYPE, count=n, offset=self._page + start)
-        events, consumed = take_span(raw)
+            return 0
+        raw = np.frombuffer(self._producer, dtype=RECORD_DTYPE, count=n, offset=self._page + (cons & self._mask))
+        stored, consumed = span_into(raw, out)
         del raw  # the view must not outlive the mapping
         if consumed:
             _U64.pack_into(self._consumer, 0, cons + consumed * RECORD_STRIDE)
         self.records_read += consumed
-        return events
+        return stored
+
+    def read(self, max_records: int = 1 << 20) -> np.ndarray:
+        """Copy out up to ``max_records`` submitted events (EVENT_DTYPE) into a new array and consume them."""
+        cons, prod = self.positions()
+        out = np.empty(max(0, min((prod - cons) // RECORD_STRIDE, max_records, self.size // RECORD_STRIDE)), EVENT_DTYPE)
+        return out[: self.read_into(out)]
 
     def close(self) -> None:
         for m in (self._consumer, self._producer):
