@@ -40,7 +40,7 @@ LOOP_PID = 1000
 WORKERS = (1001, 1002, 1003, 1004)
 HOGS = (2001, 2002)
 
-# op mix: (op, kind, share, median duration ns)
+# op mix: (op, kind, share, median duration ns); the first four are the loop's CUDA calls
 MIX = (
     ("cudaLaunchKernel", None, 0.62, 6_000),
     ("cudaStreamSync", None, 0.04, 2_000_000),
@@ -52,6 +52,54 @@ MIX = (
     ("page_fault", None, 0.08, 2_000),
     ("block_io", "write", 0.02, 5_000_000),
 )
+
+
+N_CUDA = 4
+# What a CUDA call leaves queued on the device (events.queued, contract v5): a launch or an
+# async copy queues work, a sync or a synchronous copy drains it.
+QUEUES = np.array([True, False, True, False])
+
+
+class CallState:
+    """The loop thread's CUDA call state across chunks, as the tracer keeps it (contract v5).
+
+    ``queued``: whether the thread's last CUDA call left work queued; None before its first.
+    """
+
+    def __init__(self) -> None:
+        self.queued: bool | None = None
+
+    def tag(self, ts: np.ndarray, dur: np.ndarray, which: np.ndarray, pid: np.ndarray, hi: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+        """in_call (op index, -1 outside) and queued (0/1, -1 NULL) of every row of one chunk.
+
+        Clips ``dur`` of the loop's CUDA calls in place so that they never overlap (one
+        thread is inside one call at a time; the last one ends by ``hi``, the chunk's end).
+        """
+        m = len(ts)
+        in_call = np.full(m, -1, dtype=np.int64)
+        queued = np.full(m, -1, dtype=np.int8)
+        ci = np.nonzero(which < N_CUDA)[0]
+        if len(ci):
+            c_ts = ts[ci]
+            dur[ci] = np.minimum(dur[ci], np.append(c_ts[1:], hi) - c_ts)
+            c_end = c_ts + dur[ci]
+            after = QUEUES[which[ci]].astype(np.int8)
+            before = np.concatenate(([-1 if self.queued is None else int(self.queued)], after[:-1]))
+        host = np.nonzero((which >= N_CUDA) & (which <= 7) & (pid == LOOP_PID))[0]
+        if len(ci) and len(host):
+            k = np.searchsorted(c_ts, ts[host], side="right") - 1
+            started = k >= 0
+            kk = np.maximum(k, 0)
+            inside = started & (c_end[kk] > ts[host])
+            in_call[host] = np.where(inside, which[ci[kk]], -1)
+            queued[host] = np.where(started, np.where(inside, before[kk], after[kk]),
+                                    -1 if self.queued is None else int(self.queued))
+        elif len(host) and self.queued is not None:
+            queued[host] = int(self.queued)
+        if len(ci):
+            self.queued = bool(after[-1])
+        return in_call, queued
 
 
 def build(path: Path, n: int, seed: int = 0) -> float:
@@ -70,6 +118,8 @@ def build(path: Path, n: int, seed: int = 0) -> float:
     chunk = 2_000_000
     shares = np.array([m[2] for m in MIX])
     shares /= shares.sum()
+    state = CallState()
+    op_names = np.array([x[0] for x in MIX], dtype=object)
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         which = rng.choice(len(MIX), size=m, p=shares)
@@ -81,10 +131,11 @@ def build(path: Path, n: int, seed: int = 0) -> float:
         dur = (med * rng.lognormal(0.0, 0.5, size=m)).astype(np.int64)
         ops = np.array([x[0] for x in MIX], dtype=object)[which]
         kinds = np.array([x[1] for x in MIX], dtype=object)[which]
-        cuda = which <= 3
+        cuda = which < N_CUDA
         sched = (which >= 4) & (which <= 6)
         pid = np.where(cuda, LOOP_PID, rng.choice(np.array((LOOP_PID,) + WORKERS), size=m))
         pid = np.where(which == 8, rng.choice(np.array(HOGS + (LOOP_PID,)), size=m), pid)
+        in_call, queued = state.tag(ts, dur, which, pid, hi)
         nbytes = np.where((which == 2) | (which == 3), 8 << 20, np.where(which == 8, 1 << 20, 0))
         preempted = which == 5
         other = np.where(preempted, rng.choice(np.array(HOGS), size=m), 0)
@@ -101,6 +152,9 @@ def build(path: Path, n: int, seed: int = 0) -> float:
             "preempted": pa.array(np.where(sched, preempted, None), type=pa.bool_()),
             "other_pid": pa.array(other.astype(np.int32)),
             "runq_ns": pa.array(runq),
+            "ret": pa.array(np.zeros(m, dtype=np.int32), mask=~cuda),
+            "in_call": pa.array(np.where(in_call >= 0, op_names[np.maximum(in_call, 0)], None), type=pa.string()),
+            "queued": pa.array(queued == 1, mask=queued < 0),
         })
         store.append("events", table)
     secs = span_ns // NS + 1

@@ -5,13 +5,11 @@ that every rule reads; the events table itself is scanned only here, so
 explain stays linear in the number of events.
 
   ing_cuda     pid, tid, w, op, cat, kind: count, host time, p50/p99, max, bytes
-  ing_sched    pid, tid, w, kind, inside (CUDA call category the thread was in
-               when switched out, 'none' outside any call), other_pid (who
-               preempted, 0 for sleeps): count, off-CPU ns, runq ns
-  ing_long     tid, timestamp, end_ns, cat (index into CAT_NAMES): CUDA calls long enough to
-               contain an interval
+  ing_sched    pid, tid, w, kind, inside (category of events.in_call, the CUDA call the
+               thread was in when switched out; 'none' outside any call), queued (events.queued),
+               other_pid (who preempted, 0 for sleeps): count, off-CPU ns, runq ns
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
-  ing_faults   pid, tid, w, inside: page faults of traced processes (count, time when known)
+  ing_faults   pid, tid, w, inside (as ing_sched): page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
   ing_sys      w: host metrics;  ing_gpu  w: NVML metrics
   ing_pcpu     w, pid, comm: host-wide per-process CPU (names the competitors)
@@ -27,6 +25,7 @@ in the next window, so shares stay exact and never exceed 100%.
 from __future__ import annotations
 
 from ingero.analyze.context import Context
+from ingero.store.derive import events_relation
 
 # Op categories.  Names are events.op values (collect/records.py OP_NAMES).
 LAUNCH_OPS = ["cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"]
@@ -81,83 +80,51 @@ SELECT pid, tid, w, op, {_CAT} AS cat, kind, n, dur_ns, max_ns, q[1] AS p50_ns, 
 FROM g
 """
 
-# CUDA calls that can contain an off-CPU interval or a fault worth
-# classifying: a call shorter than MIN_CONTAINING_NS cannot hold an off-CPU
-# interval longer than itself, so leaving short calls (most launches) out of
-# the join changes nothing for intervals >= 20 us and keeps the join small.
-# Thread ids are unique host-wide, so the join needs no pid.
-MIN_CONTAINING_NS = 20_000
-# The category is kept as a small integer (an index into CAT_NAMES, named on
-# the joined rows only): storing the string cost more than the rest of the
-# table (at 10 M events: long calls 0.30 -> 0.26 s CPU, and the off-CPU and
-# fault joins reading them 0.10 s less).
-CAT_NAMES = ["other", "launch", "sync", "copy", "pinned"]
-# Same order of tests as _CAT (an op in two lists takes the first).
-_CAT_CODE = "CASE {} ELSE 0 END::UTINYINT".format(" ".join(
-    f"WHEN list_contains(${cat}_ops, op) THEN {CAT_NAMES.index(cat)}" for cat in ("launch", "sync", "copy", "pinned")
-))
-_CAT_NAME = "$cat_names[cu.cat + 1]"
-LONG_SQL = f"""
-CREATE OR REPLACE TEMP TABLE ing_long AS
-SELECT tid, timestamp, timestamp + duration_ns AS end_ns, {_CAT_CODE} AS cat
-FROM events WHERE {_FILTER} AND {_PID_FILTER} AND duration_ns >= {MIN_CONTAINING_NS}
-  AND NOT list_contains($host_ops, op)
-"""
-_CONTAINING = "SELECT * FROM ing_long"
+# The CUDA call a thread was inside when it went off CPU or faulted is
+# events.in_call (schema 5: the tracer knows it at the switch), named by its
+# op: its category is derived once per group, like ing_cuda's.  A sleep
+# inside cudaStreamSync is waiting for the GPU, not contention, not
+# starvation; a sleep outside every call is waiting for something else, and
+# events.queued says whether device work the thread issued may still run.
+# Before schema 5 both were found by ASOF joins of every off-CPU interval
+# against the thread's CUDA calls: 1.7 of 2.9 s CPU at 10 M events.
+_INSIDE = """CASE WHEN in_call IS NULL THEN 'none'
+               WHEN list_contains($launch_ops, in_call) THEN 'launch'
+               WHEN list_contains($sync_ops, in_call) THEN 'sync'
+               WHEN list_contains($copy_ops, in_call) THEN 'copy'
+               WHEN list_contains($pinned_ops, in_call) THEN 'pinned'
+               ELSE 'other' END"""
 
-# Each off-CPU interval is matched (ASOF) to the last CUDA call the same
-# thread started before it; when that call had not returned yet, the thread
-# was switched out inside it (e.g. sleeping in a sync: waiting for the GPU,
-# not contention, not starvation).
+# Grouped on the raw columns straight from the scan (per-row CASE
+# expressions and each extra group key cost ~0.04 s CPU at 10 M events);
+# kinds and call categories are named per group.  The group needs no pid
+# (thread ids are unique host-wide) nor `preempted` (= kind 'preempted').
+# `queued` is kept for every row; rules read it for sleeps outside calls.
+# Per group: the part of the off-CPU time inside the start window and the
+# spill into the next, from the overflow past the window's end; a thread's
+# off-CPU intervals never overlap, so at most one per group crosses the
+# window's end and capping the group's sum caps that interval's spill.
 SCHED_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_sched AS
-WITH sw AS (
-    SELECT pid, tid, timestamp, duration_ns,
-           CASE WHEN preempted THEN 'preempted' ELSE coalesce(kind, 'other') END AS kind,
-           coalesce(runq_ns, 0) AS runq_ns,
-           CASE WHEN preempted OR kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid
-    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
-), calling AS (
-    SELECT DISTINCT tid FROM ing_long
-), copying AS (
-    SELECT DISTINCT tid FROM ing_long WHERE cat = $copy_cat
-), j AS (
-    -- only sleeps and D-state intervals of CUDA-calling threads need the
-    -- join (preemptions count the same inside or outside a call)
-    SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
-           CASE WHEN cu.end_ns > sw.timestamp THEN {_CAT_NAME} ELSE 'none' END AS inside,
-           sw.duration_ns AS dur, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp AS room,
-           sw.runq_ns, sw.other_pid
-    FROM (SELECT * FROM sw WHERE kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling)) sw
-    ASOF LEFT JOIN ing_long cu ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
-    UNION ALL
-    -- preemptions need the call only when it is a copy: time preempted
-    -- inside a copy call is CPU wait, not transfer time (transfer-bound
-    -- subtracts it).  Copies are few, so this join stays small.
-    SELECT sw.pid, sw.tid, (sw.timestamp - $t0) // $wns AS w, sw.kind,
-           CASE WHEN cu.end_ns > sw.timestamp THEN 'copy' ELSE 'none' END AS inside,
-           sw.duration_ns AS dur, $t0 + ((sw.timestamp - $t0) // $wns + 1) * $wns - sw.timestamp AS room,
-           sw.runq_ns, sw.other_pid
-    FROM (SELECT * FROM sw WHERE kind = 'preempted' AND tid IN (SELECT tid FROM copying)) sw
-    ASOF LEFT JOIN (SELECT tid, timestamp, end_ns FROM ing_long WHERE cat = $copy_cat) cu
-         ON sw.tid = cu.tid AND sw.timestamp >= cu.timestamp
-    UNION ALL
-    SELECT pid, tid, (timestamp - $t0) // $wns, kind, 'none',
-           duration_ns, $t0 + ((timestamp - $t0) // $wns + 1) * $wns - timestamp, runq_ns, other_pid
-    FROM sw WHERE NOT (kind IN ('sleep', 'io') AND tid IN (SELECT tid FROM calling))
-              AND NOT (kind = 'preempted' AND tid IN (SELECT tid FROM copying))
-), g AS (
-    -- per group: the part inside the start window, and the spill into the next
-    SELECT pid, tid, w, kind, inside, other_pid, count(*) AS n,
-           sum(least(dur, room))::DOUBLE AS off_in, sum(greatest(0, least(dur - room, $wns)))::DOUBLE AS spill,
-           sum(runq_ns)::DOUBLE AS runq_ns, sum(dur)::DOUBLE AS dur_ns
-    FROM j GROUP BY ALL
+WITH g AS (
+    SELECT tid, (timestamp - $t0) // $wns AS w, kind, in_call, queued, other_pid,
+           any_value(pid) AS pid, count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns,
+           sum(greatest(0, duration_ns - ($t0 + ((timestamp - $t0) // $wns + 1) * $wns - timestamp)))::DOUBLE AS over,
+           coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
+    FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
+    GROUP BY ALL
+), k AS (
+    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
+           -- who took the CPU, for preemptions only (a sleep's successor is no culprit)
+           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
+           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
+    FROM g
 )
-SELECT pid, tid, w, kind, inside, other_pid, sum(n) AS n, sum(off_ns) AS off_ns, sum(runq_ns) AS runq_ns,
-       sum(dur_ns) AS dur_ns
-FROM (SELECT pid, tid, w, kind, inside, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM g
+SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
+       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
+FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
       UNION ALL
-      SELECT pid, tid, w + 1, kind, inside, other_pid, 0, spill, 0, 0 FROM g WHERE spill > 0)
+      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
 GROUP BY ALL
 """
 
@@ -170,28 +137,16 @@ FROM ing_sched WHERE kind = 'preempted' AND n > 0
 GROUP BY ALL
 """
 
-# Faults are matched to the CUDA call they happened in, like off-CPU intervals:
-# a copy whose source pages fault in is slow because of memory, not the bus.
+# Faults carry the call they happened in, like off-CPU intervals: a copy
+# whose source pages fault in is slow because of memory, not the bus.
 FAULTS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_faults AS
-WITH pf AS (
-    SELECT pid, tid, timestamp, coalesce(duration_ns, 0) AS duration_ns
-    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
-), copying AS (
-    SELECT DISTINCT tid FROM ing_long WHERE cat = $copy_cat
-), j AS (
-    -- only a copy call matters (its source paged in while copying): the
-    -- join is against the few copy calls, for the threads that make them
-    SELECT pf.pid, pf.tid, pf.timestamp, pf.duration_ns,
-           CASE WHEN cu.end_ns > pf.timestamp THEN 'copy' ELSE 'none' END AS inside
-    FROM (SELECT * FROM pf WHERE tid IN (SELECT tid FROM copying)) pf
-    ASOF LEFT JOIN (SELECT tid, timestamp, end_ns FROM ing_long WHERE cat = $copy_cat) cu
-         ON pf.tid = cu.tid AND pf.timestamp >= cu.timestamp
-    UNION ALL
-    SELECT pid, tid, timestamp, duration_ns, 'none' FROM pf WHERE tid NOT IN (SELECT tid FROM copying)
-)
-SELECT pid, tid, (timestamp - $t0) // $wns AS w, inside, count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns
-FROM j GROUP BY ALL
+SELECT pid, tid, w, {_INSIDE} AS inside, sum(n) AS n, sum(dur_ns) AS dur_ns
+FROM (SELECT tid, (timestamp - $t0) // $wns AS w, in_call, any_value(pid) AS pid, count(*) AS n,
+             coalesce(sum(duration_ns), 0)::DOUBLE AS dur_ns
+      FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'page_fault'
+      GROUP BY ALL)
+GROUP BY ALL
 """
 
 # Block I/O is host-wide (the issuer may be any process): no pid filter.
@@ -276,6 +231,11 @@ WITH c AS (
         -- wait after the wakeup (that part is CPU wait, counted above)
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep') AS sleep_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS sleep_out_ns,
+        -- of it: with nothing of its own queued on the device (NULL: no CUDA call made yet) ...
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued IS NOT TRUE)
+            AS sleep_out_idle_ns,
+        -- ... and with device work it issued since its last sync possibly still running
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued) AS sleep_out_queued_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'sync') AS sleep_sync_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io') AS io_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns,
@@ -298,6 +258,7 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     coalesce(s.wake_runq_ns, 0) AS wake_runq_ns,
     least(coalesce(s.preempt_ns, 0) + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
+    coalesce(s.sleep_out_idle_ns, 0) AS sleep_out_idle_ns, coalesce(s.sleep_out_queued_ns, 0) AS sleep_out_queued_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
     coalesce(s.io_ns, 0) AS io_ns, coalesce(s.io_out_ns, 0) AS io_out_ns,
     least(coalesce(s.copy_preempt_ns, 0) + coalesce(s.copy_runq_ns, 0), coalesce(c.copy_ns, 0)) AS copy_wait_ns,
@@ -345,8 +306,6 @@ def build(ctx: Context) -> None:
         pinned_ops=PINNED_OPS,
         host_ops=HOST_OPS,
         small_copy_bytes=SMALL_COPY_BYTES,
-        cat_names=CAT_NAMES,
-        copy_cat=CAT_NAMES.index("copy"),
     )
     con = ctx.con
 
@@ -356,10 +315,12 @@ def build(ctx: Context) -> None:
     base = ("sid", "t0", "t1", "wns", "all_pids", "pids")
     cats = ("launch_ops", "sync_ops", "copy_ops", "pinned_ops")
     run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
-    run(LONG_SQL, "sid", "t0", "t1", "all_pids", "pids", *cats, "host_ops")
-    run(SCHED_SQL, *base, "cat_names", "copy_cat")
+    # a file older than schema 5 opened read-only has no in_call / queued: a TEMP
+    # view derives them from its CUDA calls (the migration's SQL)
+    events = events_relation(con, ctx.session_id)
+    run(SCHED_SQL.format(events=events), *base, *cats)
     con.execute(PREEMPT_SQL)
-    run(FAULTS_SQL, *base, "copy_cat")
+    run(FAULTS_SQL.format(events=events), *base, *cats)
     run(BIO_SQL, "sid", "t0", "t1", "wns")
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

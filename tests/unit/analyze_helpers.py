@@ -11,6 +11,7 @@ waits, I/O, pageable copies) stretches the step.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,64 @@ SESSION = 1
 MAIN_PID = 4242
 MAIN_TID = 4242
 
+# The tracer's model of a thread's call state (contract v5), written out here
+# independently of the store's SQL: events.in_call / events.queued of host rows.
+HOST_ROW_OPS = {"sched_switch", "page_fault"}
+NOT_CUDA_OPS = HOST_ROW_OPS | {"block_io", "proc_exec", "proc_exit", "bench", "none"}
+# device work queued without waiting for it ...
+ASYNC_WORK_OPS = {"cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync", "cuMemcpyAsync"}
+# ... and the calls that wait until the device is done
+SYNCING_OPS = {"cudaStreamSync", "cudaDeviceSync", "cudaEventSync", "cuCtxSynchronize", "cuStreamSynchronize",
+               "cudaMemcpy", "cuMemcpy"}
+
+
+def with_call_state(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with in_call / queued set as the tracer records them (contract v5).
+
+    sched_switch and page_fault rows: in_call = the op of the outermost CUDA call
+    of the same thread that had started and not returned at the row's timestamp;
+    queued = NULL before the thread's first call, else TRUE when an asynchronous
+    call returned 0 after the thread's last synchronising call returned.  Every
+    other row: NULL.  Keys a row already has win (a test of odd data).
+    """
+    calls: dict[int, list[tuple[int, int, str]]] = {}
+    flips: dict[int, list[tuple[int, bool]]] = {}
+    for e in events:
+        if e["op"] in NOT_CUDA_OPS:
+            continue
+        end = e["timestamp"] + e["duration_ns"]
+        calls.setdefault(e["tid"], []).append((e["timestamp"], end, e["op"]))
+        if e["op"] in SYNCING_OPS:
+            flips.setdefault(e["tid"], []).append((end, False))
+        elif e["op"] in ASYNC_WORK_OPS and not e.get("ret"):
+            flips.setdefault(e["tid"], []).append((end, True))
+    starts, reach = {}, {}
+    for tid, v in calls.items():
+        v.sort()
+        starts[tid] = [c[0] for c in v]
+        # reach[i]: the latest return among calls[:i + 1]; the first call whose return
+        # is after ts is the outermost one still open at ts
+        reach[tid], last = [], 0
+        for c in v:
+            last = max(last, c[1])
+            reach[tid].append(last)
+    for v in flips.values():
+        v.sort()
+    flip_ts = {tid: [f[0] for f in v] for tid, v in flips.items()}
+    out = []
+    for e in events:
+        in_call = queued = None
+        tid, ts = e["tid"], e["timestamp"]
+        if e["op"] in HOST_ROW_OPS and tid in calls:
+            n = bisect.bisect_right(starts[tid], ts)  # calls started at or before the row
+            if n:
+                j = bisect.bisect_right(reach[tid], ts)
+                in_call = calls[tid][j][2] if j < n else None
+                k = bisect.bisect_right(flip_ts.get(tid, []), ts)
+                queued = flips[tid][k - 1][1] if k else False
+        out.append({"in_call": in_call, "queued": queued, **e})
+    return out
+
 
 @dataclass
 class Step:
@@ -48,6 +107,10 @@ class Step:
     copy_ms: float = 0.02  # host time of the copy call (pinned async: tiny)
     copy_preempt_ms: float = 0.0  # of copy_ms: runnable but off CPU inside the copy call
     wait_ms: float = 0.0  # sleeping outside CUDA calls (waiting for a batch)
+    # where the wait is: False, before the step's copy and launches (a serial loop: nothing
+    # queued, the device idles through it); True, after the launches, before the sync (an
+    # overlapped loop: the device runs the queued kernels during the wait)
+    overlap: bool = False
     preempt_ms: float = 0.0  # runnable but off CPU, outside CUDA calls
     preempt_by: int = 0
     preempt_slices: int = 4
@@ -102,7 +165,7 @@ class Trace:
         return self
 
     def _step(self, t: int, st: Step, pid: int, tid: int) -> int:
-        if st.wait_ms:
+        if st.wait_ms and not st.overlap:
             self.switch(t, pid, tid, st.wait_ms * MS, "sleep", runq=0.01 * MS)
             t += int(st.wait_ms * MS)
         if st.io_ms:
@@ -125,6 +188,9 @@ class Trace:
                 d = st.preempt_ms / max(1, st.preempt_slices) * MS
                 self.switch(t, pid, tid, d, "preempted", runq=d, other=st.preempt_by)
                 t += int(d)
+        if st.wait_ms and st.overlap:
+            self.switch(t, pid, tid, st.wait_ms * MS, "sleep", runq=0.01 * MS)
+            t += int(st.wait_ms * MS)
         for k in range(st.faults):
             self.ev(t + k * 200, "page_fault", pid, tid, 0)
         t += int(st.cpu_ms * MS)
@@ -214,7 +280,7 @@ class Trace:
             {"sid": SESSION, "t0": T0, "end": end, "n": len(self.events), "d": drops, "ncpu": self.ncpu,
              "ag": self.sched_autogroup, "stale": self.stale_calls},
         )
-        for table, rows in (("events", self.events), ("process_cpu", self.pcpu),
+        for table, rows in (("events", with_call_state(self.events)), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),
                             ("process_names", self.names), ("process_memory", self.memory)):
             if rows:

@@ -61,6 +61,56 @@ def test_input_bound_ignores_sleep_inside_syncs():
     assert chains_of(tr.explain(), "input-bound") == []
 
 
+def test_serial_loop_waiting_as_long_as_its_sync_is_input_bound_in_every_window():
+    # wait for the batch (24 ms, nothing queued: the device idles), then launch and sync;
+    # the sync waits ~25 ms for the kernels, a little longer than the wait for data.
+    # A rule requiring the data wait to exceed the sync wait found no window here.
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=24, device_ms=30.5)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    # 31 one-second windows (the last step ends after 30 s), first and last left out
+    assert chain.windows_total == 29
+    assert len(chain.evidence_windows) == 29
+    assert chain.numbers["sync_wait_share"] > chain.numbers["input_wait_share"]
+    # 24 ms of a 24 + 0.02 + 1.24 + 4 + 25.27 ms step
+    assert chain.numbers["input_wait_share"] == pytest.approx(24 / 54.55, abs=0.01)
+    assert chain.numbers["queued_wait_share"] == 0
+    assert chain.severity == "HIGH"
+
+
+def test_overlapped_loop_whose_kernels_outlast_the_wait_is_gpu_bound():
+    # launch (40 ms of kernels), wait 20 ms for the batch while they run, sync 14.7 ms:
+    # the wait is hidden behind the device work, faster data would not speed it up
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=20, device_ms=40, overlap=True)
+    report = tr.explain()
+    assert chains_of(report, "input-bound") == []
+    assert report.chains == []
+
+
+def test_overlapped_loop_waiting_longer_than_its_kernels_is_input_bound():
+    # 20 ms of kernels queued, then 40 ms waiting for the batch: the device runs dry in
+    # the wait, the sync after it returns at once
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=40, device_ms=20, overlap=True)
+    [chain] = chains_of(tr.explain(), "input-bound")
+    assert len(chain.evidence_windows) == chain.windows_total == 29
+    # 40 ms of a 0.02 + 1.24 + 40 + 4 + 0.025 ms step, all of it with kernels queued
+    assert chain.numbers["input_wait_share"] == pytest.approx(40 / 45.3, abs=0.01)
+    assert chain.numbers["queued_wait_share"] == chain.numbers["input_wait_share"]
+    assert chain.numbers["sync_wait_share"] == 0
+    assert chain.severity == "HIGH"
+    assert "finished before the batch came" in chain.effect[0]
+
+
+@pytest.mark.parametrize("sync_ms, fires", [(1.0, True), (3.0, False)])
+def test_queued_wait_counts_only_with_a_short_sync_after_it(sync_ms, fires):
+    # overlapped, 20 ms wait; the kernels outlast launches + wait + 4 ms of Python by sync_ms:
+    # the sync waits sync_ms, 5% (device dry in the wait: jitter) or 15% of the wait
+    device_ms = 0.02 + 40 * 0.031 + 20 + 4 + sync_ms
+    assert (sync_ms / 20 <= input_bound.T.max_queued_sync_ratio) == fires
+    tr = with_workers(base(), 1, 0.95).loop(0, 30, wait_ms=20, device_ms=device_ms, overlap=True)
+    chains = chains_of(tr.explain(), "input-bound")
+    assert len(chains) == int(fires)
+
+
 def test_input_bound_with_starved_workers_defers_to_contention():
     tr = with_workers(base(), 2, 0.2, wait=0.6).loop(0, 30, wait_ms=60)
     [chain] = chains_of(tr.explain(), "input-bound")

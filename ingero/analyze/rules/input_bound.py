@@ -3,10 +3,24 @@
 Physics: when DataLoader workers produce batches slower than the GPU eats
 them, the loop thread sleeps on the batch queue between steps: off CPU,
 voluntarily, outside any CUDA call (a sleep inside a sync is waiting for the
-GPU and does not count).  Meanwhile nothing is queued on the device, so the
-syncs that follow return at once.  The cause metric is the loop thread's
-sleep outside CUDA calls per window; the workers' CPU use says whether they
-are the bottleneck (busy) or are themselves starved of CPU (contention).
+GPU and does not count).  Whether the device idles meanwhile depends on the
+loop's shape, which events.queued tells per sleep:
+
+* serial (`wait for the batch; launch; sync`): the last sync returned before
+  the wait and nothing was queued since (queued FALSE).  The device idles
+  through the whole wait, however long the sync after it is: every such
+  wait is lost GPU time.
+* overlapped (`launch; wait for the batch; sync`): the step's kernels were
+  queued before the wait (queued TRUE) and run during it.  The wait costs
+  GPU time only where the device ran dry before the batch came, and then the
+  sync that follows has nothing left to wait for; a sync that still waits
+  long means the kernels outlasted the wait (GPU-bound: the wait was hidden).
+
+The cause metric is the loop thread's wait for data per window: its sleeps
+outside calls with nothing queued, plus those with work queued when the
+window's syncs waited little next to them.  The workers' CPU use says
+whether they are the bottleneck (busy) or are themselves starved of CPU
+(contention).
 """
 
 from __future__ import annotations
@@ -29,6 +43,14 @@ class Thresholds:
     # batch ready: its between-step sleeps stay under a few percent.
     min_wait_share: float = 0.20
     high_wait_share: float = 0.40
+    # Waits with device work queued (overlapped loop) count only when the window's
+    # syncs waited at most this share of them.  With one queue, a sync that still
+    # waits after the data wait means the device was busy through all of it; what
+    # syncs wait after the device ran dry is wake-up latency and jitter (a slower
+    # kernel, a faster batch now and then).  At 0.1, a loop whose kernels outlast its
+    # data wait by under ~10% also counts: its two rates are within 10% of each other
+    # and any slower batch makes it wait for data.
+    max_queued_sync_ratio: float = 0.10
     # Workers waiting for a CPU (or the disk) at least this share of their
     # time, more than they run, make contention (io-stall) the deeper cause.
     deeper_cause_share: float = 0.2
@@ -48,23 +70,34 @@ GROUP BY pid ORDER BY oncpu_ns DESC
 """
 
 
+def _queued_wait_ns(r: baseline.Row) -> float:
+    """The window's waits with device work queued, when the syncs show the device ran dry in them."""
+    queued = r["sleep_out_queued_ns"]
+    return queued if queued and r["sleep_sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
+
+
+def wait_ns(r: baseline.Row) -> float:
+    """The loop's wait for data in window ``r`` that cost GPU time (see the module doc)."""
+    return r["sleep_out_idle_ns"] + _queued_wait_ns(r)
+
+
 def _share(r: baseline.Row) -> float:
-    return r["sleep_out_ns"] / r["wall_ns"] if r["wall_ns"] else 0.0
+    return wait_ns(r) / r["wall_ns"] if r["wall_ns"] else 0.0
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
-        # a window counts only when the loop waits for data longer than for the
-        # GPU: otherwise the GPU limits the job and the wait is hidden behind it
-        s = baseline.split(rows, _share, T.min_wait_share, also=lambda r: r["sleep_out_ns"] > r["sleep_sync_ns"])
+        s = baseline.split(rows, _share, T.min_wait_share)
         if not s.evidence:
             continue
-        wait = baseline.mean_share(s.evidence, "sleep_out_ns")
-        sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
         ws = [int(r["w"]) for r in s.evidence]
         wall = sum(r["wall_ns"] for r in s.evidence)
-        wait_ns = sum(r["sleep_out_ns"] for r in s.evidence)
+        waited = sum(wait_ns(r) for r in s.evidence)
+        queued_ns = sum(_queued_wait_ns(r) for r in s.evidence)
+        wait = waited / wall if wall else 0.0
+        queued_share = queued_ns / wall if wall else 0.0
+        sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
         workers = con.execute(WORKERS_SQL, {"ws": ws}).fetchall()
         names = procs.lookup(con, [pid] + [w[0] for w in workers])
         me = names[pid]
@@ -86,7 +119,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         corr = baseline.evidence_correlation(s, _share, baseline.ops_rate, expect=-1)
 
         root = [
-            f"{me.label} waited outside CUDA calls {units.ns(wait_ns)} of {units.ns(wall)} "
+            f"{me.label} waited outside CUDA calls {units.ns(waited)} of {units.ns(wall)} "
             f"({units.pct(wait)} of wall clock) in {len(ws)} of {len(rows)} windows",
         ]
         if n_workers:
@@ -97,10 +130,17 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             )
         else:
             root.append("no worker processes traced: the loop loads its data itself, or waits on something else")
-        effect = [
-            f"GPU idle while the loop waits: nothing queued for {units.pct(wait)} of wall clock "
-            f"(waiting for the GPU: {units.pct(sync_share)})"
-        ]
+        if queued_share:
+            effect = [
+                f"GPU idle while the loop waits: nothing queued for {units.pct(wait - queued_share)} of wall "
+                f"clock; the kernels queued before the other {units.pct(queued_share)} finished before the "
+                f"batch came (waiting for the GPU after it: {units.pct(sync_share)})"
+            ]
+        else:
+            effect = [
+                f"GPU idle while the loop waits: nothing queued for {units.pct(wait)} of wall clock "
+                f"(waiting for the GPU: {units.pct(sync_share)})"
+            ]
         if s.has_baseline and drop > 0:
             effect.append(
                 f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
@@ -140,7 +180,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 impact=wait,
                 numbers={
                     "input_wait_share": round(wait, 4),
-                    "input_wait_ns": wait_ns,
+                    "input_wait_ns": waited,
+                    "queued_wait_share": round(queued_share, 4),
                     "sync_wait_share": round(sync_share, 4),
                     "workers": n_workers,
                     "worker_cpus": round(w_oncpu, 3),

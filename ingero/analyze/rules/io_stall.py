@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
-from ingero.analyze.rules import memory_pressure
+from ingero.analyze.rules import input_bound, memory_pressure
 
 ID = "io-stall"
 TITLE = "Block I/O stalls the training loop"
@@ -36,8 +36,9 @@ class Thresholds:
     high_drop: float = 0.30
     max_corr: float = -0.3
     # DataLoader workers in D state this share of a window (summed over
-    # workers), while the loop waits outside CUDA calls at least
-    # min_loop_wait_share, means the loop starves because its feeders block on disk.
+    # workers), while the loop waits for data at least min_loop_wait_share
+    # (input-bound's measure: its waits outside CUDA calls that left the GPU
+    # idle), means the loop starves because its feeders block on disk.
     min_worker_io_share: float = 0.2
     min_loop_wait_share: float = 0.2
     # Swap or major-fault traffic this large in the stalled windows makes it
@@ -85,7 +86,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
 def _fed_by_blocked_workers(r: baseline.Row) -> bool:
     wall = r["wall_ns"] or 1
     return (r["worker_io_ns"] / wall >= T.min_worker_io_share
-            and r["sleep_out_ns"] / wall >= T.min_loop_wait_share)
+            and input_bound.wait_ns(r) / wall >= T.min_loop_wait_share)
 
 
 def _stall(r: baseline.Row) -> float:
@@ -111,7 +112,8 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     base_rate, ev_rate, drop = baseline.throughput(s)
     corr = baseline.evidence_correlation(s, lambda r: r["bio_p99_ns"], baseline.ops_rate, expect=-1)
     fed = [r for r in s.evidence if _fed_by_blocked_workers(r)]
-    starve_share = baseline.mean_share(fed, "sleep_out_ns") * len(fed) / len(s.evidence) if fed else 0.0
+    fed_wall = sum(r["wall_ns"] for r in fed)
+    starve_share = sum(input_bound.wait_ns(r) for r in fed) / fed_wall * len(fed) / len(s.evidence) if fed else 0.0
     worker_io_share = baseline.mean_share(s.evidence, "worker_io_ns")
     direct = io_share >= T.min_io_share or len(fed) * 2 >= len(s.evidence)
     aligned = s.has_baseline and drop >= T.min_drop and corr is not None and corr <= T.max_corr
