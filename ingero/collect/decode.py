@@ -79,7 +79,10 @@ _BYTES_MASK = _op_mask(BYTES_OPS)
 _STREAM_MASK = _op_mask(STREAM_OPS)
 _OTHER_MASK = _op_mask(OTHER_PID_OPS)
 _RET_MASK = ~_op_mask(NO_RET_OPS)
-_CALL_STATE_MASK = _op_mask(CALL_STATE_OPS)
+_IN_CALL_TYPE = pa.dictionary(pa.uint8(), pa.string())
+_CALL_OP_OFFSET = EVENT_DTYPE.fields["call_op"][1]
+assert EVENT_DTYPE.fields["call_flags"][1] == _CALL_OP_OFFSET + 1, "call_op and call_flags must be adjacent"
+assert CALL_STATE_OPS == {Op.SCHED_SWITCH, Op.PAGE_FAULT} and Op.PAGE_FAULT == Op.SCHED_SWITCH + 1
 
 # Dictionaries for the op / kind columns: index = raw u8 id.  Kinds without a
 # name (KIND_NONE) are masked to NULL instead of being a NULL dictionary entry.
@@ -200,15 +203,17 @@ def events_table(
 
 def _call_state_columns(op: np.ndarray, records: np.ndarray) -> tuple[pa.Array, pa.Array]:
     """in_call and queued: from call_op / call_flags of sched_switch and page_fault records, else NULL."""
-    tagged = _CALL_STATE_MASK[op]
+    # op - SCHED_SWITCH wraps around below it: one compare for both tagged ops
+    tagged = (op - np.uint8(Op.SCHED_SWITCH)) <= np.uint8(Op.PAGE_FAULT - Op.SCHED_SWITCH)
     if not tagged.any():
-        return pa.nulls(len(op), pa.dictionary(pa.uint8(), pa.string())), pa.nulls(len(op), pa.bool_())
-    call_op = np.ascontiguousarray(records["call_op"])
-    flags = np.ascontiguousarray(records["call_flags"])
-    in_call_valid = tagged & (call_op != int(Op.NONE))
-    in_call = pa.DictionaryArray.from_arrays(pa.array(call_op, type=pa.uint8(), mask=~in_call_valid), _OP_DICT)
-    queued_valid = tagged & ((flags & int(CallFlag.SEEN)) != 0)
-    queued = pa.array((flags & int(CallFlag.QUEUED)) != 0, type=pa.bool_(), mask=~queued_valid)
+        return pa.nulls(len(op), _IN_CALL_TYPE), pa.nulls(len(op), pa.bool_())
+    # call_op and call_flags are adjacent bytes: one strided copy for both (~2 ms per 500 k records)
+    both = np.ndarray(len(records), dtype="<u2", buffer=records, offset=_CALL_OP_OFFSET, strides=(records.strides[0],)).copy()
+    call_op = both.astype(np.uint8)
+    flags = (both >> 8).astype(np.uint8)
+    in_call = pa.DictionaryArray.from_arrays(pa.array(call_op, type=pa.uint8(), mask=~(tagged & (call_op != 0))), _OP_DICT)
+    queued_valid = tagged & ((flags & np.uint8(CallFlag.SEEN)) != 0)
+    queued = pa.array((flags & np.uint8(CallFlag.QUEUED)) != 0, type=pa.bool_(), mask=~queued_valid)
     return in_call, queued
 
 
