@@ -84,6 +84,22 @@ WHERE events.rowid = d.rid
 """
 
 
+def fill_call_state(con: duckdb.DuckDBPyConnection, session_id: int) -> int:
+    """Set in_call and queued of session ``session_id``'s sched_switch / page_fault rows from its CUDA calls.
+
+    For rows written without them on a schema 5 store (synthetic replays, imports): the
+    migration's SQL for one session.  Returns the rows set.
+    """
+    where = "session_id = $sid"
+    row = con.execute(
+        f"""UPDATE events SET in_call = d.in_call, queued = d.queued
+            FROM ({_tagged_sql(where, "rowid AS rid, session_id, pid, tid, timestamp")}) d
+            WHERE events.rowid = d.rid""",
+        {"sid": int(session_id)},
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def has_call_state(con: duckdb.DuckDBPyConnection) -> bool:
     """True when the connection's ``events`` table has the schema 5 columns in_call and queued."""
     cols = {

@@ -105,3 +105,17 @@ def test_view_of_a_session_without_cuda_calls_has_null_state(tmp_path: Path) -> 
     with pytest.raises(ValueError):
         derive.derived_events_view(con, 1, name="x; DROP TABLE events")
     con.close()
+
+
+def test_fill_call_state_sets_one_session_of_a_v5_store(tmp_path: Path) -> None:
+    path = tmp_path / "v4.duckdb"
+    _old_file(path)
+    store = Store.open(path)
+    store.con.execute("UPDATE events SET in_call = NULL, queued = NULL")
+    tagged_in_1 = sum(1 for r in ROWS if r[0] == 1 and r[4] in derive.TAGGED_OPS)
+    assert derive.fill_call_state(store.con, 1) == tagged_in_1
+    got = store.con.execute("SELECT session_id, tid, timestamp, op, in_call, queued FROM events ORDER BY ALL").fetchall()
+    # session 2 untouched (its expected values would differ: queued TRUE after its launch)
+    assert [g for g in got if g[0] == 1] == _expected(session=1)
+    assert {(g[4], g[5]) for g in got if g[0] == 2} == {(None, None)}
+    store.close()
