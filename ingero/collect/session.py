@@ -62,7 +62,9 @@ READ_BATCH = 1 << 18  # records per ring read (16 MiB of ring)
 PENDING_CAPACITY = FLUSH_ROWS + READ_BATCH
 DRAIN_MAX_S = 0.5  # at the end: give up when nothing new could be read for this long (BPF programs are short)
 PCT_WINDOW_S = 10  # live view percentiles cover the last 10 s
-PCT_SAMPLE = 20_000  # durations kept per op per second for percentiles
+# Durations kept per op and second for the live view's percentiles: 20 k per op
+# over the window, so its p99 still rests on 200 samples above it.
+PCT_SAMPLE = 2_000
 
 
 @dataclass
@@ -150,28 +152,39 @@ class _Stop:
 
 
 class _Percentiles:
-    """Per-op counts since the start and duration samples of the last PCT_WINDOW_S seconds."""
+    """Per-op counts since the start and duration samples of the last PCT_WINDOW_S seconds.
+
+    About PCT_SAMPLE durations per op and second are kept: each record of an
+    op is kept with probability PCT_SAMPLE / (the op's count in the previous
+    second, or so far in this one if higher), all of them for rarer ops.
+    Sampling per poll instead kept every duration (a poll holds fewer records
+    than the sample size): add + roll + percentiles cost 272 ns of CPU per
+    event at 745 k cudart-shaped records/s with a full window; now 40.
+    """
 
     def __init__(self) -> None:
         self._window: list[tuple[np.ndarray, np.ndarray]] = []  # one entry per second
         self._current: list[tuple[np.ndarray, np.ndarray]] = []
         self.counts = np.zeros(256, dtype=np.int64)
+        self._second = np.zeros(256, dtype=np.int64)  # counts in the current second
+        self._last_second = np.zeros(256, dtype=np.int64)
+        self._rng = np.random.default_rng()
 
     def add(self, recs: np.ndarray) -> None:
         op = recs["op"]
         counts = np.bincount(op, minlength=256)
         self.counts += counts
-        if len(recs) > PCT_SAMPLE:
-            # a strided sample (no random permutation to pay for) that keeps
-            # every record of the ops too rare to survive the stride
-            step = len(recs) // PCT_SAMPLE + 1
-            keep = counts[op] < PCT_SAMPLE // 16
-            keep[::step] = True
-            recs = recs[keep]
+        self._second += counts
+        rate = np.maximum(self._last_second, self._second)
+        if (rate[counts > 0] > PCT_SAMPLE).any():
+            keep_p = np.minimum(1.0, PCT_SAMPLE / np.maximum(rate, 1)).astype(np.float32)
+            recs = recs[self._rng.random(len(recs), dtype=np.float32) < keep_p[op]]
         self._current.append((recs["op"].copy(), recs["duration_ns"].copy()))
 
     def roll(self) -> None:
         """Close the current second."""
+        self._last_second = self._second
+        self._second = np.zeros(256, dtype=np.int64)
         if self._current:
             self._window.append(
                 (np.concatenate([c[0] for c in self._current]), np.concatenate([c[1] for c in self._current]))

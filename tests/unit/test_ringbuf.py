@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from ingero.collect.records import EVENT_DTYPE
-from ingero.collect.ringbuf import BUSY_BIT, DISCARD_BIT, RECORD_DTYPE, RECORD_STRIDE, RecordSizeError, take_span
+from ingero.collect.ringbuf import (
+    BUSY_BIT,
+    DISCARD_BIT,
+    RECORD_DTYPE,
+    RECORD_STRIDE,
+    RecordSizeError,
+    span_into,
+    take_span,
+)
 
 
 def ring(n: int, *, busy: tuple[int, ...] = (), discard: tuple[int, ...] = (), size: int = EVENT_DTYPE.itemsize) -> np.ndarray:
@@ -77,3 +85,18 @@ def test_wrapped_span_reads_through_the_double_mapping() -> None:
     events, consumed = take_span(doubled[start : start + 4])
     assert consumed == 4
     assert events["ts_ns"].tolist() == [6, 7, 0, 1]
+
+
+def test_span_into_copies_at_most_len_out_and_consumes_only_those() -> None:
+    out = np.zeros(3, dtype=EVENT_DTYPE)
+    stored, consumed = span_into(ring(5), out)
+    assert (stored, consumed) == (3, 3)
+    assert out["ts_ns"].tolist() == [1000, 1001, 1002]
+
+
+def test_span_into_packs_kept_records_at_the_front_of_out() -> None:
+    out = np.zeros(6, dtype=EVENT_DTYPE)
+    out["ts_ns"] = 1
+    stored, consumed = span_into(ring(6, discard=(0, 2), busy=(4,)), out)
+    assert (stored, consumed) == (2, 4)
+    assert out["ts_ns"].tolist() == [1001, 1003, 1, 1, 1, 1]  # the rest of out untouched
