@@ -17,6 +17,10 @@ Our cost above the floor = (ingero - floor) / floor, per op.  Target (issue
 own CPU time (which holds the BPF programs, run in its context, but not the
 tracer's user-space process), plus that process's own CPU per op: on this
 2-core box it competes with the workload, which only the wall figures show.
+Then a breakdown of the wall gap per op (workload CPU gap, of it the BPF
+programs above the empty ones, time spent waiting for a CPU, the tracer's
+CPU for the run's rows) and the key figures the README quotes (tracer CPU
+per stored row, BPF ns per run against the empty program at the same point).
 
 Workloads: libcudart calls (tests/live/workloads/cudart_calls.c: 9 probed
 calls per iteration, each failing fast without a driver, so the probes are
@@ -41,6 +45,10 @@ fooled by it:
   program fds; names by matching program tags).  The runs of each program
   must agree between floor and ingero.  Timed runs have the stats off (they
   add ~20-40 ns to every program run).
+* The tracer's CPU for a run counts until it has caught up (its CPU use back
+  at its idle rate), minus that idle rate: runs are long enough to span
+  several flushes, since a 0.3 s run ended before its rows were stored and
+  showed a quarter of the tracer's real cost per event.
 * Modes are interleaved in rounds (the order rotates each round), medians
   and min-max spread are printed, and the above-floor figure is the median
   of per-round paired ratios.
@@ -70,15 +78,24 @@ from ingero.collect.loader import BpfSettings, load_program
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "tests" / "live" / "workloads"
-ROUNDS = int(os.environ.get("OVH_ROUNDS", "7"))  # 7 x 3 blocks: ~3 min here
+ROUNDS = int(os.environ.get("OVH_ROUNDS", "7"))  # 7 x 3 blocks: ~5 min here
 TARGET_ABOVE_FLOOR_PCT = 10.0  # from the issue
 # 9 probed calls per iteration, 2 probe hits per call: the floor costs ~1.3 us
-# per call here (two uprobe traps), ~0.3 s in all.  Untraced, each call fails
-# fast (no driver): ~25 ns.
-CUDA_ITERS = 25000
+# per call here (two uprobe traps), ~1.2 s in all.  Untraced, each call fails
+# fast (no driver): ~25 ns.  Runs must outlast several of the tracer's
+# flushes (session.FLUSH_ROWS, FLUSH_INTERVAL_S): at 0.3 s a run ended before
+# the first flush of its rows, which then cost nothing "during the run"
+# (0.31 us of tracer CPU per call measured that way, ~1.1 us in all).
+CUDA_ITERS = 100_000
 CUDA_CALLS_PER_ITER = 9
-# Two blocking pipe hops per round trip: ~6 us per round trip here, ~0.15 s in all.
-PINGPONG_TRIPS = 25000
+# Two blocking pipe hops per round trip: ~6 us per round trip here, ~0.6 s in all.
+PINGPONG_TRIPS = 100_000
+# After a traced run, the tracer has caught up (stored everything of it) once
+# its CPU use stays at its idle level this long: longer than FLUSH_INTERVAL_S,
+# after which the last part of a row group is stored.
+CATCH_UP_QUIET_S = 1.3
+CATCH_UP_MAX_S = 20.0
+IDLE_SAMPLE_S = 1.0  # the tracer's idle CPU rate (once-a-second samplers ...), measured per block
 # comm of both workload binaries (<= 15 chars): `ingero trace --comm` traces both.
 WORK_COMM = "ovhwork"
 # Waiting for other tracers to go: their uprobe detaches take ~0.1 s per
@@ -264,6 +281,7 @@ class _Ingero:
     """`ingero trace --comm WORK_COMM --cuda-lib <copy>` in the background."""
 
     def __init__(self, db: Path, lib: Path, tag_names: dict[str, str]):
+        self.db = db
         self.argv = [sys.executable, "-m", "ingero", "trace", "--json", "--no-serve", "--db", str(db),
                      "--comm", WORK_COMM, "--cuda-lib", str(lib)]
         self.tag_names = tag_names
@@ -296,6 +314,27 @@ class _Ingero:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
+    def idle_rate(self) -> float:
+        """CPU seconds per second the tracer uses with no events (its once-a-second work)."""
+        c0, t0 = self.own_cpu(), time.monotonic()
+        time.sleep(IDLE_SAMPLE_S)
+        return (self.own_cpu() - c0) / (time.monotonic() - t0)
+
+    def wait_caught_up(self, idle_rate: float) -> bool:
+        """Wait until the tracer's CPU use has stayed near its idle level for CATCH_UP_QUIET_S (bounded)."""
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        step = CATCH_UP_QUIET_S / 4
+        quiet = 0
+        deadline = time.monotonic() + CATCH_UP_MAX_S
+        while quiet < 4:
+            if time.monotonic() > deadline:
+                return False
+            c0 = self.own_cpu()
+            time.sleep(step)
+            busy = self.own_cpu() - c0 > 2 * idle_rate * step + 2 * tick
+            quiet = 0 if busy else quiet + 1
+        return True
+
     def by_name(self) -> dict[str, tuple[int, int]]:
         out: dict[str, tuple[int, int]] = {}
         for _, tag, runs, ns in _progs(self.pid).values():
@@ -319,6 +358,11 @@ class Results:
     runs: dict[tuple[str, str], dict[str, tuple[int, int]]] = field(default_factory=dict)  # stats pass
     loads: list[float] = field(default_factory=list)
     tracer_cpu: dict[str, list[float]] = field(default_factory=dict)  # workload -> ingero process CPU s per run
+    # ... from the run's start until it caught up, minus its idle rate over that time: all it spent on the run
+    tracer_cpu_all: dict[str, list[float]] = field(default_factory=dict)
+    tracer_idle: list[float] = field(default_factory=list)  # idle CPU s/s, per ingero block
+    events: dict[str, list[int]] = field(default_factory=dict)  # workload -> rows ingero stored per run
+    not_caught_up: int = 0
     noisy_blocks: int = 0
     blocks: int = 0
 
@@ -349,23 +393,49 @@ def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
             res.loads.append(os.getloadavg()[0])
             ctx = (_Untraced() if mode == "untraced" else _Floor(lib) if mode == "floor"
                    else _Ingero(tmp / f"ingero-{rnd}.duckdb", lib, tag_names))
+            windows: list[tuple[str, int, int]] = []  # (workload, wall-clock ns start, end) of traced runs
             with ctx:
+                idle = ctx.idle_rate() if isinstance(ctx, _Ingero) else 0.0
+                if isinstance(ctx, _Ingero):
+                    res.tracer_idle.append(idle)
                 for w in works:
                     if isinstance(ctx, _Ingero):
                         ctx.pin(w.cpu)
-                    own = ctx.own_cpu() if isinstance(ctx, _Ingero) else 0.0
+                    own, t0, ns0 = (ctx.own_cpu() if isinstance(ctx, _Ingero) else 0.0), time.monotonic(), time.time_ns()
                     res.times.setdefault((w.name, mode), []).append(w.run())
                     if isinstance(ctx, _Ingero):
                         res.tracer_cpu.setdefault(w.name, []).append(ctx.own_cpu() - own)
+                        ns1 = time.time_ns()
+                        if not ctx.wait_caught_up(idle):
+                            res.not_caught_up += 1
+                        spent = ctx.own_cpu() - own - idle * (time.monotonic() - t0)
+                        res.tracer_cpu_all.setdefault(w.name, []).append(spent)
+                        windows.append((w.name, ns0, ns1))
                 if mode != "untraced" and rnd == 0:
                     for w in works:
                         if isinstance(ctx, _Ingero):
                             ctx.pin(w.cpu)
                         res.runs[(w.name, mode)] = _stats_pass(ctx, w)
+            if isinstance(ctx, _Ingero):
+                for name, n in _events_in(ctx.db, windows):
+                    res.events.setdefault(name, []).append(n)
             print(f"round {rnd + 1}/{ROUNDS} {mode:8s} load {res.loads[-1]:.2f}: " +
                   ", ".join(f"{w.name} {res.times[(w.name, mode)][-1][0]:.3f} s" for w in works),
                   file=sys.stderr, flush=True)
     return res
+
+
+def _events_in(db: Path, windows: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
+    """Rows the tracer stored with timestamps inside each run's wall-clock window."""
+    from ingero.store.db import Store
+
+    store = Store.open(db, read_only=True)
+    try:
+        return [(name, int(store.con.execute("SELECT count(*) FROM events WHERE timestamp BETWEEN $a AND $b",
+                                             {"a": a, "b": b}).fetchone()[0]))
+                for name, a, b in windows]
+    finally:
+        store.close()
 
 
 def _fmt_spread(vals: list[float], fmt: str) -> str:
@@ -391,14 +461,24 @@ def _report(works: list[Workload], res: Results) -> None:
             verdict = "ok" if med <= TARGET_ABOVE_FLOOR_PCT else "MISSED"
             print(f"| {w.name} | {what} | " + " | ".join(cols) +
                   f" | {med:+.1f}% ({min(pairs):+.1f}% to {max(pairs):+.1f}%) | <= {TARGET_ABOVE_FLOOR_PCT:.0f}% {verdict} |")
-    print("\nThe tracer's own process (ring-buffer reader, decoder, DuckDB writer) during the same runs, "
-          "CPU µs per op, median (min-max).  On this 2-core box it competes with the workload for a core, "
-          "which the wall figures above hold and the workload CPU figures do not:\n")
-    print("| workload | ingero process CPU µs per op | as % of the workload's floor CPU |\n|---|---:|---:|")
+    print("\nThe tracer's own process (ring-buffer reader, decoder, DuckDB writer), CPU µs per op, median "
+          "(min-max): during the run, and all it spent on the run's rows (from the run's start until its CPU "
+          "use fell back to idle, minus its idle rate over that time).  On this 2-core box it competes with the "
+          "workload for a core, which the wall figures above hold and the workload CPU figures do not:\n")
+    print("| workload | during the run | all of it | rows stored per op | all of it per stored row "
+          "| as % of the workload's floor CPU |\n|---|---:|---:|---:|---:|---:|")
     for w in works:
-        per_op = [c / w.ops * 1e6 for c in res.tracer_cpu[w.name]]
+        during = [c / w.ops * 1e6 for c in res.tracer_cpu[w.name]]
+        spent = [c / w.ops * 1e6 for c in res.tracer_cpu_all[w.name]]
+        rows = [n / w.ops for n in res.events.get(w.name, [])] or [float("nan")]
+        per_row = [c / max(n, 1) * 1e6 for c, n in zip(res.tracer_cpu_all[w.name], res.events.get(w.name, []))]
         floor_cpu = statistics.median(r[1] for r in res.times[(w.name, "floor")]) / w.ops * 1e6
-        print(f"| {w.name} | {_fmt_spread(per_op, '{:.3f}')} | {statistics.median(per_op) / floor_cpu * 100:.0f}% |")
+        print(f"| {w.name} | {_fmt_spread(during, '{:.3f}')} | {_fmt_spread(spent, '{:.3f}')} "
+              f"| {statistics.median(rows):.2f} | {_fmt_spread(per_row, '{:.3f}') if per_row else '-'} "
+              f"| {statistics.median(spent) / floor_cpu * 100:.0f}% |")
+    idle = statistics.median(res.tracer_idle) if res.tracer_idle else float("nan")
+    print(f"\nIdle tracer (no events): {idle * 100:.1f}% of a core (median of blocks).  "
+          f"{res.not_caught_up} traced runs hit the {CATCH_UP_MAX_S:.0f} s catch-up bound.")
     print("\nBPF program runs during one run of each workload (kernel.bpf_stats_enabled, round 1; the "
           "stats add ~20-40 ns to every run, floor and ingero alike).  Equal run counts show the floor "
           "fires where ingero does.  Unpinned ping-pong switches 2 or 4 times per round trip depending on "
@@ -414,6 +494,50 @@ def _report(works: list[Workload], res: Results) -> None:
                 continue
             print(f"| {w.name} | {name} | {fr:,} | {ir:,} | {fns / max(fr, 1):.0f} | {ins / max(ir, 1):.0f} |")
 
+
+
+def _bpf_above_empty_us(res: Results, w: Workload) -> float:
+    """BPF time above the empty programs per op, from the stats pass (both sides carry the stats' cost)."""
+    fl, ing = res.runs.get((w.name, "floor"), {}), res.runs.get((w.name, "ingero"), {})
+    return (sum(ns for _, ns in ing.values()) - sum(ns for _, ns in fl.values())) / w.ops / 1e3
+
+
+def _breakdown(works: list[Workload], res: Results) -> None:
+    """Where the wall-clock gap above the floor goes, per op (medians of per-round pairs)."""
+    print("\nBreakdown of the gap above the floor, µs per op (medians of the per-round differences).  The "
+          "workload's CPU gap holds the BPF programs' work above the empty ones (kernel.bpf_stats_enabled "
+          "pass) and the rest of what tracing costs in its context (cache misses on ring pages ...); the "
+          "waiting is wall time the workload spent runnable without a CPU, which the tracer's own CPU "
+          "(same autogroup here) and everything else on the host cause:\n")
+    print("| workload | wall gap | workload CPU gap | of it BPF above empty | of it the rest | waiting for a CPU "
+          "| tracer CPU, all of it |\n|---|---:|---:|---:|---:|---:|---:|")
+    for w in works:
+        fl, ing = res.times[(w.name, "floor")], res.times[(w.name, "ingero")]
+        wall = statistics.median((i[0] - f[0]) / w.ops * 1e6 for f, i in zip(fl, ing))
+        cpu = statistics.median((i[1] - f[1]) / w.ops * 1e6 for f, i in zip(fl, ing))
+        bpf = _bpf_above_empty_us(res, w)
+        tracer = statistics.median(c / w.ops * 1e6 for c in res.tracer_cpu_all[w.name])
+        print(f"| {w.name} | {wall:.3f} | {cpu:.3f} | {bpf:.3f} | {cpu - bpf:.3f} | {wall - cpu:.3f} | {tracer:.3f} |")
+
+
+def _key_figures(works: list[Workload], res: Results) -> None:
+    """One line each for the README: the numbers the breakdown rests on."""
+    print("\nKey figures:")
+    for w in works:
+        per_row = [c / max(n, 1) * 1e6 for c, n in zip(res.tracer_cpu_all[w.name], res.events.get(w.name, []))]
+        if per_row:
+            print(f"- tracer user-space CPU per stored row ({w.name}): {statistics.median(per_row):.2f} µs")
+    cuda = next((w for w in works if (w.name, "ingero") in res.runs and "cuda_return" in res.runs[(w.name, "ingero")]), None)
+    sched = next((w for w in works if w.cpu is not None), None)
+    for w, names in ((cuda, None), (sched, ("sched__sched_switch", "sched__sched_wakeup"))):
+        if w is None:
+            continue
+        fl, ing = res.runs.get((w.name, "floor"), {}), res.runs.get((w.name, "ingero"), {})
+        for name in names or sorted(n for n in ing if n.startswith("cuda_")):
+            (fr, fns), (ir, ins) = fl.get(name, (0, 0)), ing.get(name, (0, 0))
+            if ir:
+                print(f"- BPF {name}: {ins / ir:.0f} ns/run (empty program at the same point: {fns / max(fr, 1):.0f}; "
+                      f"stats on)")
 
 def main() -> int:
     if os.geteuid() != 0:
@@ -437,6 +561,8 @@ def main() -> int:
             works.append(works[1].pinned(WORK_CPU))
             res = _measure(works, lib, tmp)
             _report(works, res)
+            _breakdown(works, res)
+            _key_figures(works, res)
     finally:
         STATS_SYSCTL.write_text(stats_before)
     return 0
