@@ -101,3 +101,28 @@ def test_other_rows_carry_no_call_state(traced) -> None:
     # in_call holds op names only
     assert {r[0] for r in query(db, "SELECT DISTINCT in_call FROM events WHERE in_call IS NOT NULL")} <= {
         "cudaStreamSync", "cudaLaunchKernel"}
+
+
+def test_sql_derivation_agrees_with_bpf_on_every_row(traced) -> None:
+    """ingero/store/derive.py (migration of older files, explain's view over them) gives each
+    recorded switch and fault the state BPF tagged it with."""
+    import duckdb
+
+    from ingero.store import derive
+
+    db, main_tid, _ = traced
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        sid = con.execute("SELECT max(session_id) FROM events").fetchone()[0]
+        view = derive.derived_events_view(con, sid, name="derived")
+        mismatched = con.execute(f"""
+            SELECT e.tid, e.op, e.timestamp, e.in_call, e.queued, d.in_call, d.queued
+            FROM events e JOIN {view} d USING (session_id, tid, op, timestamp)
+            WHERE e.op IN ('sched_switch', 'page_fault')
+              AND (e.in_call IS DISTINCT FROM d.in_call OR e.queued IS DISTINCT FROM d.queued)""").fetchall()
+        compared = con.execute(f"""SELECT count(*) FILTER (tid = $t), count(*) FROM events
+                                   WHERE op IN ('sched_switch', 'page_fault')""", {"t": main_tid}).fetchone()
+    finally:
+        con.close()
+    assert mismatched == []
+    assert compared[0] >= IN_SYNC + AFTER_SYNC + AFTER_LAUNCH  # the comparison covered the workload's rows
