@@ -97,7 +97,8 @@ def test_overlapped_loop_waiting_longer_than_its_kernels_is_input_bound():
     assert chain.numbers["queued_wait_share"] == chain.numbers["input_wait_share"]
     assert chain.numbers["sync_wait_share"] == 0
     assert chain.severity == "HIGH"
-    assert "finished before the batch came" in chain.effect[0]
+    assert chain.effect[0] == ("GPU idle while the loop waits: the kernels queued before the wait finished before "
+                               "the batch came (88.3% of wall clock; the syncs of those windows waited 0.0%)")
 
 
 @pytest.mark.parametrize("sync_ms, fires", [(1.0, True), (3.0, False)])

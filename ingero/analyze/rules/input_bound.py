@@ -130,12 +130,15 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             )
         else:
             root.append("no worker processes traced: the loop loads its data itself, or waits on something else")
+        idle_share = wait - queued_share
         if queued_share:
-            effect = [
-                f"GPU idle while the loop waits: nothing queued for {units.pct(wait - queued_share)} of wall "
-                f"clock; the kernels queued before the other {units.pct(queued_share)} finished before the "
-                f"batch came (waiting for the GPU after it: {units.pct(sync_share)})"
-            ]
+            # overlapped loop: its kernels ran during part of these waits
+            q_rows = [r for r in s.evidence if _queued_wait_ns(r)]
+            dry = (f"the kernels queued before the wait finished before the batch came "
+                   f"({units.pct(queued_share)} of wall clock; the syncs of those windows waited "
+                   f"{units.pct(baseline.mean_share(q_rows, 'sleep_sync_ns'))})")
+            effect = [f"GPU idle while the loop waits: nothing queued for {units.pct(idle_share)} of wall clock; "
+                      f"{dry}" if round(idle_share, 3) > 0 else f"GPU idle while the loop waits: {dry}"]
         else:
             effect = [
                 f"GPU idle while the loop waits: nothing queued for {units.pct(wait)} of wall clock "
