@@ -79,7 +79,13 @@ CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
 # return 0 queue device work; syncs and synchronous copies wait for it.
 ASYNC_OPS = frozenset(
     OP_NAMES[o]
-    for o in (Op.CUDA_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CUDA_MEMCPY_ASYNC, Op.CU_LAUNCH_KERNEL, Op.CU_MEMCPY_ASYNC)
+    for o in (
+        Op.CUDA_LAUNCH_KERNEL,
+        Op.CUDA_GRAPH_LAUNCH,
+        Op.CUDA_MEMCPY_ASYNC,
+        Op.CU_LAUNCH_KERNEL,
+        Op.CU_MEMCPY_ASYNC,
+    )
 )
 SYNC_OPS = frozenset(
     OP_NAMES[o]

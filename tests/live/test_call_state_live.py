@@ -120,7 +120,7 @@ def test_sql_derivation_agrees_with_bpf_on_every_row(traced) -> None:
             FROM events e JOIN {view} d USING (session_id, tid, op, timestamp)
             WHERE e.op IN ('sched_switch', 'page_fault')
               AND (e.in_call IS DISTINCT FROM d.in_call OR e.queued IS DISTINCT FROM d.queued)""").fetchall()
-        compared = con.execute(f"""SELECT count(*) FILTER (tid = $t), count(*) FROM events
+        compared = con.execute("""SELECT count(*) FILTER (tid = $t), count(*) FROM events
                                    WHERE op IN ('sched_switch', 'page_fault')""", {"t": main_tid}).fetchone()
     finally:
         con.close()

@@ -144,3 +144,12 @@ def test_batch_without_switches_or_faults_has_null_call_state() -> None:
     t = events_table(rec(op=int(Op.CUDA_MALLOC), call_op=5, call_flags=3), session_id=1, offset_ns=0)
     assert t.column("in_call").null_count == 1 and t.column("queued").null_count == 1
     assert t.schema == EVENTS_SCHEMA
+
+
+def test_call_state_of_a_strided_view_of_records() -> None:
+    from ingero.collect.records import CallFlag
+
+    r = np.concatenate([rec(op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP), call_op=int(Op.CUDA_MEMCPY),
+                            call_flags=int(CallFlag.SEEN)), rec(op=int(Op.BLOCK_IO), call_op=1, call_flags=3)] * 3)
+    t = events_table(r[::2], session_id=1, offset_ns=0)
+    assert [(x["in_call"], x["queued"]) for x in t.to_pylist()] == [("cudaMemcpy", False)] * 3
