@@ -126,3 +126,27 @@ def test_sql_derivation_agrees_with_bpf_on_every_row(traced) -> None:
         con.close()
     assert mismatched == []
     assert compared[0] >= IN_SYNC + AFTER_SYNC + AFTER_LAUNCH  # the comparison covered the workload's rows
+
+
+FAILED_LAUNCHES = 5
+
+
+def test_failed_launches_queue_nothing(tmp_path: Path) -> None:
+    """NVIDIA's libcudart without a driver: every launch returns 35, so a sleep after it has
+    nothing queued (bpf/cuda.bpf.c sets the bit only for a launch that returned 0)."""
+    lib = workloads.libcudart()
+    if lib is None:
+        pytest.fail("nvidia-cuda-runtime-cu12 is not installed in the venv (its libcudart is needed)")
+    exe = build("call_state_failed", tmp_path)
+    go = tmp_path / "go"
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {FAILED_LAUNCHES}")
+    tracer.wait_started()
+    go.touch()
+    summary = tracer.finish(sig=None, timeout=120)
+    assert f"done {FAILED_LAUNCHES}" in tracer.stderr, tracer.stderr
+    assert summary["command_exit"] == 0
+    tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]
+    assert query(db, "SELECT op, ret, count(*) FROM events WHERE tid = $t AND op LIKE 'cuda%' GROUP BY ALL",
+                 {"t": tid}) == [("cudaLaunchKernel", 35, FAILED_LAUNCHES)]
+    assert _states(db, tid, "sched_switch", LONG_NS) == {(None, False): FAILED_LAUNCHES}
