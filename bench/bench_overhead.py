@@ -344,8 +344,13 @@ class _Ingero:
         return out
 
     def __exit__(self, *exc: object) -> None:
+        before = self.own_cpu()
         self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=60)
+        # rusage of the whole process at its end: what stopping cost (drain,
+        # the last flush, the closing CHECKPOINT, detaching the probes)
+        _, status, ru = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.exit_cpu = ru.ru_utime + ru.ru_stime - before
         self._drain.join(timeout=5)
 
 
@@ -363,6 +368,7 @@ class Results:
     tracer_idle: list[float] = field(default_factory=list)  # idle CPU s/s, per ingero block
     events: dict[str, list[int]] = field(default_factory=dict)  # workload -> rows ingero stored per run
     not_caught_up: int = 0
+    tracer_exit: list[float] = field(default_factory=list)  # CPU s the tracer spent stopping, per block
     noisy_blocks: int = 0
     blocks: int = 0
 
@@ -417,6 +423,7 @@ def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
                             ctx.pin(w.cpu)
                         res.runs[(w.name, mode)] = _stats_pass(ctx, w)
             if isinstance(ctx, _Ingero):
+                res.tracer_exit.append(ctx.exit_cpu)
                 for name, n in _events_in(ctx.db, windows):
                     res.events.setdefault(name, []).append(n)
             print(f"round {rnd + 1}/{ROUNDS} {mode:8s} load {res.loads[-1]:.2f}: " +
@@ -478,7 +485,9 @@ def _report(works: list[Workload], res: Results) -> None:
               f"| {statistics.median(spent) / floor_cpu * 100:.0f}% |")
     idle = statistics.median(res.tracer_idle) if res.tracer_idle else float("nan")
     print(f"\nIdle tracer (no events): {idle * 100:.1f}% of a core (median of blocks).  "
-          f"{res.not_caught_up} traced runs hit the {CATCH_UP_MAX_S:.0f} s catch-up bound.")
+          f"{res.not_caught_up} traced runs hit the {CATCH_UP_MAX_S:.0f} s catch-up bound.  Stopping "
+          f"(drain, last flush, closing CHECKPOINT, detaching probes) cost {_fmt_spread(res.tracer_exit, '{:.2f}')} "
+          f"CPU s per block, not counted above.")
     print("\nBPF program runs during one run of each workload (kernel.bpf_stats_enabled, round 1; the "
           "stats add ~20-40 ns to every run, floor and ingero alike).  Equal run counts show the floor "
           "fires where ingero does.  Unpinned ping-pong switches 2 or 4 times per round trip depending on "
