@@ -4,7 +4,10 @@ Builds DuckDB files synthetically (numpy -> Arrow -> Store.append) with the
 mix a traced training job produces (launches, syncs, copies, off-CPU
 intervals of the loop and its workers, page faults, block I/O, per-second
 host and per-process samples), then times ``explain(con, Options())`` on a
-read-only connection, as the CLI runs it.  Prints a markdown table.
+read-only connection, as the CLI runs it.  Prints a markdown table.  The
+loop's off-CPU and fault rows carry in_call / queued as the tracer tags them
+(schema 5), from its CUDA calls, which never overlap (one thread is in one
+call at a time: each is clipped at the next).
 
     python bench/bench_explain.py                 # 1 M and 10 M
     python bench/bench_explain.py --sizes 1e6 --repeat 5 --dir /tmp/ingero-bench

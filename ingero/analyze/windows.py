@@ -86,8 +86,10 @@ FROM g
 # inside cudaStreamSync is waiting for the GPU, not contention, not
 # starvation; a sleep outside every call is waiting for something else, and
 # events.queued says whether device work the thread issued may still run.
-# Before schema 5 both were found by ASOF joins of every off-CPU interval
-# against the thread's CUDA calls: 1.7 of 2.9 s CPU at 10 M events.
+# Before schema 5 both were found here by ASOF joins of every off-CPU
+# interval and fault against the thread's long CUDA calls: building the
+# window tables of the 10 M-event benchmark took 2.5-2.8 s CPU with them,
+# 1.7-1.85 s without (interleaved rounds, docs/rules.md).
 _INSIDE = """CASE WHEN in_call IS NULL THEN 'none'
                WHEN list_contains($launch_ops, in_call) THEN 'launch'
                WHEN list_contains($sync_ops, in_call) THEN 'sync'
