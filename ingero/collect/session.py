@@ -171,7 +171,9 @@ class _Percentiles:
         self._rng = np.random.default_rng()
 
     def add(self, recs: np.ndarray) -> None:
-        op = np.ascontiguousarray(recs["op"])  # contiguous: bincount and take run ~2-5x faster
+        # a contiguous copy: bincount and take run ~2-5x faster on it, and it never
+        # aliases the pending buffer (ascontiguousarray of a 1-record field would)
+        op = np.array(recs["op"])
         counts = np.bincount(op, minlength=256)
         self.counts += counts
         self._second += counts

@@ -136,3 +136,15 @@ def test_live_percentiles_keep_about_pct_sample_per_op_and_second() -> None:
     assert st["cudaMemcpy"].p50_ns == 7  # rare ops keep every duration
     assert st["cudaLaunchKernel"].p50_ns == pytest.approx(50_000, rel=0.05)
     assert st["cudaLaunchKernel"].p99_ns == pytest.approx(99_000, rel=0.02)
+
+
+def test_live_percentiles_keep_no_view_of_the_pending_buffer() -> None:
+    buf = records(4)
+    buf["duration_ns"] = 900
+    pct = _Percentiles()
+    pct.add(buf[:1])  # a one-record slice: its fields are contiguous views
+    buf["op"] = int(Op.CUDA_FREE)  # the buffer is reused by later polls
+    buf["duration_ns"] = 1
+    pct.roll()
+    st = pct.stats()
+    assert st["cudaLaunchKernel"].p50_ns == 900
