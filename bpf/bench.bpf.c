@@ -35,6 +35,8 @@ static __always_inline int on_sys_enter_getppid(struct tracepoint__syscalls__sys
 		e->other_pid = 0;
 		e->ret = 0;
 		e->stack_id = -1;
+		e->call_op = 0; /* ring memory is not zeroed */
+		e->call_flags = 0;
 		e->op = OP_BENCH;
 		e->kind = KIND_NONE;
 		e->cpu = cpu;

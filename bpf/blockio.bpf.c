@@ -62,6 +62,8 @@ static __always_inline int on_block_rq_complete(struct tracepoint__block__block_
 		e->other_pid = k.dev;
 		e->ret = args->error;
 		e->stack_id = -1;
+		e->call_op = 0; /* ring memory is not zeroed */
+		e->call_flags = 0;
 		e->op = OP_BLOCK_IO;
 		e->kind = s->kind;
 		e->cpu = bpf_get_smp_processor_id();

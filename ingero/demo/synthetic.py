@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario
 from ingero.store.db import Store
+from ingero.store.derive import fill_call_state
 
 NS = 1_000_000_000
 US = 1_000
@@ -278,6 +279,8 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
     sid = store.begin_session(command=f"ingero demo {scenario.name} ({label}, synthetic replay)",
                               targets="python3 (train.py) [synthetic]")
     store.append("events", replay.events.table(sid))
+    # what BPF tags at each switch and fault (the thread's CUDA call state), derived from the calls
+    fill_call_state(store.con, sid)
     names = [{"pid": LOOP_PID, "name": "python3 (train.py)", "comm": "python3",
               "cmdline": "python3 demos/workloads/train.py", "session_id": sid, "seen_ns": replay.start_ns}]
     names += [{"pid": WORKER_PID0 + w, "name": "python3 (train.py worker)", "comm": "python3",
