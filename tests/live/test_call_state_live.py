@@ -29,7 +29,9 @@ AFTER_LAUNCH = 4  # K: sleeps after a launch, no sync
 HELPER = 3  # L: sleeps of a thread that never calls CUDA
 PAGES = 8  # fresh pages touched before each sleep of phases M and K
 # The workload's sleeps are 5 ms (SLEEP_MS in call_state.c); a sync sleeps
-# until its 5 ms kernel ends, a few us less than 5 ms after it began.
+# until its 20 ms kernel ends: less than that by however long the thread
+# waited for a CPU between launch and sync (a 5 ms kernel lost one sleep
+# under the 4 ms bar at load 9).
 LONG_NS = 4_000_000
 
 
