@@ -50,6 +50,7 @@ class Context:
     drops_kernel: int = 0
     drops_user: int = 0
     stale_calls: int = 0  # CUDA calls that never returned (no row): sessions.stale_calls
+    probe_misses: int = 0  # BPF program runs the kernel skipped (rows may be missing): sessions.probe_misses
     # the traced host grouped CPU time per session (renice does not reach across sessions);
     # None: not recorded (a database older than schema 4)
     sched_autogroup: bool | None = None
@@ -136,8 +137,9 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         ncpu=int(ncpu),
         drops_kernel=int(srow["drops_kernel"] or 0),
         drops_user=int(srow["drops_user"] or 0),
-        # stale_calls (schema 2) and sched_autogroup (4) are missing in an older file read-only
+        # stale_calls (schema 2), sched_autogroup (4), probe_misses (6) are missing in an older file read-only
         stale_calls=int(srow.get("stale_calls") or 0),
+        probe_misses=int(srow.get("probe_misses") or 0),
         sched_autogroup=None if srow.get("sched_autogroup") is None else bool(srow["sched_autogroup"]),
     )
 

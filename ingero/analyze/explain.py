@@ -93,6 +93,7 @@ def _analysed(ctx: Context) -> Analysed:
         drops_kernel=ctx.drops_kernel,
         drops_user=ctx.drops_user,
         stale_calls=ctx.stale_calls,
+        probe_misses=ctx.probe_misses,
     )
 
 

@@ -88,6 +88,7 @@ class Analysed:
     drops_kernel: int = 0
     drops_user: int = 0
     stale_calls: int = 0  # CUDA calls that never returned: counted, never stored as rows
+    probe_misses: int = 0  # BPF program runs the kernel skipped: each may have lost a row
 
 
 @dataclass

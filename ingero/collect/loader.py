@@ -76,6 +76,21 @@ class BpfSettings:
         return flags
 
 
+def recursion_misses(fdinfo: str) -> int:
+    """``recursion_misses`` of a BPF program's /proc/PID/fdinfo text (0 where the kernel has none).
+
+    A tracepoint or kprobe program does not run on a CPU where another BPF
+    program, or a bpf() syscall updating a map, is under way (the kernel's
+    per-CPU bpf_prog_active guard; counted since Linux 6.7).  A skipped
+    sched_switch may lose an off-CPU row, a skipped uprobe a call: losses no
+    ring-buffer counter sees.
+    """
+    for line in fdinfo.splitlines():
+        if line.startswith("recursion_misses:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _c_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -243,6 +258,16 @@ class Program:
         for i in range(int(Counter.MAX)):
             out[i] = sum(table[ctypes.c_int(i)])
         return out
+
+    def probe_misses(self) -> int:
+        """Runs of our programs the kernel skipped, summed over them (see recursion_misses)."""
+        total = 0
+        for fn in list(self.bpf.funcs.values()):
+            try:
+                total += recursion_misses(Path(f"/proc/self/fdinfo/{fn.fd}").read_text())
+            except OSError:
+                continue
+        return total
 
     def proc_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """(tgids, PROC_STAT_DTYPE totals) of every process seen switching on this host."""

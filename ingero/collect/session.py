@@ -130,6 +130,8 @@ class TraceSummary:
     # exception), counted by BPF when the thread's next call replaced their
     # state (bpf/cuda.bpf.c); they have no row in events.
     stale_calls: int = 0
+    # runs of our BPF programs the kernel skipped (Program.probe_misses)
+    probe_misses: int = 0
 
 
 class _Stop:
@@ -239,6 +241,7 @@ class TraceSession:
         self._proc_prev_ns = time.monotonic_ns()
         self._probe_rows_written = 0
         self.last_counters: np.ndarray | None = None  # BPF counters as last read (once a second)
+        self.probe_misses = 0  # Program.probe_misses as last read, with the counters
 
     # -- events ----------------------------------------------------------------
 
@@ -408,6 +411,7 @@ class TraceSession:
 
     def counters(self) -> np.ndarray:
         self.last_counters = self.program.counters()
+        self.probe_misses = self.program.probe_misses()
         return self.last_counters
 
     def _counter_fields(self) -> dict[str, int]:
@@ -416,6 +420,7 @@ class TraceSession:
         if self.last_counters is not None:
             fields["drops_kernel"] = int(self.last_counters[Counter.RB_DROPS])
             fields["stale_calls"] = int(self.last_counters[Counter.STALE_CALLS])
+            fields["probe_misses"] = self.probe_misses
         return fields
 
     def drain(self) -> None:
@@ -684,11 +689,12 @@ def _loop(
     drops_kernel = int(counters[Counter.RB_DROPS])
     nest_skipped = int(counters[Counter.NEST_SKIPPED])
     stale_calls = int(counters[Counter.STALE_CALLS])
+    probe_misses = sess.probe_misses
     try:
         sess.harvest_process_cpu()
         sess.write_probe_rows()
         sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel,
-                               drops_user=sess.drops_user, stale_calls=stale_calls)
+                               drops_user=sess.drops_user, stale_calls=stale_calls, probe_misses=probe_misses)
     except duckdb.Error as exc:
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
@@ -708,6 +714,7 @@ def _loop(
         command_exit=launcher.returncode if launcher is not None else None,
         notes=notes,
         stale_calls=stale_calls,
+        probe_misses=probe_misses,
     )
 
 

@@ -48,7 +48,7 @@ def file_sizes(path: Path | None) -> tuple[int, int]:
 # The session fields status reports (a column an older file lacks reads as None).
 _SESSION_COLS = ("session_id", "started_ns", "ended_ns", "status", "hostname", "command",
                  "targets", "tracer_pid", "heartbeat_ns", "events", "drops_kernel", "drops_user",
-                 "stale_calls")
+                 "stale_calls", "probe_misses")
 
 
 def collect_status(con: duckdb.DuckDBPyConnection, *, tracer_pid: int | None = None,
@@ -150,6 +150,9 @@ def format_status(st: dict[str, Any]) -> list[str]:
     if s.get("stale_calls"):
         n = s["stale_calls"]
         drops += f"; {n:,} stale CUDA call{'s' if n != 1 else ''} (never returned: longjmp or exception; no rows)"
+    if s.get("probe_misses"):
+        n = s["probe_misses"]
+        drops += f"; {n:,} probe run{'s' if n != 1 else ''} skipped by the kernel (rows may be missing)"
     lines.append(drops)
     lines.append(f"database: {st['db_path']} ({size})")
     return lines

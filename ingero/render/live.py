@@ -28,6 +28,11 @@ def _ms(ns: float | None) -> str:
     return f"{ns / 1e9:.2f} s"
 
 
+def probe_misses_text(n: int) -> str:
+    return (f"the kernel skipped {n:,} run{'s' if n != 1 else ''} of ingero's BPF programs (another BPF program "
+            "or a bpf() syscall held the CPU); each may have lost a row (sessions.probe_misses)")
+
+
 def stale_calls_text(n: int) -> str:
     """What a non-zero stale-call count means, in one line (trace summary, status)."""
     return (f"{n:,} CUDA call{'s' if n != 1 else ''} never returned (left by longjmp or a C++ exception); "
@@ -136,6 +141,7 @@ class LiveView:
                     "drops_user": s.drops_user,
                     "nest_skipped": s.nest_skipped,
                     "stale_calls": s.stale_calls,
+                    "probe_misses": s.probe_misses,
                     "ended_by": s.ended_by,
                     "command_exit": s.command_exit,
                     "ops": _ops_dict(s.ops),
@@ -155,6 +161,8 @@ class LiveView:
         )
         if s.stale_calls:
             print(f"ingero: {stale_calls_text(s.stale_calls)}", file=out)
+        if s.probe_misses:
+            print(f"ingero: {probe_misses_text(s.probe_misses)}", file=out)
         if s.command_exit is not None:
             print(f"ingero: the command exited with code {s.command_exit}", file=out)
         print(f"ingero: next: ingero explain --db {s.db_path}", file=out)

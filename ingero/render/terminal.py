@@ -53,6 +53,8 @@ def analysed_line(report: Report) -> str:
     stale = a.stale_calls  # calls with no row: counted in BPF when the thread's next call came
     if stale:
         text += f"; {stale:,} stale CUDA call{'s' if stale != 1 else ''} (never returned, not in events)"
+    if a.probe_misses:
+        text += f"; {a.probe_misses:,} probe runs skipped by the kernel (rows may be missing)"
     return text
 
 

@@ -28,7 +28,7 @@ from ingero.errors import IngeroError, first_line
 from ingero.store import derive
 from ingero.store.faults import is_disk_full, open_error
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -47,6 +47,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      sched_switch and page_fault rows); existing rows get them derived from
 #      the stored CUDA calls (store/derive.py, the same SQL explain uses on a
 #      file it reads without migrating).
+#   6: sessions.probe_misses (runs of our BPF programs the kernel skipped:
+#      losses no ring-buffer counter sees).  NULL for sessions before it.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -63,6 +65,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE events ADD COLUMN IF NOT EXISTS in_call VARCHAR",
         "ALTER TABLE events ADD COLUMN IF NOT EXISTS queued BOOLEAN",
         derive.MIGRATION,
+    ],
+    6: [
+        "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS probe_misses BIGINT",
+        "ALTER TABLE sessions ALTER COLUMN probe_misses SET DEFAULT 0",
     ],
 }
 
@@ -309,8 +315,8 @@ class Store:
 
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
-        allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "heartbeat_ns", "targets", "status",
-                   "ended_ns"}
+        allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
+                   "status", "ended_ns"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")
@@ -321,7 +327,7 @@ class Store:
         )
 
     def end_session(self, session_id: int, *, events: int, drops_kernel: int, drops_user: int,
-                    stale_calls: int = 0) -> None:
+                    stale_calls: int = 0, probe_misses: int = 0) -> None:
         now = time.time_ns()
         self.update_session(
             session_id,
@@ -332,6 +338,7 @@ class Store:
             drops_kernel=drops_kernel,
             drops_user=drops_user,
             stale_calls=stale_calls,
+            probe_misses=probe_misses,
         )
         self.con.execute("CHECKPOINT")
 

@@ -18,8 +18,16 @@ STACK_ID_V4 = "    stack_id BIGINT,             -- stacks.stack_id with --stack,
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 4), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 5), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 6 added sessions.probe_misses after sched_autogroup
+    lines = sql.splitlines(keepends=True)
+    misses = [ln for ln in lines if ln.lstrip().startswith("probe_misses ")]
+    autogroup = [ln for ln in lines if ln.lstrip().startswith("sched_autogroup BOOLEAN,")]
+    assert len(misses) == 1 and len(autogroup) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql.replace(misses[0], "").replace(autogroup[0], autogroup[0].replace("BOOLEAN,", "BOOLEAN ", 1))
+    if version >= 5:
+        return sql
     # 5 added events.in_call and events.queued after stack_id
     lines = sql.splitlines(keepends=True)
     added = [ln for ln in lines if ln.lstrip().startswith(("in_call ", "queued "))]
