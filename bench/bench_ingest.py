@@ -35,7 +35,7 @@ import numpy as np
 
 from ingero.collect import decode
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, load_program, ring_bytes_from_mb
-from ingero.collect.records import EVENT_DTYPE, Counter, Kind, Op
+from ingero.collect.records import EVENT_DTYPE, CallFlag, Counter, Kind, Op
 from ingero.collect.session import POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
 from ingero.store.db import Store
 
@@ -152,6 +152,13 @@ def _realistic(n: int, seed: int = 1) -> np.ndarray:
     r["other_pid"][bio] = 254 << 20
     r["ret"][~sw & ~bio & (op != Op.PAGE_FAULT)] = 0
     r["ret"][op == Op.PAGE_FAULT] = rng.choice([4, 6, 20], (op == Op.PAGE_FAULT).sum())
+    # the CUDA process' switches and faults carry its call state (schema 5): 40% inside a
+    # sync, half of the rest with device work queued; other processes never called CUDA
+    host = (sw | (op == Op.PAGE_FAULT)) & (pid == 4242)
+    in_sync = host & (rng.random(n) < 0.4)
+    r["call_op"][in_sync] = int(Op.CUDA_STREAM_SYNC)
+    r["call_flags"][host] = int(CallFlag.SEEN)
+    r["call_flags"][in_sync | (host & (rng.random(n) < 0.5))] = int(CallFlag.SEEN | CallFlag.QUEUED)
     return r
 
 
