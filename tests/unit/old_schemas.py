@@ -12,37 +12,36 @@ import duckdb
 
 from ingero.store.db import schema_sql
 
-NCPU_V2 = "    ncpu INTEGER,                    -- CPUs on the host\n"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
-STACK_ID_V4 = "    stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL\n"
+
+
+def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
+    """Undo columns a migration appended to a table: remove the lines of the ``added`` columns
+    and take the comma off the line that was the table's last before them (it starts with
+    ``last``).  Every line must be found exactly once, or the fixture is out of date."""
+    lines = sql.splitlines(keepends=True)
+    for name in added:
+        found = [ln for ln in lines if ln.lstrip().startswith(name + " ")]
+        assert len(found) == 1, f"schema.sql changed shape ({name}): update this fixture"
+        sql = sql.replace(found[0], "")
+    before = [ln for ln in lines if ln.lstrip().startswith(last) and ",  " in ln]
+    assert len(before) == 1, f"schema.sql changed shape ({last}): update this fixture"
+    return sql.replace(before[0], before[0].replace(",  ", "   ", 1))
 
 
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 5), rebuilt from today's by undoing each change."""
     sql = schema_sql()
-    # 6 added sessions.probe_misses after sched_autogroup
-    lines = sql.splitlines(keepends=True)
-    misses = [ln for ln in lines if ln.lstrip().startswith("probe_misses ")]
-    autogroup = [ln for ln in lines if ln.lstrip().startswith("sched_autogroup BOOLEAN,")]
-    assert len(misses) == 1 and len(autogroup) == 1, "schema.sql changed shape: update this fixture"
-    sql = sql.replace(misses[0], "").replace(autogroup[0], autogroup[0].replace("BOOLEAN,", "BOOLEAN ", 1))
+    # 6 added sessions.probe_misses
+    sql = _drop_trailing_columns(sql, ("probe_misses",), last="sched_autogroup BOOLEAN")
     if version >= 5:
         return sql
-    # 5 added events.in_call and events.queued after stack_id
-    lines = sql.splitlines(keepends=True)
-    added = [ln for ln in lines if ln.lstrip().startswith(("in_call ", "queued "))]
-    assert len(added) == 2 and STACK_ID_V4 in sql, "schema.sql changed shape: update this fixture"
-    for ln in added:
-        sql = sql.replace(ln, "")
-    sql = sql.replace(STACK_ID_V4, "    stack_id BIGINT              -- stacks.stack_id with --stack, else NULL\n")
+    # 5 added events.in_call and events.queued
+    sql = _drop_trailing_columns(sql, ("in_call", "queued"), last="stack_id BIGINT,")
     if version >= 4:
         return sql
-    # 4 added sessions.sched_autogroup after stale_calls
-    lines = sql.splitlines(keepends=True)
-    autogroup = [ln for ln in lines if ln.lstrip().startswith("sched_autogroup ")]
-    stale = [ln for ln in lines if ln.lstrip().startswith("stale_calls ")]
-    assert len(autogroup) == 1 and len(stale) == 1, "schema.sql changed shape: update this fixture"
-    sql = sql.replace(autogroup[0], "").replace(stale[0], stale[0].replace("DEFAULT 0, ", "DEFAULT 0  ", 1))
+    # 4 added sessions.sched_autogroup
+    sql = _drop_trailing_columns(sql, ("sched_autogroup",), last="stale_calls BIGINT")
     if version >= 3:
         return sql
     assert SOURCE_V3 in sql, "schema.sql changed shape: update this fixture"
@@ -52,10 +51,7 @@ def old_schema(version: int) -> str:
     if version >= 2:
         return sql
     # 2 added sessions.stale_calls
-    lines = sql.splitlines(keepends=True)
-    stale = [ln for ln in lines if ln.lstrip().startswith("stale_calls ")]
-    assert len(stale) == 1 and NCPU_V2 in sql, "schema.sql changed shape: update this fixture"
-    return sql.replace(stale[0], "").replace(NCPU_V2, "    ncpu INTEGER                     -- CPUs on the host\n")
+    return _drop_trailing_columns(sql, ("stale_calls",), last="ncpu INTEGER,")
 
 
 def write_old_file(path: Path, version: int = 1) -> None:
