@@ -38,11 +38,17 @@ HOST_OPS = ["sched_switch", "page_fault", "block_io", "proc_exec", "proc_exit", 
 
 _FILTER = """session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"""
 _PID_FILTER = """($all_pids OR list_contains($pids, pid))"""
-_CAT = """CASE WHEN list_contains($launch_ops, op) THEN 'launch'
-               WHEN list_contains($sync_ops, op) THEN 'sync'
-               WHEN list_contains($copy_ops, op) THEN 'copy'
-               WHEN list_contains($pinned_ops, op) THEN 'pinned'
-               ELSE 'other' END"""
+
+
+def _category(column: str) -> str:
+    """SQL naming the call category of the op name in ``column`` (an op in two lists takes the first)."""
+    return (f"CASE WHEN list_contains($launch_ops, {column}) THEN 'launch' "
+            f"WHEN list_contains($sync_ops, {column}) THEN 'sync' "
+            f"WHEN list_contains($copy_ops, {column}) THEN 'copy' "
+            f"WHEN list_contains($pinned_ops, {column}) THEN 'pinned' ELSE 'other' END")
+
+
+_CAT = _category("op")
 
 # Two simple scans instead of one rich one (per-row CASE / FILTER
 # expressions over ten million rows cost more than the scan itself):
@@ -89,12 +95,7 @@ FROM g
 # interval and fault against the thread's long CUDA calls: building the
 # window tables of the 10 M-event benchmark took 2.5-2.8 s CPU with them,
 # 1.7-1.85 s without (interleaved rounds, docs/rules.md).
-_INSIDE = """CASE WHEN in_call IS NULL THEN 'none'
-               WHEN list_contains($launch_ops, in_call) THEN 'launch'
-               WHEN list_contains($sync_ops, in_call) THEN 'sync'
-               WHEN list_contains($copy_ops, in_call) THEN 'copy'
-               WHEN list_contains($pinned_ops, in_call) THEN 'pinned'
-               ELSE 'other' END"""
+_INSIDE = f"CASE WHEN in_call IS NULL THEN 'none' ELSE {_category('in_call')} END"
 
 # Grouped on the raw columns straight from the scan (per-row CASE
 # expressions and each extra group key cost ~0.04 s CPU at 10 M events);
