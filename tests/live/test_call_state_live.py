@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import workloads
-from workloads import Tracer, build, query
+from workloads import build, query, trace_gated
 
 pytestmark = pytest.mark.live
 
@@ -39,14 +39,8 @@ LONG_NS = 4_000_000
 def traced(tmp_path_factory) -> tuple[Path, int, int]:
     tmp = tmp_path_factory.mktemp("call_state")
     lib = workloads.simcuda()
-    exe = build("call_state", tmp)
-    go = tmp / "go"
-    db = tmp / "t.duckdb"
-    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd",
-                    f"{exe} {lib} {go} {IN_SYNC} {AFTER_SYNC} {AFTER_LAUNCH} {HELPER} {PAGES}")
-    tracer.wait_started()
-    go.touch()
-    summary = tracer.finish(sig=None, timeout=120)
+    tracer, summary, db = trace_gated(build("call_state", tmp), lib, tmp,
+                                      IN_SYNC, AFTER_SYNC, AFTER_LAUNCH, HELPER, PAGES)
     assert "done" in tracer.stderr, tracer.stderr  # the command's output goes to stderr under --json
     assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
     main_tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]
@@ -139,13 +133,7 @@ def test_failed_launches_queue_nothing(tmp_path: Path) -> None:
     lib = workloads.libcudart()
     if lib is None:
         pytest.fail("nvidia-cuda-runtime-cu12 is not installed in the venv (its libcudart is needed)")
-    exe = build("call_state_failed", tmp_path)
-    go = tmp_path / "go"
-    db = tmp_path / "t.duckdb"
-    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {FAILED_LAUNCHES}")
-    tracer.wait_started()
-    go.touch()
-    summary = tracer.finish(sig=None, timeout=120)
+    tracer, summary, db = trace_gated(build("call_state_failed", tmp_path), lib, tmp_path, FAILED_LAUNCHES)
     assert f"done {FAILED_LAUNCHES}" in tracer.stderr, tracer.stderr
     assert summary["command_exit"] == 0
     tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]

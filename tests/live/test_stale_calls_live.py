@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 import workloads
-from workloads import Tracer, build, build_shared, query
+from workloads import build, build_shared, query, trace_gated
 
 pytestmark = pytest.mark.live
 
@@ -45,14 +45,7 @@ def simcuda() -> Path:
 
 
 def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: Path, simcuda: Path) -> None:
-    exe = build("stale_calls", tmp_path)
-    go = tmp_path / "go"
-    db = tmp_path / "t.duckdb"
-    tracer = Tracer(db, "--cuda-lib", str(simcuda), "--duration", "90s",
-                    "--cmd", f"{exe} {simcuda} {go} {ESCAPES}")
-    tracer.wait_started()
-    go.touch()
-    summary = tracer.finish(sig=None, timeout=120)
+    tracer, summary, db = trace_gated(build("stale_calls", tmp_path), simcuda, tmp_path, ESCAPES)
     assert f"done {ESCAPES}" in tracer.stderr  # the command's output goes to stderr under --json
     assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
 
@@ -82,13 +75,7 @@ def test_calls_from_deeper_frames_after_a_longjmp_are_recorded(tmp_path: Path) -
     later call is recorded.  Genuinely nested calls (the driver's _ptsz entry
     points calling the plain ones) stay one row: tests/live/test_trace_cudart.py."""
     lib = build_shared("longjmp_lib", tmp_path, "libcudart.so.12")
-    exe = build("longjmp_main", tmp_path)
-    go = tmp_path / "go"
-    db = tmp_path / "t.duckdb"
-    tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s", "--cmd", f"{exe} {lib} {go} {DEEP_CALLS} {DEEP_FRAMES}")
-    tracer.wait_started()
-    go.touch()
-    summary = tracer.finish(sig=None, timeout=120)
+    tracer, summary, db = trace_gated(build("longjmp_main", tmp_path), lib, tmp_path, DEEP_CALLS, DEEP_FRAMES)
     assert f"done {DEEP_CALLS}" in tracer.stderr
     rows = query(db, "SELECT count(*) FROM events WHERE op = 'cudaStreamSync'")[0][0]
     assert (rows, summary["stale_calls"], summary["nest_skipped"]) == (DEEP_CALLS + 1, 1, 0)
