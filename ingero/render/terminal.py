@@ -54,7 +54,8 @@ def analysed_line(report: Report) -> str:
     if stale:
         text += f"; {stale:,} stale CUDA call{'s' if stale != 1 else ''} (never returned, not in events)"
     if a.probe_misses:
-        text += f"; {a.probe_misses:,} probe runs skipped by the kernel (rows may be missing)"
+        n = a.probe_misses
+        text += f"; {n:,} probe run{'s' if n != 1 else ''} skipped by the kernel (rows may be missing)"
     return text
 
 

@@ -62,6 +62,9 @@ def test_status_and_explain_show_the_count(tmp_path: Path) -> None:
                  cuda_events=40, processes=["python3 (train.py) (PID 1)"], probe_misses=3)
     assert analysed_line(type("R", (), {"analysed": a})()).endswith(
         "drops: 0 kernel, 0 user; 3 probe runs skipped by the kernel (rows may be missing)")
+    a.probe_misses = 1
+    assert analysed_line(type("R", (), {"analysed": a})()).endswith(
+        "drops: 0 kernel, 0 user; 1 probe run skipped by the kernel (rows may be missing)")
 
 
 def test_trace_summary_line_and_json() -> None:
