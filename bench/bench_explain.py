@@ -7,7 +7,10 @@ host and per-process samples), then times ``explain(con, Options())`` on a
 read-only connection, as the CLI runs it.  Prints a markdown table.  The
 loop's off-CPU and fault rows carry in_call / queued as the tracer tags them
 (schema 5), from its CUDA calls, which never overlap (one thread is in one
-call at a time: each is clipped at the next).
+call at a time: each is clipped at the next).  Rows are stored in the
+tracer's order: each once-a-second flush grouped by op (decode.storage_order,
+for compression), which lets explain's scans skip whole vectors of other ops;
+``--interleaved`` stores plain time order instead, the worst case.
 
     python bench/bench_explain.py                 # 1 M and 10 M
     python bench/bench_explain.py --sizes 1e6 --repeat 5 --dir /tmp/ingero-bench
@@ -34,6 +37,8 @@ import pyarrow as pa
 
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
+from ingero.collect.records import OP_NAMES
+from ingero.collect.session import FLUSH_INTERVAL_S
 from ingero.store.db import Store
 
 NS = 1_000_000_000
@@ -56,6 +61,9 @@ MIX = (
     ("block_io", "write", 0.02, 5_000_000),
 )
 
+
+# Op ids (records.Op) of MIX, the tracer's sort key within a flush.
+OP_IDS = np.array([{v: k for k, v in OP_NAMES.items()}[m[0]] for m in MIX], dtype=np.uint8)
 
 N_CUDA = 4
 # What a CUDA call leaves queued on the device (events.queued, contract v5): a launch or an
@@ -105,8 +113,12 @@ class CallState:
         return in_call, queued
 
 
-def build(path: Path, n: int, seed: int = 0) -> float:
-    """Write an n-event DB at path; returns seconds taken."""
+def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float:
+    """Write an n-event DB at path; returns seconds taken.
+
+    Rows are stored as the tracer stores them (each flush grouped by op);
+    ``interleaved`` keeps plain time order across ops instead, a layout the
+    tracer never writes: the worst case for explain's scans."""
     t = time.perf_counter()
     if path.exists():
         path.unlink()
@@ -143,6 +155,14 @@ def build(path: Path, n: int, seed: int = 0) -> float:
         preempted = which == 5
         other = np.where(preempted, rng.choice(np.array(HOGS), size=m), 0)
         runq = np.where(sched, (dur * np.where(preempted, 1.0, 0.01)).astype(np.int64), 0)
+        # Row order as the tracer stores it: each flush (one per FLUSH_INTERVAL_S
+        # at this rate) grouped by op id, time order within an op
+        # (decode.storage_order).  Explain's scans skip the vectors of other ops.
+        flush = (ts - T0) // int(FLUSH_INTERVAL_S * NS)
+        order = np.arange(m) if interleaved else np.lexsort((ts, OP_IDS[which], flush))
+        ts, dur, which, ops, kinds, pid, in_call, queued, nbytes, preempted, other, runq, cuda, sched = (
+            a[order] for a in (ts, dur, which, ops, kinds, pid, in_call, queued, nbytes, preempted, other, runq,
+                               cuda, sched))
         table = pa.table({
             "session_id": pa.array(np.ones(m, dtype=np.int32)),
             "timestamp": pa.array(ts),
@@ -269,21 +289,24 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/ingero-bench")
     ap.add_argument("--keep", action="store_true", help="reuse existing DB files of the right size")
     ap.add_argument("--statements", action="store_true", help="also time every SQL statement of explain")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="store rows in time order across ops (the tracer groups each flush by op): worst case")
     args = ap.parse_args()
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     per_statement = {}
     for size in (int(float(s)) for s in args.sizes.split(",")):
-        path = out / f"explain-{size}.duckdb"
-        built = 0.0 if (args.keep and path.exists()) else build(path, size)
+        path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}.duckdb"
+        built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved)
         statements: dict[str, list[float]] | None = {} if args.statements else None
         times, cpus, chains = time_explain(path, args.repeat, statements)
         rows.append((size, built, min(times), statistics.median(times), min(cpus), chains, path.stat().st_size))
         per_statement[size] = statements
     load = os.getloadavg()[0]
+    layout = "time order across ops (worst case)" if args.interleaved else "each flush grouped by op, as the tracer stores"
     print(f"explain over N stored events ({os.cpu_count()} CPUs, load {load:.1f}, best of {args.repeat} runs, "
-          "read-only file DB)\n")
+          f"read-only file DB; rows: {layout})\n")
     print("| events | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size, built, best, med, cpu, chains, nbytes in rows:
