@@ -11,10 +11,10 @@ cause was present throughout: rules then state the time it cost directly
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from ingero.analyze.context import Context
 from ingero.analyze.model import Window
@@ -116,7 +116,7 @@ def split(rows: list[Row], share: Callable[[Row], float], threshold: float,
 
 def median(values: Sequence[float]) -> float:
     vals = [float(v) for v in values if v is not None]
-    return float(np.median(vals)) if vals else 0.0
+    return float(statistics.median(vals)) if vals else 0.0
 
 
 def mean_share(rows: list[Row], key: str) -> float:
@@ -134,11 +134,15 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Pearson correlation; None when fewer than 3 points or a side is constant."""
     if len(xs) < 3:
         return None
-    x = np.asarray(xs, dtype=float)
-    y = np.asarray(ys, dtype=float)
-    if np.std(x) == 0 or np.std(y) == 0:
+    # statistics, not numpy: explain imports no numpy (~0.09 s of every run)
+    x = [float(v) for v in xs]
+    y = [float(v) for v in ys]
+    if min(x) == max(x) or min(y) == max(y):
         return None
-    r = float(np.corrcoef(x, y)[0, 1])
+    try:
+        r = statistics.correlation(x, y)
+    except statistics.StatisticsError:
+        return None
     return None if math.isnan(r) else round(r, 2)
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 
 class Op(enum.IntEnum):
@@ -189,12 +188,36 @@ class Counter(enum.IntEnum):
     MAX = 8
 
 
-EVENT_DTYPE = np.dtype(Event)
-PROC_STAT_DTYPE = np.dtype(ProcStat)
+def _numpy_mirrors() -> dict[str, Any]:
+    """The numpy views of the records: dtypes, and lookup tables indexed by
+    the raw u8 op / kind (vectorised id -> name)."""
+    import numpy as np
 
-# Lookup tables indexed by the raw u8 op / kind: vectorised id -> name.
-OP_NAME_TABLE = np.array([OP_NAMES.get(i, f"op{i}") for i in range(256)], dtype=object)  # type: ignore[call-overload]
-KIND_NAME_TABLE = np.array([KIND_NAMES.get(i) for i in range(256)], dtype=object)  # type: ignore[call-overload]
+    return {
+        "EVENT_DTYPE": np.dtype(Event),
+        "PROC_STAT_DTYPE": np.dtype(ProcStat),
+        "OP_NAME_TABLE": np.array([OP_NAMES.get(i, f"op{i}") for i in range(256)], dtype=object),  # type: ignore[call-overload]
+        "KIND_NAME_TABLE": np.array([KIND_NAMES.get(i) for i in range(256)], dtype=object),  # type: ignore[call-overload]
+    }
+
+
+# EVENT_DTYPE, PROC_STAT_DTYPE, OP_NAME_TABLE, KIND_NAME_TABLE are made on
+# first use (PEP 562): readers of the store (explain, query, status) use the
+# op names here but no numpy, whose import is ~0.09 s of each such command.
+if TYPE_CHECKING:
+    import numpy as np
+
+    EVENT_DTYPE: np.dtype
+    PROC_STAT_DTYPE: np.dtype
+    OP_NAME_TABLE: np.ndarray
+    KIND_NAME_TABLE: np.ndarray
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("EVENT_DTYPE", "PROC_STAT_DTYPE", "OP_NAME_TABLE", "KIND_NAME_TABLE"):
+        globals().update(_numpy_mirrors())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Every C name the parity test checks, with its Python mirror.
 MIRRORS = {

@@ -18,15 +18,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
 from ingero import __version__
 from ingero.errors import IngeroError, first_line
 from ingero.store import derive
 from ingero.store.faults import is_disk_full, open_error
+
+if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
+    import pyarrow as pa
 
 SCHEMA_VERSION = 6
 
@@ -362,6 +364,8 @@ class Store:
         """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid when known."""
         if not rows:
             return
+        import pyarrow as pa
+
         batch = pa.Table.from_pylist([{"ppid": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
