@@ -15,6 +15,11 @@ holds the programs and everything else tracing costs in its context).  One
 floor block (the empty programs, attached in this process) gives the
 ns/run a program costs for doing nothing at the same point.
 
+``--workload driver`` runs the driver API instead: driver_calls against the
+live tests' stand-in libcuda (8 rows per iteration, one of them through
+cuLaunchKernel_ptsz, which calls cuLaunchKernel inside: the nested path
+every launch takes in a real CUDA stack, runtime -> driver).
+
 ``--helpers`` instead loads each variant in this process and lists, per CUDA
 program, the instructions left after the verifier and the helper functions
 it still calls (an inlined helper leaves no call): what the JIT will run.
@@ -26,6 +31,7 @@ variants with each other and with the floor, measured in the same session.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import ctypes
 import os
 import statistics
@@ -36,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, Workload, _build, _Floor,
+from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, WORKLOADS, Workload, _build, _Floor,
                                   _foreign_tracers, _Ingero, _private_libcudart, _tag_names)
 from ingero.collect import probes
 from ingero.collect.loader import BpfSettings, load_program
@@ -45,6 +51,7 @@ from ingero.collect.loader import BpfSettings, load_program
 # (30 k) for a stable ns/run, short enough for many interleaved blocks.
 ITERS = 30_000
 TIMED_RUNS = 2
+DRIVER_ROWS_PER_ITER = 8  # driver_calls.c: 8 calls per iteration, plus one nested cuLaunchKernel
 ROUNDS = 3
 SETTINGS = BpfSettings(trace_all_cuda=False, target_comm=WORK_COMM)  # what bench_overhead's tracer compiles
 # The previous block's tracer leaves a closer process detaching its uprobes
@@ -164,9 +171,37 @@ def _block(ctx: object, work: Workload, timed: int) -> tuple[dict[str, tuple[int
     return stats, [work.run()[1] for _ in range(timed)]
 
 
+class _FedWorkload(Workload):
+    """A workload that waits for a line on stdin before its calls (driver_calls)."""
+
+    def run(self) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                text=True)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        _, status, ru = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"{self.argv[0]} exited {os.waitstatus_to_exitcode(status)}")
+        return elapsed, ru.ru_utime + ru.ru_stime
+
+
+def _workload(kind: str, iters: int, tmp: Path) -> tuple[Workload, Path]:
+    """(workload, the library the tracer is pointed at)."""
+    if kind == "cudart":
+        lib = _private_libcudart(tmp)
+        return Workload("libcudart calls", [str(_build("cudart_calls", tmp)), str(lib), str(iters), "4096"],
+                        iters * CUDA_CALLS_PER_ITER, "call"), lib
+    lib = tmp / "libcuda.so.1"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(WORKLOADS / "fake_libcuda.c")], check=True)
+    return _FedWorkload("driver calls", [str(_build("driver_calls", tmp)), str(lib), str(iters), "4096"],
+                        iters * DRIVER_ROWS_PER_ITER, "call"), lib
+
+
 def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
-            extra_args: dict[str, list[str]]) -> None:
-    calls = iters * CUDA_CALLS_PER_ITER
+            extra_args: dict[str, list[str]], workload: str = "cudart") -> None:
     tag_names = {}
     for name, path in variants.items():
         with _bpf_dir(path):
@@ -177,9 +212,8 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
     noisy = 0
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        lib = _private_libcudart(tmp)
-        work = Workload("libcudart calls", [str(_build("cudart_calls", tmp)), str(lib), str(iters), "4096"],
-                        calls, "call")
+        work, lib = _workload(workload, iters, tmp)
+        calls = work.ops
         noisy += _wait_closers(tmp) > 0
         with _Floor(lib) as floor:
             floor_stats, floor_cpu = _block(floor, work, timed)
@@ -199,7 +233,7 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
                       f"CPU {statistics.median(c) / calls * 1e9:.0f} ns/call", file=sys.stderr, flush=True)
     progs = sorted({p for runs in stats.values() for s in runs for p in s if s[p][0] >= 1000},
                    key=lambda p: (p != probes.RETURN_FN, p))
-    print(f"\n{rounds} rounds, {iters:,} iterations x {CUDA_CALLS_PER_ITER} calls; load {min(loads):.2f}-"
+    print(f"\n{work.name}: {rounds} rounds, {iters:,} iterations, {calls:,} rows; load {min(loads):.2f}-"
           f"{max(loads):.2f}; {noisy} of {len(loads) + 1} blocks started with another tracer attached on the host.  ns/run with kernel.bpf_stats_enabled, median (min-max) over rounds; "
           f"CPU: the workload's CPU per call with stats off, median (min-max) of {timed} runs x {rounds} rounds.\n")
     print("| program | runs/round | empty | " + " | ".join(variants) + " |")
@@ -227,6 +261,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--iters", type=int, default=ITERS)
     ap.add_argument("--timed", type=int, default=TIMED_RUNS)
+    ap.add_argument("--workload", choices=("cudart", "driver"), default="cudart")
     ap.add_argument("--helpers", action="store_true", help="list the helper calls left after the verifier")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -241,7 +276,7 @@ def main() -> int:
     stats_before = STATS_SYSCTL.read_text().strip()
     STATS_SYSCTL.write_text("0")
     try:
-        measure(variants, a.rounds, a.iters, a.timed, extra_args)
+        measure(variants, a.rounds, a.iters, a.timed, extra_args, a.workload)
     finally:
         STATS_SYSCTL.write_text(stats_before)
     return 0

@@ -14,12 +14,10 @@
  */
 
 /* The 7th and later integer arguments are on the stack: at the first
- * instruction SP points at the return address, so slot n is SP + 8n. */
-static __always_inline u64 stack_arg(struct pt_regs *ctx, int slot)
+ * instruction SP points at the return address, so slot n is at SP + 8n. */
+static __always_inline u64 stack_arg_at(struct pt_regs *ctx, int slot)
 {
-	u64 v = 0;
-	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * slot));
-	return v;
+	return PT_REGS_SP(ctx) + 8 * slot;
 }
 
 static __always_inline u64 user_u64(u64 addr)
@@ -95,7 +93,12 @@ static __always_inline u8 op_class(u8 op)
 	}
 }
 
-static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream)
+/* The stream is either a register argument (stream) or a u64 in user memory
+ * (stream_at != 0: a stack slot, a config struct's field), read only when
+ * the call will have a row: a bpf_probe_read_user costs ~90 ns here
+ * (bench/bench_probe_cost.py), as much as the rest of an entry probe, and a
+ * nested call (cuLaunchKernel inside cudaLaunchKernel) needs none. */
+static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
 {
 	EMPTY_RETURN();
 	struct call_state *s = inflight_here(1);
@@ -133,7 +136,7 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	s->cls = op_class(op);
 	s->flags |= CALL_FLAG_SEEN;
 	s->arg = arg;
-	s->stream = stream;
+	s->stream = stream_at ? user_u64(stream_at) : stream;
 	s->depth = 1;
 	s->ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
 	return 0;
@@ -202,8 +205,7 @@ static __always_inline u8 copy_kind(u64 k)
  * sharedMem and stream spill to the stack: stream is stack slot 2. */
 static __always_inline int on_cuda_launch_kernel_enter(struct pt_regs *ctx)
 {
-	EMPTY_RETURN(); /* the floor reads no user memory */
-	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 2));
+	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, 0, stack_arg_at(ctx, 2));
 }
 
 /* cudaLaunchKernelExC(const cudaLaunchConfig_t *config, func, args):
@@ -211,66 +213,65 @@ static __always_inline int on_cuda_launch_kernel_enter(struct pt_regs *ctx)
  * stream at offset 32. */
 static __always_inline int on_cuda_launch_kernel_exc_enter(struct pt_regs *ctx)
 {
-	EMPTY_RETURN(); /* the floor reads no user memory */
-	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
+	return cuda_enter(ctx, OP_CUDA_LAUNCH_KERNEL, KIND_NONE, 0, 0, PT_REGS_PARM1(ctx) + 32);
 }
 
 /* cudaMemcpy(dst, src, count, kind) */
 static __always_inline int on_cuda_memcpy_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_MEMCPY, copy_kind(PT_REGS_PARM4(ctx)), PT_REGS_PARM3(ctx), 0);
+	return cuda_enter(ctx, OP_CUDA_MEMCPY, copy_kind(PT_REGS_PARM4(ctx)), PT_REGS_PARM3(ctx), 0, 0);
 }
 
 /* cudaMemcpyAsync(dst, src, count, kind, stream) */
 static __always_inline int on_cuda_memcpy_async_enter(struct pt_regs *ctx)
 {
 	return cuda_enter(ctx, OP_CUDA_MEMCPY_ASYNC, copy_kind(PT_REGS_PARM4(ctx)), PT_REGS_PARM3(ctx),
-			  PT_REGS_PARM5(ctx));
+			  PT_REGS_PARM5(ctx), 0);
 }
 
 /* cudaStreamSynchronize(stream) */
 static __always_inline int on_cuda_stream_sync_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx));
+	return cuda_enter(ctx, OP_CUDA_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx), 0);
 }
 
 static __always_inline int on_cuda_device_sync_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_DEVICE_SYNC, KIND_NONE, 0, 0);
+	return cuda_enter(ctx, OP_CUDA_DEVICE_SYNC, KIND_NONE, 0, 0, 0);
 }
 
 static __always_inline int on_cuda_event_sync_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_EVENT_SYNC, KIND_NONE, 0, 0);
+	return cuda_enter(ctx, OP_CUDA_EVENT_SYNC, KIND_NONE, 0, 0, 0);
 }
 
 /* cudaMalloc(void **devPtr, size_t size) */
 static __always_inline int on_cuda_malloc_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_MALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+	return cuda_enter(ctx, OP_CUDA_MALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0, 0);
 }
 
 static __always_inline int on_cuda_free_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_FREE, KIND_NONE, 0, 0);
+	return cuda_enter(ctx, OP_CUDA_FREE, KIND_NONE, 0, 0, 0);
 }
 
 /* cudaGraphLaunch(graphExec, stream) */
 static __always_inline int on_cuda_graph_launch_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_GRAPH_LAUNCH, KIND_NONE, 0, PT_REGS_PARM2(ctx));
+	return cuda_enter(ctx, OP_CUDA_GRAPH_LAUNCH, KIND_NONE, 0, PT_REGS_PARM2(ctx), 0);
 }
 
 /* cudaMallocHost(void **ptr, size) and cudaHostAlloc(void **ptr, size, flags) */
 static __always_inline int on_cuda_malloc_host_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_MALLOC_HOST, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+	return cuda_enter(ctx, OP_CUDA_MALLOC_HOST, KIND_NONE, PT_REGS_PARM2(ctx), 0, 0);
 }
 
 /* cudaHostRegister(ptr, size, flags) */
 static __always_inline int on_cuda_host_register_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CUDA_HOST_REGISTER, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+	return cuda_enter(ctx, OP_CUDA_HOST_REGISTER, KIND_NONE, PT_REGS_PARM2(ctx), 0, 0);
 }
 
 /* ---- driver API (libcuda) --------------------------------------------- */
@@ -279,78 +280,76 @@ static __always_inline int on_cuda_host_register_enter(struct pt_regs *ctx)
  * f..by fill the six registers; bz, sharedMem, hStream are stack slots 1..3. */
 static __always_inline int on_cu_launch_kernel_enter(struct pt_regs *ctx)
 {
-	EMPTY_RETURN(); /* the floor reads no user memory */
-	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, stack_arg(ctx, 3));
+	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, 0, stack_arg_at(ctx, 3));
 }
 
 /* cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra):
  * config = {7 x unsigned int; CUstream hStream; ...}: stream at offset 32. */
 static __always_inline int on_cu_launch_kernel_ex_enter(struct pt_regs *ctx)
 {
-	EMPTY_RETURN(); /* the floor reads no user memory */
-	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, user_u64(PT_REGS_PARM1(ctx) + 32));
+	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, 0, PT_REGS_PARM1(ctx) + 32);
 }
 
 /* cuMemcpy*(dst, src, ByteCount): the direction is in the symbol name. */
 static __always_inline int on_cu_memcpy_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_DEFAULT, PT_REGS_PARM3(ctx), 0);
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_DEFAULT, PT_REGS_PARM3(ctx), 0, 0);
 }
 
 static __always_inline int on_cu_memcpy_htod_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_H2D, PT_REGS_PARM3(ctx), 0);
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_H2D, PT_REGS_PARM3(ctx), 0, 0);
 }
 
 static __always_inline int on_cu_memcpy_dtoh_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2H, PT_REGS_PARM3(ctx), 0);
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2H, PT_REGS_PARM3(ctx), 0, 0);
 }
 
 static __always_inline int on_cu_memcpy_dtod_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2D, PT_REGS_PARM3(ctx), 0);
+	return cuda_enter(ctx, OP_CU_MEMCPY, KIND_D2D, PT_REGS_PARM3(ctx), 0, 0);
 }
 
 /* cuMemcpy*Async(dst, src, ByteCount, hStream) */
 static __always_inline int on_cu_memcpy_async_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_DEFAULT, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_DEFAULT, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
 }
 
 static __always_inline int on_cu_memcpy_htod_async_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_H2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_H2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
 }
 
 static __always_inline int on_cu_memcpy_dtoh_async_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2H, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2H, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
 }
 
 static __always_inline int on_cu_memcpy_dtod_async_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx));
+	return cuda_enter(ctx, OP_CU_MEMCPY_ASYNC, KIND_D2D, PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx), 0);
 }
 
 static __always_inline int on_cu_ctx_sync_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_CTX_SYNC, KIND_NONE, 0, 0);
+	return cuda_enter(ctx, OP_CU_CTX_SYNC, KIND_NONE, 0, 0, 0);
 }
 
 /* cuStreamSynchronize(hStream) */
 static __always_inline int on_cu_stream_sync_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx));
+	return cuda_enter(ctx, OP_CU_STREAM_SYNC, KIND_NONE, 0, PT_REGS_PARM1(ctx), 0);
 }
 
 /* cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
 static __always_inline int on_cu_mem_alloc_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEM_ALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0);
+	return cuda_enter(ctx, OP_CU_MEM_ALLOC, KIND_NONE, PT_REGS_PARM2(ctx), 0, 0);
 }
 
 static __always_inline int on_cu_mem_free_enter(struct pt_regs *ctx)
 {
-	return cuda_enter(ctx, OP_CU_MEM_FREE, KIND_NONE, 0, 0);
+	return cuda_enter(ctx, OP_CU_MEM_FREE, KIND_NONE, 0, 0, 0);
 }
