@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 
+from ingero.render import counts
 from ingero.store.db import pid_alive
 from ingero.store.sessions import latest_session
 
@@ -148,11 +149,9 @@ def format_status(st: dict[str, Any]) -> list[str]:
     lines.append(ev)
     drops = f"drops: {s['drops_kernel'] or 0:,} in kernel, {s['drops_user'] or 0:,} in user space"
     if s.get("stale_calls"):
-        n = s["stale_calls"]
-        drops += f"; {n:,} stale CUDA call{'s' if n != 1 else ''} (never returned: longjmp or exception; no rows)"
+        drops += "; " + counts.stale_calls_clause(s["stale_calls"])
     if s.get("probe_misses"):
-        n = s["probe_misses"]
-        drops += f"; {n:,} probe run{'s' if n != 1 else ''} skipped by the kernel (rows may be missing)"
+        drops += "; " + counts.probe_misses_clause(s["probe_misses"])
     lines.append(drops)
     lines.append(f"database: {st['db_path']} ({size})")
     return lines

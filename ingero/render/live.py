@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import IO, Any
 
 from ingero.collect.session import OpStats, StartInfo, TickStats, TraceSummary
+from ingero.render import counts
 
 
 def _ms(ns: float | None) -> str:
@@ -26,17 +27,6 @@ def _ms(ns: float | None) -> str:
     if ns < 1e9:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e9:.2f} s"
-
-
-def probe_misses_text(n: int) -> str:
-    return (f"the kernel skipped {n:,} run{'s' if n != 1 else ''} of ingero's BPF programs (another BPF program "
-            "or a bpf() syscall held the CPU); each may have lost a row (sessions.probe_misses)")
-
-
-def stale_calls_text(n: int) -> str:
-    """What a non-zero stale-call count means, in one line (trace summary, status)."""
-    return (f"{n:,} CUDA call{'s' if n != 1 else ''} never returned (left by longjmp or a C++ exception); "
-            f"{'they have' if n != 1 else 'it has'} no row in events (sessions.stale_calls)")
 
 
 def _ops_dict(ops: dict[str, OpStats]) -> dict[str, Any]:
@@ -160,9 +150,9 @@ class LiveView:
             file=out,
         )
         if s.stale_calls:
-            print(f"ingero: {stale_calls_text(s.stale_calls)}", file=out)
+            print(f"ingero: {counts.stale_calls_sentence(s.stale_calls)}", file=out)
         if s.probe_misses:
-            print(f"ingero: {probe_misses_text(s.probe_misses)}", file=out)
+            print(f"ingero: {counts.probe_misses_sentence(s.probe_misses)}", file=out)
         if s.command_exit is not None:
             print(f"ingero: the command exited with code {s.command_exit}", file=out)
         print(f"ingero: next: ingero explain --db {s.db_path}", file=out)

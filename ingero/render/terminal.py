@@ -6,6 +6,7 @@ from typing import IO, Any
 
 from ingero.analyze import units
 from ingero.analyze.model import Chain, Report
+from ingero.render import counts
 
 INDENT = "  "
 
@@ -50,12 +51,10 @@ def analysed_line(report: Report) -> str:
         f"({a.windows} window{'s' if a.windows != 1 else ''} of {span_text(a.window_s)}), session {a.session_id}; "
         f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
     )
-    stale = a.stale_calls  # calls with no row: counted in BPF when the thread's next call came
-    if stale:
-        text += f"; {stale:,} stale CUDA call{'s' if stale != 1 else ''} (never returned, not in events)"
+    if a.stale_calls:  # calls with no row: counted in BPF when the thread's next call came
+        text += "; " + counts.stale_calls_clause(a.stale_calls)
     if a.probe_misses:
-        n = a.probe_misses
-        text += f"; {n:,} probe run{'s' if n != 1 else ''} skipped by the kernel (rows may be missing)"
+        text += "; " + counts.probe_misses_clause(a.probe_misses)
     return text
 
 

@@ -36,9 +36,9 @@ LONG_NS = 4_000_000
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory) -> tuple[Path, int, int]:
+def traced(tmp_path_factory, simcuda: Path) -> tuple[Path, int, int]:
     tmp = tmp_path_factory.mktemp("call_state")
-    lib = workloads.simcuda()
+    lib = simcuda
     tracer, summary, db = trace_gated(build("call_state", tmp), lib, tmp,
                                       IN_SYNC, AFTER_SYNC, AFTER_LAUNCH, HELPER, PAGES)
     assert "done" in tracer.stderr, tracer.stderr  # the command's output goes to stderr under --json

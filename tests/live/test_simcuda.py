@@ -14,17 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import workloads
 from ingero.collect import probes
 
 pytestmark = pytest.mark.live
 
 REPS = 3
-
-
-@pytest.fixture(scope="module")
-def lib_path() -> Path:
-    return workloads.simcuda()
 
 
 def _run(code: str, lib: Path) -> str:
@@ -50,12 +44,12 @@ G = Dim3(1, 1, 1)
     return out.stdout
 
 
-def test_library_identity(lib_path):
-    soname = subprocess.run(["readelf", "-d", str(lib_path)], capture_output=True, text=True).stdout
+def test_library_identity(simcuda):
+    soname = subprocess.run(["readelf", "-d", str(simcuda)], capture_output=True, text=True).stdout
     assert "Library soname: [libcudart.so.12]" in soname
 
 
-def test_sync_blocks_for_the_queued_kernel_time(lib_path):
+def test_sync_blocks_for_the_queued_kernel_time(simcuda):
     # 20 kernels of 2 ms queue 40 ms of device work; launches return at once
     # (5 us of launch overhead each), the sync waits for the rest.
     code = """
@@ -68,7 +62,7 @@ assert L.cudaDeviceSynchronize() == 0
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t0, L.simcudaDeviceBusyNs())
 """
-    results = [tuple(float(x) for x in _run(code, lib_path).split()) for _ in range(REPS)]
+    results = [tuple(float(x) for x in _run(code, simcuda).split()) for _ in range(REPS)]
     launch_s = min(r[0] for r in results)
     total_s = min(r[1] for r in results)
     busy_ns = {int(r[2]) for r in results}
@@ -77,7 +71,7 @@ print(t1 - t0, t2 - t0, L.simcudaDeviceBusyNs())
     assert busy_ns == {40_000_000}  # exactly the queued kernel time
 
 
-def test_timed_kernel_takes_its_duration_from_args(lib_path):
+def test_timed_kernel_takes_its_duration_from_args(simcuda):
     code = """
 us = ctypes.c_uint32(7000)
 args = (P * 1)(ctypes.cast(ctypes.pointer(us), P))
@@ -87,12 +81,12 @@ L.cudaLaunchKernel(fn, G, G, args, 0, None)
 L.cudaStreamSynchronize(None)
 print(time.perf_counter() - t0, L.simcudaDeviceBusyNs())
 """
-    results = [tuple(float(x) for x in _run(code, lib_path).split()) for _ in range(REPS)]
+    results = [tuple(float(x) for x in _run(code, simcuda).split()) for _ in range(REPS)]
     assert 0.007 <= min(r[0] for r in results) < 0.007 * 1.5
     assert {int(r[1]) for r in results} == {7_000_000}
 
 
-def test_pageable_copy_is_slower_than_pinned_and_synchronous(lib_path):
+def test_pageable_copy_is_slower_than_pinned_and_synchronous(simcuda):
     code = """
 n = 64 << 20
 dev = P(); L.cudaMalloc(ctypes.byref(dev), n)
@@ -105,7 +99,7 @@ t = time.perf_counter(); L.cudaMemcpyAsync(dev, pinned, n, 1, None); pn_async = 
 L.cudaDeviceSynchronize()
 print(pg, pn, pg_async, pn_async)
 """
-    results = [tuple(float(x) for x in _run(code, lib_path).split()) for _ in range(REPS)]
+    results = [tuple(float(x) for x in _run(code, simcuda).split()) for _ in range(REPS)]
     pageable = min(r[0] for r in results)
     pinned = min(r[1] for r in results)
     pageable_async = min(r[2] for r in results)
@@ -119,7 +113,7 @@ print(pg, pn, pg_async, pn_async)
     assert pinned_async < 0.001
 
 
-def test_streams_events_and_errors(lib_path):
+def test_streams_events_and_errors(simcuda):
     code = """
 s = P(); assert L.cudaStreamCreate(ctypes.byref(s)) == 0
 e0, e1 = P(), P()
@@ -138,7 +132,7 @@ bad = L.cudaSetDevice(3)
 print(round(ms.value, 3), bad, L.cudaGetLastError(), L.cudaGetLastError())
 n = ctypes.c_int(); L.cudaGetDeviceCount(ctypes.byref(n)); print(n.value)
 """
-    first, second = _run(code, lib_path).splitlines()
+    first, second = _run(code, simcuda).splitlines()
     elapsed, bad, err1, err2 = first.split()
     # the kernel starts when launched, a few tens of us after e0 was recorded
     assert 3.0 <= float(elapsed) < 3.25
@@ -146,7 +140,7 @@ n = ctypes.c_int(); L.cudaGetDeviceCount(ctypes.byref(n)); print(n.value)
     assert second == "1"
 
 
-def test_busy_time_is_a_utilisation(lib_path):
+def test_busy_time_is_a_utilisation(simcuda):
     # 50% duty cycle: 2 ms kernel, then 2 ms of host sleep, 25 times
     code = """
 L.simcudaSetKernelUs(2000)
@@ -157,11 +151,11 @@ for _ in range(25):
     time.sleep(0.002)
 print((L.simcudaDeviceBusyNs() - b0) / (L.simcudaUptimeNs() - u0))
 """
-    shares = [float(_run(code, lib_path)) for _ in range(REPS)]
+    shares = [float(_run(code, simcuda)) for _ in range(REPS)]
     assert 0.25 < max(shares) <= 0.5
 
 
-def test_every_probed_runtime_symbol_nvidia_exports_is_exported_by_ours(lib_path):
+def test_every_probed_runtime_symbol_nvidia_exports_is_exported_by_ours(simcuda):
     """Our library is a drop-in for what the tracer attaches to on NVIDIA's libcudart."""
     from elftools.elf.elffile import ELFFile
 
@@ -177,7 +171,7 @@ def test_every_probed_runtime_symbol_nvidia_exports_is_exported_by_ours(lib_path
                     if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] == "STT_FUNC"}
 
     nvidia = exported(matches[0])
-    ours = exported(str(lib_path))
+    ours = exported(str(simcuda))
     wanted = set()
     for probe in probes.CUDA_PROBES:
         if probe.library == probes.RUNTIME:

@@ -31,17 +31,11 @@ from pathlib import Path
 
 import pytest
 
-import workloads
 from workloads import build, build_shared, query, trace_gated
 
 pytestmark = pytest.mark.live
 
 ESCAPES = 5
-
-
-@pytest.fixture(scope="module")
-def simcuda() -> Path:
-    return workloads.simcuda()
 
 
 def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: Path, simcuda: Path) -> None:

@@ -68,7 +68,7 @@ def test_status_shows_the_count(tmp_path: Path) -> None:
     assert st["session"]["stale_calls"] == 4
     drops = [line for line in format_status(st) if line.startswith("drops:")]
     assert drops == ["drops: 2 in kernel, 0 in user space; 4 stale CUDA calls "
-                     "(never returned: longjmp or exception; no rows)"]
+                     "(never returned: longjmp or exception; not in events)"]
 
 
 def test_running_session_row_carries_the_count_between_flushes(tmp_path: Path) -> None:
@@ -123,4 +123,4 @@ def test_explains_analysed_line_shows_the_count_once_the_report_carries_it() -> 
     report = type("R", (), {"analysed": a})()
     assert "stale" not in analysed_line(report)
     a.stale_calls = 2  # what analyze's Analysed will carry (an attribute until then)
-    assert analysed_line(report).endswith("drops: 0 kernel, 0 user; 2 stale CUDA calls (never returned, not in events)")
+    assert analysed_line(report).endswith("drops: 0 kernel, 0 user; 2 stale CUDA calls (never returned: longjmp or exception; not in events)")
