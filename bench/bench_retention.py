@@ -13,7 +13,6 @@ Each figure is the best of REPEATS fresh stores (the box is shared).
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time

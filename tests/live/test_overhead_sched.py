@@ -13,7 +13,6 @@ the real ones do.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

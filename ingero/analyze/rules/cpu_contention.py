@@ -213,7 +213,6 @@ def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split
     what the run itself shows: the time the loop wanted a CPU against the time it got one, and
     the least- against the most-contended quarter of its windows when they differ."""
     rows = s.all
-    wall = sum(r["wall_ns"] for r in rows)
     wait = sum(r["cpu_wait_ns"] for r in rows)
     # on CPU = wall clock minus every off-CPU interval (sleeps, D state, preempted)
     oncpu = sum(max(0.0, r["wall_ns"] - r["off_ns"]) for r in rows)
