@@ -101,9 +101,17 @@ static __always_inline u8 op_class(u8 op)
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
 {
 	EMPTY_RETURN();
-	struct call_state *s = inflight_here(1);
-	if (!s)
-		return 0;
+	struct call_state *s = inflight_here(0);
+	if (!s) {
+		/* the thread's first call: create its state, and count the creation
+		 * (sched_switch skips the state lookup of threads without one) */
+		s = inflight_here(1);
+		if (!s)
+			return 0;
+		u32 *births = call_births_get();
+		if (births)
+			__sync_fetch_and_add(births, 1);
+	}
 	/* The thread's answer to "is my process traced" is cached in its call
 	 * state: a traced thread skips the targets hash lookup. */
 	u32 epoch = target_epoch_now();

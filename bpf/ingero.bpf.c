@@ -121,6 +121,21 @@ BPF_HASH(proc_stats, u32, struct ingero_proc_stat, MAX_PROCS);
 /* tid -> struct thread_state of every thread seen switching out.  LRU so it
  * never fills up; entries are deleted at thread exit. */
 BPF_TABLE("lru_hash", u32, struct thread_state, threads, MAX_THREADS);
+/* sched: a thread's state in its slot (tid & (MAX_THREADS - 1)) of a plain
+ * array, whose lookup the verifier inlines (a hash lookup is a call); the
+ * `threads` hash keeps the state of a tid whose slot another tid owns.
+ * sched.bpf.c: thread_find, current_thread. */
+struct thread_slot {
+	u64 tid; /* owner; 0: free (64 bits: claimed by compare-and-swap) */
+	struct thread_state st;
+	u32 call_births; /* call_births when the thread last had no call state */
+	u32 pad;
+};
+BPF_ARRAY(thread_slots, struct thread_slot, MAX_THREADS);
+/* Call states (inflight task storage) created so far: cuda_enter bumps it, so
+ * sched_switch can skip the lookup for a thread that had none when it last
+ * looked and none was created since. */
+BPF_ARRAY(call_births, u32, 1);
 /* When the task now on this CPU was switched in. */
 BPF_PERCPU_ARRAY(oncpu_since, u64, 1);
 /* Block requests in flight: device queues hold at most a few thousand. */
@@ -134,6 +149,8 @@ static __always_inline struct call_state *inflight_here(int create)
 static __always_inline struct thread_state *thread_get(u32 *tid) { return threads.lookup(tid); }
 static __always_inline void thread_put(u32 *tid, struct thread_state *s) { threads.update(tid, s); }
 static __always_inline void thread_del(u32 *tid) { threads.delete(tid); }
+static __always_inline struct thread_slot *thread_slot_at(u32 i) { return thread_slots.lookup(&i); }
+static __always_inline u32 *call_births_get(void) { u32 zero = 0; return call_births.lookup(&zero); }
 static __always_inline struct ingero_proc_stat *proc_stats_get(u32 *tgid) { return proc_stats.lookup(tgid); }
 static __always_inline void proc_stats_put(u32 *tgid, struct ingero_proc_stat *s) { proc_stats.update(tgid, s); }
 static __always_inline u64 *oncpu_since_get(void) { u32 zero = 0; return oncpu_since.lookup(&zero); }
