@@ -74,6 +74,12 @@ static __always_inline struct thread_state *current_thread(u32 tid, u32 tgid, u3
 			struct thread_state fresh = {};
 			fresh.tgid = tgid;
 			s->st = fresh;
+			/* The slot's "no call state as of call_births" belonged to its
+			 * last owner.  A new owner may have made its first CUDA call
+			 * before that was recorded (with pid_max above MAX_THREADS two
+			 * live tids share a slot; systemd sets 4194304): look it up. */
+			u32 *b = call_births_get();
+			s->call_births = (b ? *b : 0) - 1;
 		}
 		*seen = &s->call_births;
 		return &s->st;
