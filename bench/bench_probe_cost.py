@@ -31,10 +31,10 @@ variants with each other and with the floor, measured in the same session.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import ctypes
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, WORKLOADS, Workload, _build, _Floor,
-                                  _foreign_tracers, _Ingero, _private_libcudart, _tag_names)
+                                  _foreign_tracers, _Ingero, _private_libcudart, _stats_pass, _tag_names)
 from ingero.collect import probes
 from ingero.collect.loader import BpfSettings, load_program
 
@@ -160,15 +160,7 @@ def show_helpers(variants: dict[str, Path]) -> None:
 def _block(ctx: object, work: Workload, timed: int) -> tuple[dict[str, tuple[int, int]], list[float]]:
     """One stats-on run (runs, ns per program) and ``timed`` stats-off runs (CPU s each)."""
     work.run()  # warm: page cache, dynamic loader, the thread's task storage
-    before = ctx.by_name()  # type: ignore[attr-defined]
-    STATS_SYSCTL.write_text("1")
-    try:
-        work.run()
-    finally:
-        STATS_SYSCTL.write_text("0")
-    after = ctx.by_name()  # type: ignore[attr-defined]
-    stats = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1]) for k in after}
-    return stats, [work.run()[1] for _ in range(timed)]
+    return _stats_pass(ctx, work), [work.run()[1] for _ in range(timed)]
 
 
 class _FedWorkload(Workload):
