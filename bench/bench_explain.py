@@ -63,7 +63,8 @@ MIX = (
 
 
 # Op ids (records.Op) of MIX, the tracer's sort key within a flush.
-OP_IDS = np.array([{v: k for k, v in OP_NAMES.items()}[m[0]] for m in MIX], dtype=np.uint8)
+_OP_ID = {name: op for op, name in OP_NAMES.items()}
+OP_IDS = np.array([_OP_ID[m[0]] for m in MIX], dtype=np.uint8)
 
 N_CUDA = 4
 # What a CUDA call leaves queued on the device (events.queued, contract v5): a launch or an

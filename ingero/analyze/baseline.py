@@ -15,7 +15,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-
 from ingero.analyze.context import Context
 from ingero.analyze.model import Window
 
