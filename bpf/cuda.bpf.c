@@ -94,10 +94,15 @@ static __always_inline u8 op_class(u8 op)
 }
 
 /* The stream is either a register argument (stream) or a u64 in user memory
- * (stream_at != 0: a stack slot, a config struct's field), read only when
- * the call will have a row: a bpf_probe_read_user costs ~90 ns here
- * (bench/bench_probe_cost.py), as much as the rest of an entry probe, and a
- * nested call (cuLaunchKernel inside cudaLaunchKernel) needs none. */
+ * (stream_at != 0: a launch's stack slot or config struct field).  Reading
+ * user memory costs more than the rest of the call path: a
+ * bpf_probe_read_user was ~90 ns of program run time (bench_probe_cost.py)
+ * and ~200 ns of the workload's wall time per launch (cudart_calls pinned,
+ * one launch in 9 calls: 169 -> 145 ns per call above the floor without
+ * the read).  Launches are most of a training
+ * loop's calls, so their streams are read only with LAUNCH_STREAMS (`ingero
+ * trace --streams`), and then only for a call that gets a row (a nested
+ * cuLaunchKernel inside cudaLaunchKernel needs none). */
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
 {
 	EMPTY_RETURN();
@@ -144,7 +149,7 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	s->cls = op_class(op);
 	s->flags |= CALL_FLAG_SEEN;
 	s->arg = arg;
-	s->stream = stream_at ? user_u64(stream_at) : stream;
+	s->stream = !stream_at ? stream : LAUNCH_STREAMS ? user_u64(stream_at) : 0;
 	s->depth = 1;
 	s->ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
 	return 0;

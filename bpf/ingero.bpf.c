@@ -13,6 +13,7 @@
  *                   mode); 0: only pids user space / fork / TARGET_COMM add
  *   TARGET_COMM     "name": processes with this comm become targets
  *   INGERO_STACK    include stack.h and collect stack ids
+ *   LAUNCH_STREAMS  1: read launches' streams from user memory (cuda.bpf.c)
  *   INGERO_BENCH    only the throughput generator probe (bench.bpf.c)
  *   INGERO_EMPTY    every program returns at once: the kernel floor of the
  *                   same attach points, for bench/bench_overhead.py
@@ -31,6 +32,9 @@
 #endif
 #ifndef TRACE_ALL_CUDA
 #define TRACE_ALL_CUDA 1
+#endif
+#ifndef LAUNCH_STREAMS
+#define LAUNCH_STREAMS 0
 #endif
 /* Thread-keyed maps hold one entry per thread currently inside a probed
  * call / off CPU; 65536 threads is far above any training job. */
