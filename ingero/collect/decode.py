@@ -8,7 +8,8 @@ Column semantics follow ingero/store/schema.sql:
   millions of rows);
 * ``arg`` becomes ``bytes`` for copies, allocations and block I/O, and
   ``runq_ns`` for sched_switch;
-* ``stream`` only for CUDA ops that take a stream; ``preempted`` only for
+* ``stream`` only for CUDA ops that take a stream, and for kernel launches
+  only when their streams were read (``stream_ops``); ``preempted`` only for
   sched_switch; ``other_pid`` only where it means something; ``stack_id``
   NULL for -1;
 * ``in_call`` (the op name of the CUDA call the thread was inside,
@@ -48,18 +49,24 @@ BYTES_OPS = frozenset(
         Op.BENCH,
     }
 )
-# Ops whose stream argument the probes read.
-STREAM_OPS = frozenset(
+# Ops whose stream the probes always read: it is a register argument (free).
+REGISTER_STREAM_OPS = frozenset(
     {
-        Op.CUDA_LAUNCH_KERNEL,
         Op.CUDA_MEMCPY_ASYNC,
         Op.CUDA_STREAM_SYNC,
         Op.CUDA_GRAPH_LAUNCH,
-        Op.CU_LAUNCH_KERNEL,
         Op.CU_MEMCPY_ASYNC,
         Op.CU_STREAM_SYNC,
     }
 )
+# Kernel launches (cudaLaunchKernel / cudaLaunchKernelExC, cuLaunchKernel /
+# cuLaunchKernelEx): their stream is on the stack or in a config struct, read
+# only when the program was compiled with LAUNCH_STREAMS (`trace --streams`);
+# otherwise the record holds 0, which must not be stored as the legacy
+# default stream (a real stream, also 0).
+LAUNCH_STREAM_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL})
+# Every op that can take a stream.
+STREAM_OPS = REGISTER_STREAM_OPS | LAUNCH_STREAM_OPS
 # Ops whose other_pid carries a value (the next process; the block device).
 OTHER_PID_OPS = frozenset({Op.SCHED_SWITCH, Op.BLOCK_IO, Op.PROC_EXEC})
 # Ops without a return code.
@@ -76,7 +83,7 @@ def _op_mask(ops: frozenset[Op]) -> np.ndarray:
 
 
 _BYTES_MASK = _op_mask(BYTES_OPS)
-_STREAM_MASK = _op_mask(STREAM_OPS)
+_STREAM_MASKS = {ops: _op_mask(ops) for ops in (STREAM_OPS, REGISTER_STREAM_OPS)}
 _OTHER_MASK = _op_mask(OTHER_PID_OPS)
 _RET_MASK = ~_op_mask(NO_RET_OPS)
 _IN_CALL_TYPE = pa.dictionary(pa.uint8(), pa.string())
@@ -111,6 +118,11 @@ EVENTS_SCHEMA = pa.schema(
         ("queued", pa.bool_()),
     ]
 )
+
+
+def stream_ops(launch_streams: bool) -> frozenset[Op]:
+    """The ops whose ``stream`` column is stored, for a program compiled with BpfSettings.launch_streams."""
+    return STREAM_OPS if launch_streams else REGISTER_STREAM_OPS
 
 
 def monotonic_offset_ns(samples: int = 5) -> int:
@@ -155,11 +167,14 @@ def events_table(
     session_id: int,
     offset_ns: int,
     stack_ids: np.ndarray | None = None,
+    stream_ops: frozenset[Op] = REGISTER_STREAM_OPS,
 ) -> pa.Table:
     """Arrow table with the events columns of schema.sql for EVENT_DTYPE ``records``.
 
     ``stack_ids``: stored stack ids (int64, -1 = none) that replace the kernel
     ids, from StackResolver.resolve; by default the kernel id is kept when >= 0.
+    ``stream_ops``: ops whose records carry a stream, ``stream_ops(settings.launch_streams)``;
+    the default matches the default program (launch streams not read).
     Same-width integer columns are reinterpreted (views), not copied.
     """
     if records.dtype != EVENT_DTYPE:
@@ -189,7 +204,7 @@ def events_table(
         op_col,
         kind_col,
         _masked(arg, _BYTES_MASK[op], pa.int64()),
-        _masked(np.ascontiguousarray(records["stream"]), _STREAM_MASK[op], pa.uint64()),
+        _masked(np.ascontiguousarray(records["stream"]), _stream_mask(stream_ops)[op], pa.uint64()),
         _masked(np.ascontiguousarray(records["ret"]), _RET_MASK[op], pa.int32()),
         pa.array(np.ascontiguousarray(records["cpu"]).view(np.int16)),
         _masked(kind == int(Kind.PREEMPTED), is_switch, pa.bool_()),
@@ -199,6 +214,11 @@ def events_table(
         *_call_state_columns(op, records),
     ]
     return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
+
+
+def _stream_mask(ops: frozenset[Op]) -> np.ndarray:
+    mask = _STREAM_MASKS.get(ops)
+    return mask if mask is not None else _op_mask(ops)
 
 
 def _call_state_columns(op: np.ndarray, records: np.ndarray) -> tuple[pa.Array, pa.Array]:

@@ -56,6 +56,9 @@ class BpfSettings:
     trace_all_cuda: bool = True  # default mode: any process calling CUDA becomes a target
     target_comm: str | None = None
     stack: bool = False
+    # Read each launch's stream from user memory (`trace --streams`): ~200 ns of
+    # the traced job's wall time per launch here (bpf/cuda.bpf.c), so off by default.
+    launch_streams: bool = False
     bench_pid: int | None = None  # compile only the ingest benchmark generator
     bench_burst: int | None = None
     empty: bool = False  # every program returns at once (overhead floor)
@@ -67,6 +70,8 @@ class BpfSettings:
             flags.append(f'-DTARGET_COMM="{_c_string(self.target_comm[:15])}"')
         if self.stack:
             flags.append("-DINGERO_STACK")
+        if self.launch_streams:
+            flags.append("-DLAUNCH_STREAMS=1")
         if self.bench_pid is not None:
             flags += ["-DINGERO_BENCH", f"-DBENCH_PID={self.bench_pid}"]
             if self.bench_burst:

@@ -76,6 +76,7 @@ class TraceOptions:
     cmd: str | None = None
     cuda_libs: list[Path] = field(default_factory=list)
     stack: bool = False
+    launch_streams: bool = False  # --streams: read each kernel launch's stream (costs the traced job time)
     ring_mb: int = DEFAULT_RING_MB
     command_line: str = "ingero trace"
     samplers: bool = True  # benchmarks turn them off
@@ -225,6 +226,8 @@ class TraceSession:
         # loaded 2-core box: 0.86 vs 1.1-1.8 s per million rows).
         store.con.execute("SET threads = 1")
         self.offset_ns = decode.monotonic_offset_ns()
+        # what the loaded program reads, not what was asked: a launch's 0 is "not read" unless compiled in
+        self.stream_ops = decode.stream_ops(program.settings.launch_streams)
         self.reader = RingReader(program.ring_fd(), program.settings.ring_bytes)
         self.pending_buf = np.empty(PENDING_CAPACITY, dtype=EVENT_DTYPE)
         self.pending_rows = 0
@@ -282,7 +285,8 @@ class TraceSession:
         stack_ids = None
         if self.stacks is not None:
             stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
-        table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids)
+        table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
+                                    stream_ops=self.stream_ops)
         # the table may hold views of pending_buf: the rest moves down only after the append
         rest = self.pending_rows - n
         self.pending_rows = 0
@@ -527,6 +531,7 @@ def settings_for(opts: TraceOptions) -> BpfSettings:
         trace_all_cuda=not explicit,
         target_comm=opts.comm,
         stack=opts.stack,
+        launch_streams=opts.launch_streams,
     )
 
 

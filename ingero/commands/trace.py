@@ -18,6 +18,10 @@ from ingero.commands.options import DURATION, SIZE, db_option, json_option, reso
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
+@click.option("--streams", "launch_streams", is_flag=True,
+              help="Also record each kernel launch's stream: read from the caller's memory, it adds "
+                   "~0.2 us to every launch (measured on a 2-core VM). Async copies and syncs always "
+                   "carry their stream.")
 @click.option("--ring-mb", type=int, default=128, show_default=True, help="Ring buffer size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
 @click.option("--retain", type=DURATION, default=None,
@@ -28,8 +32,8 @@ from ingero.commands.options import DURATION, SIZE, db_option, json_option, reso
               help="Do not answer `ingero query/explain/status` from other shells over the local socket.")
 @db_option
 @json_option
-def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, retain, max_db, no_serve,
-            db_path, as_json) -> None:
+def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
+            no_serve, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -42,6 +46,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, ret
       sudo ingero trace --duration 60s
       sudo ingero trace --cmd "python3 train.py"
       sudo ingero trace --pid 4242 --stack --json
+      sudo ingero trace --cmd "python3 train.py" --streams   (launch streams too)
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
     """
     from ingero.collect import session, targets
@@ -54,6 +59,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, ring_mb, print_bpf, ret
         cmd=cmd,
         cuda_libs=list(cuda_libs),
         stack=stack,
+        launch_streams=launch_streams,
         ring_mb=ring_mb,
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingero.collect.decode import EVENTS_SCHEMA, events_table, monotonic_offset_ns
+from ingero.collect.decode import EVENTS_SCHEMA, events_table, monotonic_offset_ns, stream_ops
 from ingero.collect.records import EVENT_DTYPE, Kind, Op
 from ingero.store.db import Store
 
@@ -57,7 +57,8 @@ def test_columns_follow_the_op() -> None:
         "block_io", "read", 65536, 254 << 20, 1_000_000)
     # allocations: bytes yes, stream no (cudaMalloc takes none)
     assert (malloc["bytes"], malloc["stream"], malloc["kind"]) == (1 << 20, None, None)
-    assert (launch["op"], launch["stream"], launch["bytes"]) == ("cudaLaunchKernel", 0x77, None)
+    # a launch's stream is not read by default: the record's 0 is stored as NULL
+    assert (launch["op"], launch["stream"], launch["bytes"]) == ("cudaLaunchKernel", None, None)
     assert {r["session_id"] for r in rows} == {3}
 
 
@@ -153,3 +154,35 @@ def test_call_state_of_a_strided_view_of_records() -> None:
                             call_flags=int(CallFlag.SEEN)), rec(op=int(Op.BLOCK_IO), call_op=1, call_flags=3)] * 3)
     t = events_table(r[::2], session_id=1, offset_ns=0)
     assert [(x["in_call"], x["queued"]) for x in t.to_pylist()] == [("cudaMemcpy", False)] * 3
+
+
+def _streams(launch_streams: bool) -> dict[str, int | None]:
+    r = np.concatenate(
+        [
+            rec(ts_ns=1, op=int(Op.CUDA_LAUNCH_KERNEL), stream=0x5150),
+            rec(ts_ns=2, op=int(Op.CU_LAUNCH_KERNEL), stream=0x7E57),
+            rec(ts_ns=3, op=int(Op.CUDA_MEMCPY_ASYNC), kind=int(Kind.D2H), stream=0x5150),
+            rec(ts_ns=4, op=int(Op.CU_STREAM_SYNC), stream=0),  # the legacy default stream: 0, not NULL
+            rec(ts_ns=5, op=int(Op.CUDA_GRAPH_LAUNCH), stream=0x99),
+            rec(ts_ns=6, op=int(Op.CUDA_MALLOC), stream=0xdead),  # takes no stream: whatever is there is not stored
+        ]
+    )
+    t = events_table(r, session_id=1, offset_ns=0, stream_ops=stream_ops(launch_streams))
+    return {x["op"]: x["stream"] for x in t.to_pylist()}
+
+
+def test_launch_streams_are_null_unless_they_were_read() -> None:
+    assert _streams(launch_streams=False) == {
+        "cudaLaunchKernel": None, "cuLaunchKernel": None,
+        "cudaMemcpyAsync": 0x5150, "cuStreamSynchronize": 0, "cudaGraphLaunch": 0x99, "cudaMalloc": None,
+    }
+    assert _streams(launch_streams=True) == {
+        "cudaLaunchKernel": 0x5150, "cuLaunchKernel": 0x7E57,
+        "cudaMemcpyAsync": 0x5150, "cuStreamSynchronize": 0, "cudaGraphLaunch": 0x99, "cudaMalloc": None,
+    }
+
+
+def test_a_launch_on_the_default_stream_is_0_with_streams() -> None:
+    t = events_table(rec(op=int(Op.CUDA_LAUNCH_KERNEL), stream=0), session_id=1, offset_ns=0,
+                     stream_ops=stream_ops(True))
+    assert t.column("stream").to_pylist() == [0]

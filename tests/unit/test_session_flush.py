@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,7 @@ class FakeReader:
 class FakeProgram:
     class settings:  # noqa: N801 - mirrors Program.settings
         ring_bytes = 1 << 20
+        launch_streams = False
 
     def ring_fd(self) -> int:
         return -1
@@ -148,3 +151,18 @@ def test_live_percentiles_keep_no_view_of_the_pending_buffer() -> None:
     pct.roll()
     st = pct.stats()
     assert st["cudaLaunchKernel"].p50_ns == 900
+
+
+@pytest.mark.parametrize("launch_streams, expected", [(False, None), (True, 0x5150)])
+def test_launch_streams_are_stored_as_the_program_reads_them(
+        sess: TraceSession, launch_streams: bool, expected: int | None) -> None:
+    program = FakeProgram()
+    program.settings = SimpleNamespace(ring_bytes=1 << 20, launch_streams=launch_streams)  # type: ignore[assignment]
+    s = TraceSession(TraceOptions(samplers=False), sess.store, program, sess.session_id)
+    launch, copy = records(1), records(1, start=1, op=Op.CUDA_MEMCPY_ASYNC)
+    launch["stream"] = copy["stream"] = 0x5150
+    s.reader.queue = np.concatenate([launch, copy])
+    s.poll()
+    s.flush()
+    assert s.store.con.execute("SELECT op, stream FROM events ORDER BY timestamp").fetchall() == [
+        ("cudaLaunchKernel", expected), ("cudaMemcpyAsync", 0x5150)]

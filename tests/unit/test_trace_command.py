@@ -57,6 +57,15 @@ def test_print_bpf_shows_flags_and_every_compiled_file():
 def test_default_mode_traces_cuda_callers():
     flags = session.settings_for(session.TraceOptions()).cflags(loader.bpf_dir())
     assert "-DTRACE_ALL_CUDA=1" in flags
+    assert not any(f.startswith("-DLAUNCH_STREAMS") for f in flags)  # launch streams cost time: opt-in
+
+
+def test_streams_flag_compiles_launch_stream_reads():
+    settings = session.settings_for(session.TraceOptions(launch_streams=True))
+    assert settings.launch_streams and "-DLAUNCH_STREAMS=1" in settings.cflags(loader.bpf_dir())
+    out = run("--print-bpf", "--streams").output
+    assert out.splitlines()[0].endswith(" -DLAUNCH_STREAMS=1")
+    assert "LAUNCH_STREAMS" not in run("--print-bpf").output.splitlines()[0]
 
 
 def test_every_probe_entry_function_exists_in_the_bpf_source():
