@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS events (
     op VARCHAR NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
     kind VARCHAR,                -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
     bytes BIGINT,                -- bytes copied / allocated / transferred
-    stream UBIGINT,              -- cudaStream_t, when readable
+    stream UBIGINT,              -- cudaStream_t / CUstream (0 is the legacy default stream): cudaMemcpyAsync, cudaStreamSync, cudaGraphLaunch, cuMemcpyAsync, cuStreamSynchronize; kernel launches (cudaLaunchKernel, cuLaunchKernel) only when traced with `ingero trace --streams`, else NULL; NULL for other ops
     ret INTEGER,                 -- return code (cudaError_t / CUresult); block I/O error
     cpu SMALLINT,                -- CPU the event was recorded on
     preempted BOOLEAN,           -- sched_switch: switched out while still runnable (involuntary)
