@@ -2,7 +2,8 @@
 
 Without a driver every runtime call returns cudaErrorInsufficientDriver (35)
 quickly, but the uprobes fire, so counts, sizes, copy kinds, streams and
-return codes can be checked exactly.
+return codes can be checked exactly.  Launch streams are read only with
+--streams: the first test traces without it, the other two with it.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def test_exactly_n_rows_per_op_with_args_and_return_codes(tmp_path, calls_bin, c
     assert got["cudaMemcpyAsync"][3:9] == (1, "D2H", BYTES, BYTES, STREAM, STREAM)
     assert got["cudaMalloc"][5:7] == (BYTES, BYTES)
     assert got["cudaMallocHost"][5:7] == (BYTES, BYTES)
-    # the launch's stream comes from the stack (SysV: the dim3s fill the registers)
-    assert got["cudaLaunchKernel"][7:9] == (STREAM, STREAM)
+    # without --streams a launch's stream is not read (it is in memory): NULL, never 0
+    # (min and max are NULL only when every row's stream is)
+    assert got["cudaLaunchKernel"][7:9] == (None, None)
+    # register arguments are always read
     assert got["cudaStreamSync"][7:9] == (STREAM, STREAM)
 
     sess = query(db, "SELECT status, events FROM sessions WHERE session_id = $s", {"s": summary["session_id"]})
@@ -79,9 +82,10 @@ def test_exactly_n_rows_per_op_with_args_and_return_codes(tmp_path, calls_bin, c
     assert name and "cudart_calls" in name[0][0]
 
 
-def test_calls_from_a_second_thread_carry_its_tid(tmp_path, calls_bin, cudart):
+def test_streams_and_calls_from_a_second_thread(tmp_path, calls_bin, cudart):
+    """--streams reads each launch's stream; the calls of a second thread carry its tid."""
     db = tmp_path / "t.duckdb"
-    tracer = Tracer(db)
+    tracer = Tracer(db, "--streams")
     tracer.wait_started()
     pid, tid = run_calls(calls_bin, cudart, "thread")
     tracer.finish()
@@ -89,6 +93,11 @@ def test_calls_from_a_second_thread_carry_its_tid(tmp_path, calls_bin, cudart):
     rows = query(db, "SELECT pid, tid, count(*) FROM events WHERE op = 'cudaMalloc' AND pid = $pid GROUP BY ALL",
                  {"pid": pid})
     assert rows == [(pid, tid, N)]
+    # the launch's stream comes from the stack (SysV: the dim3s fill the registers)
+    streams = query(db, """SELECT op, count(*), count(stream), min(stream), max(stream) FROM events
+                           WHERE pid = $pid AND op IN ('cudaLaunchKernel', 'cudaMemcpyAsync', 'cudaStreamSync')
+                           GROUP BY op ORDER BY op""", {"pid": pid})
+    assert streams == [(op, N, N, STREAM, STREAM) for op in ("cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSync")]
 
 
 def test_driver_api_of_an_already_running_pid(tmp_path):
@@ -104,7 +113,8 @@ def test_driver_api_of_an_already_running_pid(tmp_path):
         ready = work.stdout.readline().split()
         assert ready[0] == "ready"
         db = tmp_path / "t.duckdb"
-        tracer = Tracer(db, "--pid", str(work.pid), "--cuda-lib", str(libcuda))
+        # --streams: cuLaunchKernel's stream is read from stack slot 3
+        tracer = Tracer(db, "--pid", str(work.pid), "--cuda-lib", str(libcuda), "--streams")
         tracer.wait_started()
         work.stdin.write("go\n")
         work.stdin.flush()
