@@ -106,22 +106,15 @@ static __always_inline u8 op_class(u8 op)
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
 {
 	EMPTY_RETURN();
-	struct call_state *s = inflight_here(0);
-	if (!s) {
-		/* the thread's first call: create its state, and count the creation
-		 * (sched_switch skips the state lookup of threads without one) */
-		s = inflight_here(1);
-		if (!s)
-			return 0;
-		u32 *births = call_births_get();
-		if (births)
-			__sync_fetch_and_add(births, 1);
-	}
+	u64 id = bpf_get_current_pid_tgid();
+	struct call_state *s = call_state_here(id, 1);
+	if (!s)
+		return 0;
 	/* The thread's answer to "is my process traced" is cached in its call
 	 * state: a traced thread skips the targets hash lookup. */
 	u32 epoch = target_epoch_now();
 	if (s->traced != epoch) {
-		if (!cuda_traced(bpf_get_current_pid_tgid() >> 32)) {
+		if (!cuda_traced(id >> 32)) {
 			s->traced = 0;
 			return 0;
 		}
@@ -170,7 +163,8 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 {
 	EMPTY_RETURN();
 	u64 now = bpf_ktime_get_ns();
-	struct call_state *s = inflight_here(0);
+	u64 id = bpf_get_current_pid_tgid();
+	struct call_state *s = call_state_here(id, 0);
 	if (!s || !s->depth)
 		return 0;
 	if (s->depth > 1) {
@@ -193,7 +187,6 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		s->flags |= CALL_FLAG_QUEUED;
 	else if (s->cls == CLASS_SYNC)
 		s->flags &= ~CALL_FLAG_QUEUED;
-	u64 id = bpf_get_current_pid_tgid();
 	struct ingero_event *e = event_reserve();
 	if (e) {
 		e->ts_ns = s->ts;

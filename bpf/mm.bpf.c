@@ -24,7 +24,7 @@ static __always_inline int on_page_fault_user(struct tracepoint__exceptions__pag
 	e->other_pid = 0;
 	/* bits 0-14 only: ret is 16 bits (events.h); higher bits are SGX / SEV-SNP */
 	e->ret = (s16)(args->error_code & 0x7fff);
-	struct call_state *c = inflight_here(0);
+	struct call_state *c = call_state_here(id, 0);
 	e->call_op = c && c->depth ? c->op : OP_NONE;
 	e->call_flags = c ? c->flags : 0;
 	e->stack_id = -1;

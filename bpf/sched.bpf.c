@@ -44,98 +44,21 @@ static __always_inline struct ingero_proc_stat *proc_stat(u32 tgid, const char *
 	return proc_stats_get(&tgid);
 }
 
-/* A thread's state lives in its slot of thread_slots (tid & (MAX_THREADS -
- * 1), owned by one tid at a time: an access the verifier inlines, where a
- * lookup in the `threads` hash is a call) or, when another tid owns that
- * slot, in `threads`.  Where pid_max <= MAX_THREADS (32768 by default) every
- * tid has a slot of its own.  A slot is freed when its thread ends. */
-static __always_inline struct thread_slot *slot_of(u32 tid)
-{
-	return thread_slot_at(tid & (MAX_THREADS - 1));
-}
-
-static __always_inline struct thread_state *thread_find(u32 tid)
-{
-	struct thread_slot *s = slot_of(tid);
-	if (s && s->tid == tid)
-		return &s->st;
-	return thread_get(&tid);
-}
-
-/* The entry of the thread now switching out (current), created or reset
- * when missing or left by an earlier owner of the tid; *seen is set to its
- * slot's call_births (left NULL for an entry in the hash).  The hash update
- * (far costlier than a lookup on an LRU map) happens once per thread. */
-static __always_inline struct thread_state *current_thread(u32 tid, u32 tgid, u32 **seen)
-{
-	struct thread_slot *s = slot_of(tid);
-	if (s && (s->tid == tid || (s->tid == 0 && __sync_val_compare_and_swap(&s->tid, 0, tid) == 0))) {
-		if (s->st.tgid != tgid) { /* just claimed (freed slots hold zeros), or the tid was reused */
-			struct thread_state fresh = {};
-			fresh.tgid = tgid;
-			s->st = fresh;
-			/* The slot's "no call state as of call_births" belonged to its
-			 * last owner.  A new owner may have made its first CUDA call
-			 * before that was recorded (with pid_max above MAX_THREADS two
-			 * live tids share a slot; systemd sets 4194304): look it up. */
-			u32 *b = call_births_get();
-			s->call_births = (b ? *b : 0) - 1;
-		}
-		*seen = &s->call_births;
-		return &s->st;
-	}
-	struct thread_state *t = thread_get(&tid);
-	if (t && t->tgid == tgid)
-		return t;
-	struct thread_state fresh = {};
-	fresh.tgid = tgid;
-	thread_put(&tid, &fresh);
-	return thread_get(&tid);
-}
-
-/* The thread has ended (its exit, or its last switch-out, which comes after
- * the exit tracepoint): free its slot and entry.  Freed slots hold zeros. */
-static __always_inline void thread_forget(u32 tid)
-{
-	struct thread_slot *s = slot_of(tid);
-	if (s && s->tid == tid) {
-		struct thread_state zero = {};
-		s->st = zero;
-		s->tid = 0;
-	}
-	thread_del(&tid);
-}
-
-/* The CUDA state of the thread switching out (current): task storage, never
- * created here.  *seen (its slot's call_births, NULL for threads in the
- * hash) remembers the count of call states created when it last had none:
- * unchanged since, it still has none, and the lookup is skipped. */
-static __always_inline struct call_state *current_call_state(u32 *seen)
-{
-	u32 *b = call_births_get();
-	u32 births = b ? *b : 0;
-	if (seen && *seen == births)
-		return 0;
-	struct call_state *c = inflight_here(0);
-	if (seen)
-		*seen = c ? births - 1 : births;
-	return c;
-}
-
 /* A traced thread leaves the CPU: the interval starts.  Filled in place in
  * its entry (ts last: a wakeup only touches an entry marked off CPU). */
 static __always_inline void switch_out(struct tracepoint__sched__sched_switch *args, struct thread_state *t,
-				       u32 *seen, u32 next_tid, u32 next_tgid, u8 kind, u64 now)
+				       struct thread_slot *slot, u32 next_tid, u32 next_tgid, u8 kind, u64 now)
 {
 	t->wake_ts = kind == KIND_PREEMPTED ? now : 0; /* runnable all along */
 	t->other_pid = next_tid ? next_tgid : 0;
 	t->stack_id = ingero_stack_id(args);
 	t->cpu = bpf_get_smp_processor_id();
 	t->kind = kind;
-	/* The thread leaving is the current task: its CUDA state (task storage,
-	 * never created here) says which call it is blocked in, and whether
-	 * device work it issued may still be running. */
-	struct call_state *c = current_call_state(seen);
+	/* The thread leaving is the current task: its CUDA state (in its slot;
+	 * for a thread without one, in task storage, never created here) says
+	 * which call it is blocked in, and whether device work it issued may
+	 * still be running. */
+	struct call_state *c = slot ? &slot->cs : inflight_here(0);
 	t->call_op = c && c->depth ? c->op : OP_NONE;
 	t->call_flags = c ? c->flags : 0;
 	t->ts = now;
@@ -174,9 +97,8 @@ static __always_inline void switch_in(struct thread_state *t, u32 next_tid, u64 
 }
 
 /* Per switch: the clock, the switching-out process's totals (a hash lookup),
- * its thread slot (claimed once), the cached target answer, the next
- * thread's slot, and for a traced thread its call state (skipped while it has
- * none) and, at switch-in, one ring record.  Per run (kernel.bpf_stats_enabled,
+ * its thread slot (claimed once; its call state is there too), the cached
+ * target answer, the next thread's slot and, at switch-in, one ring record.  Per run (kernel.bpf_stats_enabled,
  * pinned ping-pong of two traced processes, 4 interleaved rounds x 3 runs):
  * ~490 ns with separate tid -> tgid and off-CPU maps, ~245 ns with one LRU
  * hash entry per thread, ~203 ns with thread slots; sched_wakeup 132 -> 100
@@ -197,10 +119,11 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 	}
 
 	struct thread_state *prev = 0;
-	u32 *seen = 0;
+	struct thread_slot *slot = 0;
 	u8 kind = 0;
 	if (prev_tid != 0) { /* tid 0 is the idle task */
-		u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
+		u64 prev_id = bpf_get_current_pid_tgid(); /* prev is current */
+		u32 prev_tgid = prev_id >> 32;
 		kind = switch_kind(args->prev_state);
 		struct ingero_proc_stat *ps = proc_stat(prev_tgid, args->prev_comm);
 		if (ps) {
@@ -214,14 +137,14 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 		if (args->prev_state & STATE_EXITED_BITS)
 			thread_forget(prev_tid); /* never back: no interval */
 		else
-			prev = current_thread(prev_tid, prev_tgid, &seen);
+			prev = current_thread(prev_id, &slot);
 		if (prev && !is_target_cached(prev_tgid, &prev->traced))
 			prev = 0;
 	}
 	/* after current_thread(): its update may recycle an LRU element */
 	struct thread_state *next = next_tid ? thread_find(next_tid) : 0;
 	if (prev)
-		switch_out(args, prev, seen, next_tid, next ? next->tgid : next_tid, kind, now);
+		switch_out(args, prev, slot, next_tid, next ? next->tgid : next_tid, kind, now);
 	if (next)
 		switch_in(next, next_tid, now);
 	return 0;

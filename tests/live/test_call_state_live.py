@@ -14,6 +14,7 @@ leaves out), launches spin 5 us.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,25 @@ PAGES = 8  # fresh pages touched before each sleep of phases M and K
 LONG_NS = 4_000_000
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory, simcuda: Path) -> tuple[Path, int, int]:
+def _one_slot_bpf(tmp: Path) -> Path:
+    """A copy of bpf/ built with a single thread slot: every thread of the workload
+    keeps its state in the fallback maps (task storage, the `threads` hash), the
+    path a tid takes where pid_max exceeds the slots and its slot is taken."""
+    src = Path(__file__).resolve().parents[2] / "bpf"
+    out = tmp / "bpf-one-slot"
+    shutil.copytree(src, out)
+    main = out / "ingero.bpf.c"
+    main.write_text("#define THREAD_SLOTS 1\n" + main.read_text())
+    return out
+
+
+@pytest.fixture(scope="module", params=["slots", "fallback maps"])
+def traced(request, tmp_path_factory, simcuda: Path) -> tuple[Path, int, int]:
     tmp = tmp_path_factory.mktemp("call_state")
     lib = simcuda
+    env = {"INGERO_BPF_DIR": str(_one_slot_bpf(tmp))} if request.param == "fallback maps" else None
     tracer, summary, db = trace_gated(build("call_state", tmp), lib, tmp,
-                                      IN_SYNC, AFTER_SYNC, AFTER_LAUNCH, HELPER, PAGES)
+                                      IN_SYNC, AFTER_SYNC, AFTER_LAUNCH, HELPER, PAGES, env=env)
     assert "done" in tracer.stderr, tracer.stderr  # the command's output goes to stderr under --json
     assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
     main_tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]

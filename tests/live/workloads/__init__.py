@@ -123,18 +123,19 @@ class Tracer:
         return [x for x in self.lines if x["type"] == "tick"]
 
 
-def trace_gated(exe: Path, lib: Path, tmp: Path, *args: object) -> tuple[Tracer, dict, Path]:
+def trace_gated(exe: Path, lib: Path, tmp: Path, *args: object, env: dict | None = None) -> tuple[Tracer, dict, Path]:
     """Trace ``EXE LIB GO ARGS...`` (started by `ingero trace --cmd`, probes on LIB) until it exits.
 
     The gated workloads (call_state.c, stale_calls.c, longjmp_main.c ...) wait for
     the file GO before their first call; it is created once the tracer has
-    attached, so no call races the attach.  Returns the tracer (its stderr holds
+    attached, so no call races the attach.  ``env`` is added to the tracer's
+    environment.  Returns the tracer (its stderr holds
     the command's output under --json), the summary line and the database.
     """
     go = tmp / "go"
     db = tmp / "t.duckdb"
     tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s",
-                    "--cmd", " ".join(str(a) for a in (exe, lib, go, *args)))
+                    "--cmd", " ".join(str(a) for a in (exe, lib, go, *args)), env=env)
     tracer.wait_started()
     go.touch()
     return tracer, tracer.finish(sig=None, timeout=120), db
