@@ -4,12 +4,12 @@ Run as root from the repo root: ``.venv/bin/python -m bench.bench_ingest``
 (``--help`` for options: ring size, step length, rates).
 
 Ingest: bench.bpf.c (compiled into the real object with -DINGERO_BENCH)
-emits BURST records into the real ring buffer per getppid() of a generator
+emits BURST records into the real record ring per getppid() of a generator
 process pinned to one CPU; the real user-space path (RingReader -> decode ->
 Store.append into a DuckDB file, the TraceSession loop) runs pinned to the
 other CPU.  The generator's rate steps up until records are dropped; the
 table shows every step.  Target: >= 1,000,000 events/s with zero drops.
-The ring buffer is the tracer's default size (loader.DEFAULT_RING_MB) unless
+The record ring is the tracer's default size (loader.DEFAULT_RING_MB) unless
 --ring-mb says otherwise, so the figures are those of a plain `ingero trace`.
 The 1 M events/s step is reported on its own: events/s stored, kernel drops
 (ring reserve failures), user drops (records lost by the writer) and bytes
@@ -177,7 +177,7 @@ def bytes_per_event(db: Path, n: int = REALISTIC_ROWS) -> tuple[float, int]:
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_ingest", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ring-mb", type=int, default=DEFAULT_RING_MB,
-                    help="ring buffer size in MiB (default: the tracer's, %(default)s)")
+                    help="record ring size in MiB (default: the tracer's, %(default)s)")
     ap.add_argument("--step-seconds", type=float, default=STEP_SECONDS, help="length of each rate step (%(default)s)")
     ap.add_argument("--rates", type=lambda t: tuple(int(float(x)) for x in t.split(",")), default=RATES,
                     help="records/s asked of the generator, comma list (default: %(default)s)")
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         gen = _build_gen(tmp)
-        print(f"ingest: generator on CPU {_cpus()[1]}, ring buffer ({args.ring_mb} MiB) -> decode -> DuckDB on CPU "
+        print(f"ingest: generator on CPU {_cpus()[1]}, record ring ({args.ring_mb} MiB) -> decode -> DuckDB on CPU "
               f"{_cpus()[0]}, {args.step_seconds:g} s per step, {BURST} records per syscall, "
               f"loadavg {_loadavg()}\n")
         # kernel drops count failed ring reserves; bench.bpf.c abandons the rest of a

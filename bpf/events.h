@@ -125,7 +125,7 @@ struct ingero_proc_stat {
 
 /* Counters the BPF side keeps about itself (array map, one slot each). */
 enum ingero_counter {
-	CNT_RB_DROPS = 0,     /* ringbuf_reserve failed: record lost */
+	CNT_RB_DROPS = 0,     /* the record ring was full: record lost */
 	CNT_STACK_ERRORS = 1, /* get_stackid failed */
 	CNT_NEST_SKIPPED = 2, /* probed call nested inside another probed call */
 	CNT_STALE_CALLS = 3,  /* in-flight call state whose return was never seen, replaced */

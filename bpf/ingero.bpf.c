@@ -5,10 +5,10 @@
  * Compiled by BCC from this file (src_file=) with cflags set by
  * ingero/collect/loader.py; `ingero trace --print-bpf` shows the source and
  * the flags.  Every record is a struct ingero_event (bpf/events.h) in ONE
- * ring buffer, so user space decodes whole spans with a fixed 64-byte stride.
+ * record ring (below), so user space copies whole spans with a fixed 64-byte stride.
  *
  * Settings (all -DNAME=value):
- *   RING_PAGES      ring buffer size in pages (power of two)
+ *   RING_PAGES      record ring size in 4 KiB pages (power of two)
  *   TRACE_ALL_CUDA  1: any process calling CUDA becomes a target (default
  *                   mode); 0: only pids user space / fork / TARGET_COMM add
  *   TARGET_COMM     "name": processes with this comm become targets
@@ -113,7 +113,31 @@ struct rq_state {
 	u8 kind;
 };
 
-BPF_RINGBUF_OUTPUT(events, RING_PAGES);
+/* The record ring: every record of every program, in claim order, read by
+ * user space straight from the mapped array (ingero/collect/ringbuf.py).  Not
+ * a BPF_RINGBUF_OUTPUT: its reserve and submit are two helper calls and a
+ * lock (with irqs saved) per record; claiming a slot here is one atomic add
+ * on a counter and an inlined array access.  Measured in the traced
+ * workload's wall time, cudart_calls pinned, 8 interleaved rounds: 139 ->
+ * 115 ns per call above the floor; ping-pong pinned 538 -> 484 ns per round
+ * trip. */
+#define RING_SLOTS (RING_PAGES * (4096 / 64)) /* 64-byte slots: a power of two */
+#define RING_MARGIN 4096
+#define SLOT_BUSY (1ULL << 63)
+struct ring_slot {
+	u64 seq; /* position + 1 once the record is complete; | SLOT_BUSY while it is written */
+	struct ingero_event ev;
+};
+/* head: slots claimed so far (BPF); tail: slots consumed (user space).  In
+ * separate cache lines: the reader writes one, producers the other. */
+struct ring_positions {
+	u64 head;
+	u64 pad1[7];
+	u64 tail;
+	u64 pad2[7];
+};
+BPF_F_TABLE("array", u32, struct ring_slot, ring, RING_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct ring_positions, ring_pos, 1, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(counters, u64, CNT_MAX);
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 /* Bumped whenever BPF removes a target (exits).  Probes cache "this thread's
@@ -174,19 +198,37 @@ static __always_inline void count(int idx)
 		(*v)++; /* per-CPU slot: no atomics needed */
 }
 
+/* Claim the next slot of the record ring, or count a drop when it is full.
+ * The full check comes first (a claimed slot must be filled: the reader waits
+ * for it), so producers on several CPUs passing it at once could overrun by
+ * as many as pass together: RING_MARGIN slots are kept for them. */
 static __always_inline struct ingero_event *event_reserve(void)
 {
-	struct ingero_event *e = events.ringbuf_reserve(sizeof(struct ingero_event));
-	if (!e)
+	u32 zero = 0;
+	struct ring_positions *p = ring_pos.lookup(&zero);
+	if (!p)
+		return 0;
+	if (p->head - *(volatile u64 *)&p->tail >= RING_SLOTS - RING_MARGIN) {
 		count(CNT_RB_DROPS);
-	return e;
+		return 0;
+	}
+	u64 pos = __sync_fetch_and_add(&p->head, 1);
+	u32 idx = pos & (RING_SLOTS - 1);
+	struct ring_slot *r = ring.lookup(&idx);
+	if (!r)
+		return 0; /* never: idx is masked (the verifier wants the check) */
+	r->seq = (pos + 1) | SLOT_BUSY;
+	return &r->ev;
 }
 
-/* No wakeup: user space polls on a short timer, which saves a wakeup per
- * record at high rates. */
+/* The record is complete: its seq without the BUSY bit tells the reader so.
+ * The stores before it reach memory first (x86 keeps stores in order; the
+ * barrier keeps the compiler from moving them). */
 static __always_inline void event_submit(struct ingero_event *e)
 {
-	events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	u64 *seq = (u64 *)e - 1; /* struct ring_slot: seq, then the event */
+	asm volatile("" ::: "memory");
+	*seq &= ~SLOT_BUSY;
 }
 
 static __always_inline int is_target(u32 tgid)

@@ -45,8 +45,10 @@ def check_root() -> Check:
 def check_kernel() -> Check:
     release = platform.release()
     major, minor = (int(x) for x in release.split(".")[:2])
-    ok = (major, minor) >= (5, 8)  # BPF ring buffers arrived in 5.8
-    return Check("kernel", ok, f"Linux {release}", "ingero needs Linux >= 5.8 (BPF ring buffer)")
+    # the newest BPF features the programs use: task storage (5.11), the
+    # record ring's fetch-and-add (atomics with a result, 5.12)
+    ok = (major, minor) >= (5, 12)
+    return Check("kernel", ok, f"Linux {release}", "ingero needs Linux >= 5.12 (BPF atomics, task storage)")
 
 
 def check_btf() -> Check:

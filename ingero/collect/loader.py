@@ -30,7 +30,7 @@ MAIN_SOURCE = "ingero.bpf.c"
 # ~2 s of records at 1 M records/s (64 bytes each).  bench_ingest at 1 M/s:
 # 64 MiB dropped 1-3 records in 4 M (commit stalls on this shared VM's disk), 128 MiB none.
 DEFAULT_RING_MB = 128
-RING_MAP = "events"
+RING_MAPS = ("ring", "ring_pos")  # bpf/ingero.bpf.c: the record ring and its positions
 
 
 def bpf_dir() -> Path:
@@ -237,8 +237,9 @@ class Program:
 
     # -- maps ----------------------------------------------------------------
 
-    def ring_fd(self) -> int:
-        return int(self.bpf[RING_MAP].map_fd)
+    def ring_fds(self) -> tuple[int, int]:
+        """fds of the record ring's slot array and positions array (ringbuf.RingReader)."""
+        return tuple(int(self.bpf[name].map_fd) for name in RING_MAPS)  # type: ignore[return-value]
 
     def add_targets(self, pids: Iterable[int]) -> None:
         t = self.bpf["targets"]

@@ -1,10 +1,10 @@
 """One trace session: load, attach, then drain -> decode -> store until told to stop.
 
-Everything runs on one thread (the DuckDB writes included): the ring buffer
+Everything runs on one thread (the DuckDB writes included): the record ring
 holds ~2 s of records at 1 M/s (128 MiB), so the loop can afford batched
 appends and the odd slow commit (a shared VM disk stalls fsync for a second).  The loop, every POLL_INTERVAL_S:
 
-* copies every submitted record from the ring buffer into one pending
+* copies every complete record from the record ring into one pending
   buffer (ringbuf.RingReader.read_into);
 * once a second, or as soon as FLUSH_ROWS are pending (then whole DuckDB row
   groups only), decodes and appends them to ``events`` (so stored data is
@@ -39,7 +39,7 @@ from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user
 from ingero.store.faults import write_error
 
-POLL_INTERVAL_S = 0.01  # ring buffer poll; at 1 M records/s that is 10 k records (640 KiB) a poll
+POLL_INTERVAL_S = 0.01  # record ring poll; at 1 M records/s that is 10 k records (640 KiB) a poll
 # An empty ring doubles the wait up to this: an idle tracer wakes 20 times a second, not 100.
 # The first poll after events resume then holds at most 50 ms of them (3 MiB of the 128 MiB ring
 # at 1 M/s), and stop/duration checks are at most this late.
@@ -228,7 +228,7 @@ class TraceSession:
         self.offset_ns = decode.monotonic_offset_ns()
         # what the loaded program reads, not what was asked: a launch's 0 is "not read" unless compiled in
         self.stream_ops = decode.stream_ops(program.settings.launch_streams)
-        self.reader = RingReader(program.ring_fd(), program.settings.ring_bytes)
+        self.reader = RingReader(*program.ring_fds(), program.settings.ring_bytes)
         self.pending_buf = np.empty(PENDING_CAPACITY, dtype=EVENT_DTYPE)
         self.pending_rows = 0
         self.next_flush = time.monotonic() + FLUSH_INTERVAL_S

@@ -22,7 +22,7 @@ from ingero.commands.options import DURATION, SIZE, db_option, json_option, reso
               help="Also record each kernel launch's stream: read from the caller's memory, it adds "
                    "~0.2 us to every launch (measured on a 2-core VM). Async copies and syncs always "
                    "carry their stream.")
-@click.option("--ring-mb", type=int, default=128, show_default=True, help="Ring buffer size in MiB (power of two): ~2 s of events at 1 M/s.")
+@click.option("--ring-mb", type=int, default=128, show_default=True, help="Record ring size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
 @click.option("--retain", type=DURATION, default=None,
               help="Keep only the last DURATION of events (e.g. 24h): for always-on tracing.")

@@ -1,6 +1,14 @@
-"""The ring buffer span reader on hand-made kernel ring layouts (no BPF)."""
+"""The record ring reader on hand-made ring memory (no BPF).
+
+The ring's two arrays are stand-ins here: memfd files of the same layout,
+written the way bpf/ingero.bpf.c's producers write them (claim a position,
+fill the slot, seq = position + 1 last).
+"""
 
 from __future__ import annotations
+
+import mmap
+import os
 
 import numpy as np
 import pytest
@@ -8,95 +16,146 @@ import pytest
 from ingero.collect.records import EVENT_DTYPE
 from ingero.collect.ringbuf import (
     BUSY_BIT,
-    DISCARD_BIT,
+    POSITIONS_TAIL_OFFSET,
     RECORD_DTYPE,
     RECORD_STRIDE,
-    RecordSizeError,
+    RingReader,
+    complete_prefix,
     span_into,
-    take_span,
 )
 
-
-def ring(n: int, *, busy: tuple[int, ...] = (), discard: tuple[int, ...] = (), size: int = EVENT_DTYPE.itemsize) -> np.ndarray:
-    """n consecutive ring records as the kernel lays them out; event i has ts_ns = 1000 + i."""
-    buf = np.zeros(n, dtype=RECORD_DTYPE)
-    buf["len"] = size
-    buf["event"]["ts_ns"] = 1000 + np.arange(n)
-    buf["event"]["pid"] = 7
-    for i in busy:
-        buf["len"][i] |= BUSY_BIT
-    for i in discard:
-        buf["len"][i] |= DISCARD_BIT
-    # round-trip through bytes: the reader sees raw memory, not our array
-    return np.frombuffer(buf.tobytes(), dtype=RECORD_DTYPE)
+SLOTS = 64  # one 4 KiB page of 64-byte slots
 
 
-def test_stride_is_header_plus_event_rounded_to_8() -> None:
+def test_a_slot_is_the_seq_then_the_event_in_one_cache_line() -> None:
     assert EVENT_DTYPE.itemsize == 56
     assert RECORD_STRIDE == 64
+    assert RECORD_DTYPE.fields["seq"][1] == 0
     assert RECORD_DTYPE.fields["event"][1] == 8
 
 
-def test_all_submitted_records_are_returned_in_order() -> None:
-    events, consumed = take_span(ring(5))
-    assert consumed == 5
-    assert events.dtype == EVENT_DTYPE
-    assert events["ts_ns"].tolist() == [1000, 1001, 1002, 1003, 1004]
-    assert (events["pid"] == 7).all()
+def records(first_pos: int, n: int, *, busy: tuple[int, ...] = (), unwritten: tuple[int, ...] = ()) -> np.ndarray:
+    """Slots for positions first_pos.. as producers leave them; event i has ts_ns = 1000 + position."""
+    buf = np.zeros(n, dtype=RECORD_DTYPE)
+    pos = first_pos + np.arange(n, dtype=np.uint64)
+    buf["seq"] = pos + 1
+    buf["event"]["ts_ns"] = 1000 + pos
+    for i in busy:  # claimed, being written
+        buf["seq"][i] |= np.uint64(BUSY_BIT)
+    for i in unwritten:  # claimed, nothing written yet: the slot still holds the last lap's record
+        buf["seq"][i] = first_pos + i + 1 - SLOTS if first_pos + i >= SLOTS else 0
+    return np.frombuffer(buf.tobytes(), dtype=RECORD_DTYPE)  # raw memory, as the reader sees it
 
 
-def test_a_busy_record_stops_the_read_and_is_not_consumed() -> None:
-    events, consumed = take_span(ring(6, busy=(3,)))
-    assert consumed == 3
-    assert events["ts_ns"].tolist() == [1000, 1001, 1002]
+def test_complete_records_are_counted_up_to_the_first_incomplete_one() -> None:
+    assert complete_prefix(records(0, 5), 0) == 5
+    assert complete_prefix(records(100, 6, busy=(3,)), 100) == 3
+    assert complete_prefix(records(100, 6, unwritten=(0,)), 100) == 0
+    # a slot of the previous lap (position - SLOTS) is not the record of this position
+    assert complete_prefix(records(SLOTS, 4, unwritten=(2,)), SLOTS) == 2
 
 
-def test_a_busy_first_record_reads_nothing() -> None:
-    events, consumed = take_span(ring(4, busy=(0,)))
-    assert consumed == 0
-    assert len(events) == 0
+def test_a_span_read_at_the_wrong_position_is_not_complete() -> None:
+    """The seq names the position: memory of another position never passes for it."""
+    assert complete_prefix(records(10, 4), 11) == 0
 
 
-def test_discarded_records_are_consumed_but_not_returned() -> None:
-    events, consumed = take_span(ring(5, discard=(1, 3)))
-    assert consumed == 5
-    assert events["ts_ns"].tolist() == [1000, 1002, 1004]
-
-
-def test_busy_after_discard() -> None:
-    events, consumed = take_span(ring(5, discard=(0,), busy=(2,)))
-    assert consumed == 2
-    assert events["ts_ns"].tolist() == [1001]
-
-
-def test_a_record_of_another_size_is_an_error_not_garbage() -> None:
-    with pytest.raises(RecordSizeError, match="48 bytes"):
-        take_span(ring(3, size=48))
-
-
-def test_wrapped_span_reads_through_the_double_mapping() -> None:
-    """The kernel maps the data area twice: a span starting near the end continues at offset 0."""
-    slots = 8
-    data = np.zeros(slots, dtype=RECORD_DTYPE)
-    data["len"] = EVENT_DTYPE.itemsize
-    data["event"]["ts_ns"] = np.arange(slots)
-    doubled = np.frombuffer(data.tobytes() * 2, dtype=RECORD_DTYPE)
-    start = 6  # consumer at slot 6, producer 4 records later (wrapped)
-    events, consumed = take_span(doubled[start : start + 4])
-    assert consumed == 4
-    assert events["ts_ns"].tolist() == [6, 7, 0, 1]
-
-
-def test_span_into_copies_at_most_len_out_and_consumes_only_those() -> None:
+def test_span_into_copies_the_complete_prefix_at_most_len_out() -> None:
     out = np.zeros(3, dtype=EVENT_DTYPE)
-    stored, consumed = span_into(ring(5), out)
-    assert (stored, consumed) == (3, 3)
-    assert out["ts_ns"].tolist() == [1000, 1001, 1002]
+    assert span_into(records(7, 5), 7, out) == 3
+    assert out["ts_ns"].tolist() == [1007, 1008, 1009]
+    out = np.ones(6, dtype=EVENT_DTYPE)
+    assert span_into(records(7, 6, busy=(2,)), 7, out) == 2
+    assert out["ts_ns"].tolist() == [1007, 1008, 1, 1, 1, 1]  # the rest of out untouched
 
 
-def test_span_into_packs_kept_records_at_the_front_of_out() -> None:
-    out = np.zeros(6, dtype=EVENT_DTYPE)
-    out["ts_ns"] = 1
-    stored, consumed = span_into(ring(6, discard=(0, 2), busy=(4,)), out)
-    assert (stored, consumed) == (2, 4)
-    assert out["ts_ns"].tolist() == [1001, 1003, 1, 1, 1, 1]  # the rest of out untouched
+class FakeRing:
+    """memfd stand-ins for the two BPF arrays, and a producer writing into them."""
+
+    def __init__(self) -> None:
+        self.ring_fd = os.memfd_create("ring")
+        os.ftruncate(self.ring_fd, SLOTS * RECORD_STRIDE)
+        self.pos_fd = os.memfd_create("ring_pos")
+        os.ftruncate(self.pos_fd, mmap.PAGESIZE)
+        self._ring = mmap.mmap(self.ring_fd, SLOTS * RECORD_STRIDE)
+        self._pos = mmap.mmap(self.pos_fd, mmap.PAGESIZE)
+        self.slots = np.frombuffer(self._ring, dtype=RECORD_DTYPE)
+        self.head = np.frombuffer(self._pos, dtype=np.uint64, count=1)
+        self.tail = np.frombuffer(self._pos, dtype=np.uint64, count=1, offset=POSITIONS_TAIL_OFFSET)
+
+    def produce(self, n: int, *, complete: bool = True) -> list[int]:
+        """Claim n positions and write their records (left BUSY unless complete)."""
+        first = int(self.head[0])
+        self.head[0] = first + n
+        for p in range(first, first + n):
+            slot = self.slots[p % SLOTS]
+            slot["event"]["ts_ns"] = 1000 + p
+            slot["seq"] = (p + 1) | (0 if complete else BUSY_BIT)
+        return list(range(first, first + n))
+
+    def complete(self, p: int) -> None:
+        self.slots["seq"][p % SLOTS] = p + 1
+
+
+@pytest.fixture
+def fake() -> FakeRing:
+    return FakeRing()
+
+
+def reader(fake: FakeRing) -> RingReader:
+    return RingReader(fake.ring_fd, fake.pos_fd, SLOTS * RECORD_STRIDE)
+
+
+def test_the_reader_consumes_what_it_copied_and_writes_the_tail(fake: FakeRing) -> None:
+    r = reader(fake)
+    fake.produce(5)
+    got = r.read()
+    assert got["ts_ns"].tolist() == [1000, 1001, 1002, 1003, 1004]
+    assert int(fake.tail[0]) == 5
+    assert r.positions() == (5 * RECORD_STRIDE, 5 * RECORD_STRIDE)
+    assert len(r.read()) == 0
+
+
+def test_a_record_still_being_written_waits_with_everything_after_it(fake: FakeRing) -> None:
+    r = reader(fake)
+    fake.produce(2)
+    (busy,) = fake.produce(1, complete=False)
+    fake.produce(3)
+    assert r.read()["ts_ns"].tolist() == [1000, 1001]
+    assert r.pending_bytes() == 4 * RECORD_STRIDE
+    fake.complete(busy)
+    assert r.read()["ts_ns"].tolist() == [1002, 1003, 1004, 1005]
+
+
+def test_a_span_that_wraps_around_the_end_is_read_whole_and_in_order(fake: FakeRing) -> None:
+    r = reader(fake)
+    fake.produce(SLOTS - 3)
+    r.read()
+    fake.produce(7)  # 3 slots up to the end, 4 from the start
+    assert r.read()["ts_ns"].tolist() == [1000 + p for p in range(SLOTS - 3, SLOTS + 4)]
+    assert int(fake.tail[0]) == SLOTS + 4
+
+
+def test_an_incomplete_record_after_the_wrap_stops_the_second_piece(fake: FakeRing) -> None:
+    r = reader(fake)
+    fake.produce(SLOTS - 2)
+    r.read()
+    fake.produce(3)
+    fake.produce(1, complete=False)  # position SLOTS + 1: the second slot from the start
+    out = np.zeros(10, dtype=EVENT_DTYPE)
+    assert r.read_into(out) == 3
+    assert out["ts_ns"][:3].tolist() == [1000 + SLOTS - 2, 1000 + SLOTS - 1, 1000 + SLOTS]
+
+
+def test_read_into_takes_at_most_len_out(fake: FakeRing) -> None:
+    r = reader(fake)
+    fake.produce(10)
+    out = np.zeros(4, dtype=EVENT_DTYPE)
+    assert r.read_into(out) == 4
+    assert int(fake.tail[0]) == 4
+    assert r.records_read == 4
+
+
+def test_a_ring_size_that_is_not_a_power_of_two_pages_is_refused(fake: FakeRing) -> None:
+    with pytest.raises(ValueError, match="power-of-two number of pages"):
+        RingReader(fake.ring_fd, fake.pos_fd, 3 * mmap.PAGESIZE)

@@ -52,8 +52,8 @@ class FakeProgram:
         ring_bytes = 1 << 20
         launch_streams = False
 
-    def ring_fd(self) -> int:
-        return -1
+    def ring_fds(self) -> tuple[int, int]:
+        return -1, -1
 
 
 @pytest.fixture
