@@ -12,7 +12,10 @@ helper calls and a lock per record): two mmap'able BPF arrays,
 A producer claims position p, writes the event, then sets seq = p + 1
 (while writing: p + 1 with BUSY_BIT).  A record is complete when its seq is
 exactly its position + 1; the first that is not stops the read, and it and
-everything after it wait for the next poll.  The whole span between tail and
+everything after it wait for the next poll.  A seq beyond it means a producer
+a lap ahead wrote the slot (more than the ring's margin of producers passed
+its full check at once: not seen, guarded anyway): that record is lost,
+counted in ``lapped`` and skipped, so the reader never waits on it forever.  The whole span between tail and
 head is one numpy array with a 64-byte stride (two pieces where it wraps).
 """
 
@@ -83,6 +86,7 @@ class RingReader:
         self._head = np.frombuffer(self._positions, dtype=np.uint64, count=1, offset=0)
         self._tail = np.frombuffer(self._positions, dtype=np.uint64, count=1, offset=POSITIONS_TAIL_OFFSET)
         self.records_read = 0
+        self.lapped = 0  # records overwritten before they were read (counted as user-space drops)
 
     def positions(self) -> tuple[int, int]:
         """(consumer, producer) positions in bytes since the ring was created."""
@@ -104,10 +108,19 @@ class RingReader:
             done += got
             if got < piece:
                 break
-        if done:
-            self._tail[0] = tail + done
+        skipped = 0
+        if done < n and int(self._records["seq"][(tail + done) % self.slots]) & ~BUSY_BIT > tail + done + 1:
+            skipped = 1  # lapped: taken for the next poll's first record otherwise, forever
+            self.lapped += 1
+        if done or skipped:
+            self._tail[0] = tail + done + skipped
         self.records_read += done
         return done
+
+    def take_lapped(self) -> int:
+        """Records lost to lapping since the last call."""
+        n, self.lapped = self.lapped, 0
+        return n
 
     def read(self, max_records: int = 1 << 20) -> np.ndarray:
         """Copy out up to ``max_records`` complete events (EVENT_DTYPE) into a new array and consume them."""

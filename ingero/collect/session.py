@@ -253,6 +253,7 @@ class TraceSession:
         start = self.pending_rows
         room = min(READ_BATCH, PENDING_CAPACITY - start)
         n = self.reader.read_into(self.pending_buf[start : start + room])
+        self.drops_user += self.reader.take_lapped()
         if n:
             recs = self.pending_buf[start : start + n]
             self.pending_rows += n

@@ -159,3 +159,15 @@ def test_read_into_takes_at_most_len_out(fake: FakeRing) -> None:
 def test_a_ring_size_that_is_not_a_power_of_two_pages_is_refused(fake: FakeRing) -> None:
     with pytest.raises(ValueError, match="power-of-two number of pages"):
         RingReader(fake.ring_fd, fake.pos_fd, 3 * mmap.PAGESIZE)
+
+
+def test_a_slot_written_a_lap_ahead_is_counted_lost_and_skipped(fake: FakeRing) -> None:
+    """More producers than the margin passing the full check at once would overwrite an
+    unread slot: the reader must not wait for that position forever."""
+    r = reader(fake)
+    fake.produce(3)
+    fake.slots["seq"][1] = 1 + SLOTS + 1  # position 1 + SLOTS wrote slot 1
+    assert r.read()["ts_ns"].tolist() == [1000]
+    assert r.take_lapped() == 1
+    assert r.read()["ts_ns"].tolist() == [1002]
+    assert r.take_lapped() == 0

@@ -40,6 +40,9 @@ class FakeReader:
         self.queue = np.zeros(0, dtype=EVENT_DTYPE)
         self.per_poll = 1 << 30
 
+    def take_lapped(self) -> int:
+        return 0
+
     def read_into(self, out: np.ndarray) -> int:
         n = min(len(self.queue), len(out), self.per_poll)
         out[:n] = self.queue[:n]
