@@ -148,17 +148,17 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	return 0;
 }
 
-/* What the call path costs (bench/bench_probe_cost.py, kernel 6.18 on this
- * AMD VM, bpf_stats on; the empty program at the same point: ~40 ns).  Of
- * the helpers, the verifier inlines only the array lookups and
- * smp_processor_id; each call left costs, measured by removing it:
- * bpf_ktime_get_ns ~30 ns (the clocksource read behind a retpoline),
- * ringbuf reserve + submit ~35 (bpf_ringbuf_output of a stack copy was ~8
- * slower), get_current_task_btf + task_storage_get ~10, get_current_pid_tgid
- * ~5 (caching it in the call state gained 0-2: not kept), and a
- * bpf_probe_read_user ~90.  So an entry is ~100 ns/run, a return ~130, a
- * launch entry ~190 (its stream read); what is left is two clock reads, one
- * per-thread lookup per probe and the ring. */
+/* What the call path costs here (kernel 6.18, this AMD VM), measured in the
+ * traced workload's wall time by taking one piece out at a time (cudart_calls
+ * pinned, programs in-process, 6-8 interleaved rounds; ns per call above the
+ * empty programs): the two clock reads ~64 (bpf_ktime_get_ns: an rdtscp, 25
+ * ns by itself on this VM, behind a retpolined call); the call state in task
+ * storage ~23 (now in the thread's slot, an inlined array access); BPF's ring
+ * buffer ~24 more than the record ring; a launch's stream read ~200 per
+ * launch (now only with LAUNCH_STREAMS).  A program doing nothing but the
+ * clocks, a task-storage state and a ring-buffer record was at +122 ns; these
+ * are at ~+115.  What is left: two clock reads, pid_tgid, one slot access per
+ * probe and the record.  bench/bench_probe_cost.py: ns per program run. */
 static __always_inline int on_cuda_return(struct pt_regs *ctx)
 {
 	EMPTY_RETURN();
