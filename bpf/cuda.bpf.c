@@ -99,10 +99,10 @@ static __always_inline u8 op_class(u8 op)
  * bpf_probe_read_user was ~90 ns of program run time (bench_probe_cost.py)
  * and ~200 ns of the workload's wall time per launch (cudart_calls pinned,
  * one launch in 9 calls: 169 -> 145 ns per call above the floor without
- * the read).  Launches are most of a training
- * loop's calls, so their streams are read only with LAUNCH_STREAMS (`ingero
- * trace --streams`), and then only for a call that gets a row (a nested
- * cuLaunchKernel inside cudaLaunchKernel needs none). */
+ * the read).  Launches are most of a training loop's calls, so their
+ * streams are read only with LAUNCH_STREAMS (`ingero trace --streams`), and
+ * then only for a call that gets a row (a nested cuLaunchKernel inside
+ * cudaLaunchKernel needs none). */
 static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
 {
 	EMPTY_RETURN();

@@ -20,6 +20,7 @@ Column semantics follow ingero/store/schema.sql:
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -83,7 +84,6 @@ def _op_mask(ops: frozenset[Op]) -> np.ndarray:
 
 
 _BYTES_MASK = _op_mask(BYTES_OPS)
-_STREAM_MASKS = {ops: _op_mask(ops) for ops in (STREAM_OPS, REGISTER_STREAM_OPS)}
 _OTHER_MASK = _op_mask(OTHER_PID_OPS)
 _RET_MASK = ~_op_mask(NO_RET_OPS)
 _IN_CALL_TYPE = pa.dictionary(pa.uint8(), pa.string())
@@ -216,9 +216,8 @@ def events_table(
     return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
 
 
-def _stream_mask(ops: frozenset[Op]) -> np.ndarray:
-    mask = _STREAM_MASKS.get(ops)
-    return mask if mask is not None else _op_mask(ops)
+# one mask per stream_ops set (a session passes the same one on every flush)
+_stream_mask = functools.lru_cache(maxsize=None)(_op_mask)
 
 
 def _call_state_columns(op: np.ndarray, records: np.ndarray) -> tuple[pa.Array, pa.Array]:

@@ -15,8 +15,9 @@ exactly its position + 1; the first that is not stops the read, and it and
 everything after it wait for the next poll.  A seq beyond it means a producer
 a lap ahead wrote the slot (more than the ring's margin of producers passed
 its full check at once: not seen, guarded anyway): that record is lost,
-counted in ``lapped`` and skipped, so the reader never waits on it forever.  The whole span between tail and
-head is one numpy array with a 64-byte stride (two pieces where it wraps).
+counted in ``lapped`` and skipped, so the reader never waits on it forever.
+The whole span between tail and head is one numpy array with a 64-byte
+stride (two pieces where it wraps).
 """
 
 from __future__ import annotations
