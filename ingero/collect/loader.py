@@ -300,7 +300,12 @@ class Program:
     def close(self) -> None:
         """Detach everything.  Uprobes are closed by a background process (see _close_in_background)."""
         fds = list(self.bpf.uprobe_fds.values()) + list(self.bpf.tracepoint_fds.values())
-        self.bpf.uprobe_fds.clear()
+        # BCC's own detach path, minus the detach: it also gives the probes
+        # back to BCC's per-process quota (_num_open_probes, ~1000), which a
+        # plain clear() never did, so a process loading again and again
+        # (a harness, a library user) was refused after ~20 loads.
+        for name in list(self.bpf.uprobe_fds):
+            self.bpf._del_uprobe_fd(name)
         self.bpf.tracepoint_fds.clear()
         if fds:
             _close_in_background(fds)

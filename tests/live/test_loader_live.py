@@ -1,0 +1,45 @@
+"""Live: what loading and closing the BPF object leaves behind in this process.
+
+Program.close() hands the uprobe fds to a background closer instead of letting
+BCC detach them one by one (~0.1 s each).  BCC counts open uprobes per process
+against a quota (BCC_PROBE_LIMIT, 1000 by default) and only its own detach gave
+them back: a process that loaded and closed the object some 20 times was then
+refused every attach.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workloads import libcudart
+
+pytestmark = pytest.mark.live
+
+
+def test_closing_a_program_gives_its_uprobes_back_to_bccs_quota(tmp_path, monkeypatch):
+    import bcc
+
+    from ingero.collect.libs import LibraryWatcher
+    from ingero.collect.loader import BpfSettings, load_program
+
+    lib = libcudart()
+    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
+    copy = tmp_path / "cudart-private.so"  # a file of our own: other tracers on the host do not touch it
+    copy.write_bytes(lib.read_bytes())
+    found = next(x for x in LibraryWatcher(extra=[copy]).poll() if x.path == copy)
+    baseline = bcc._get_num_open_probes()
+    attached = []
+    for cycle in range(3):
+        prog = load_program(BpfSettings(empty=True))
+        try:
+            ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
+            assert failed == 0, [r.error for r in prog.records if not r.attached][:1]
+            assert bcc._get_num_open_probes() == baseline + ok
+            attached.append(ok)
+            if cycle == 0:
+                # room for exactly one load's probes: the next cycles fit only if this one gave them back
+                monkeypatch.setenv("BCC_PROBE_LIMIT", str(baseline + ok))
+        finally:
+            prog.close()
+        assert bcc._get_num_open_probes() == baseline
+    assert attached[0] > 20 and attached == [attached[0]] * 3, attached
