@@ -89,8 +89,9 @@ from ingero.collect.loader import BpfSettings, load_program
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = REPO / "tests" / "live" / "workloads"
-# 7 x 3 blocks (+1 busy block per round for the pinned workloads): ~6 min on a quiet box; 11.5 min at load 2-5 with other tracers
-# attached (each block waits up to QUIET_WAIT_S for them to go)
+# 7 rounds of 4 blocks (the busy one runs the pinned workloads only): ~8 min on
+# a quiet box; longer with other tracers attached (each block waits up to
+# QUIET_WAIT_S for them to go)
 ROUNDS = int(os.environ.get("OVH_ROUNDS", "7"))
 TARGET_ABOVE_FLOOR_PCT = 10.0  # from the issue
 # 9 probed calls per iteration, 2 probe hits per call: the floor costs ~1.3 us
@@ -468,7 +469,8 @@ def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
                 for name, n in _events_in(ctx.db, windows):
                     res.events.setdefault(name, []).append(n)
             print(f"round {rnd + 1}/{ROUNDS} {mode:8s} load {res.loads[-1]:.2f}: " +
-                  ", ".join(f"{w.name} {res.times[(w.name, mode)][-1][0]:.3f} s" for w in works if (w.name, mode) in res.times),
+                  ", ".join(f"{w.name} {res.times[(w.name, mode)][-1][0]:.3f} s"
+                            for w in works if (w.name, mode) in res.times),
                   file=sys.stderr, flush=True)
     return res
 
@@ -491,8 +493,8 @@ def _fmt_spread(vals: list[float], fmt: str) -> str:
 
 
 def _report(works: list[Workload], res: Results) -> None:
-    print(f"{ROUNDS} interleaved rounds of untraced / floor / busy floor (pinned workloads) / ingero (order rotated "
-          "each round); "
+    print(f"{ROUNDS} interleaved rounds of untraced / floor / busy floor (pinned workloads) / ingero (order "
+          "rotated each round); "
           f"median (min-max).  Load average (1 min) at block starts: {min(res.loads):.2f}-{max(res.loads):.2f} "
           f"on {os.cpu_count()} CPUs; {res.noisy_blocks} of {res.blocks} blocks started while another "
           f"tracer was attached on the host.\n")
