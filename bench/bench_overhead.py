@@ -227,21 +227,31 @@ def _wait_quiet(mine: set[int]) -> bool:
 
 
 def _tag_names(settings: BpfSettings) -> dict[str, str]:
-    """prog_tag -> function name for a build of the object (tags hash the instructions, not map fds)."""
+    """prog_tag -> function name for a build of the object (tags hash the instructions, not map fds).
+
+    Functions that compile to the same instructions share a tag and cannot be
+    told apart in another process (without --streams the cudaLaunchKernel and
+    cudaLaunchKernelExC entries do): their tag gets one label naming them all,
+    "a / b", and _labels gives the floor's programs the same label."""
     from bcc import BPF
 
     prog = load_program(settings)
     try:
         for fn in {p.entry_fn for p in probes.CUDA_PROBES} | {probes.RETURN_FN}:
             prog.bpf.load_func(fn.encode(), BPF.KPROBE)
-        names = {}
+        names: dict[str, list[str]] = {}
         for name, f in prog.bpf.funcs.items():
             tag = _fdinfo(os.getpid(), str(f.fd)).get("prog_tag")
             if tag:
-                names.setdefault(tag, name.decode().removeprefix("tracepoint__"))
-        return names
+                names.setdefault(tag, []).append(name.decode().removeprefix("tracepoint__"))
+        return {tag: " / ".join(sorted(n)) for tag, n in names.items()}
     finally:
         prog.close()
+
+
+def _labels(tag_names: dict[str, str]) -> dict[str, str]:
+    """function name -> its label in tag_names (itself unless it shares a tag)."""
+    return {n: label for label in tag_names.values() for n in label.split(" / ")}
 
 
 # ---------------------------------------------------------------- modes
@@ -260,8 +270,9 @@ class _Untraced:
 class _Floor:
     """Empty programs at the probe points ingero uses, attached in this process."""
 
-    def __init__(self, lib: Path):
+    def __init__(self, lib: Path, labels: dict[str, str]):
         self.lib = lib
+        self.labels = labels
         self.pid = os.getpid()
 
     def __enter__(self) -> "_Floor":
@@ -275,7 +286,10 @@ class _Floor:
             raise RuntimeError(f"floor: {failed} of {ok + failed} probes failed on {self.lib}")
         self.uprobes = ok
         # fd -> name: every empty program has the same two instructions, so the same tag
-        self.names = {str(f.fd): n.decode().removeprefix("tracepoint__") for n, f in self.program.bpf.funcs.items()}
+        self.names = {}
+        for n, f in self.program.bpf.funcs.items():
+            name = n.decode().removeprefix("tracepoint__")
+            self.names[str(f.fd)] = self.labels.get(name, name)
         return self
 
     def by_name(self) -> dict[str, tuple[int, int]]:
@@ -296,8 +310,8 @@ class _Busy(_Floor):
 
     SPIN = "import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1:]})\nwhile True: pass"
 
-    def __init__(self, lib: Path, cpu: int):
-        super().__init__(lib)
+    def __init__(self, lib: Path, labels: dict[str, str], cpu: int):
+        super().__init__(lib, labels)
         self.others = sorted(set(range(os.cpu_count() or 1)) - {cpu})
 
     def __enter__(self) -> "_Busy":
@@ -423,6 +437,7 @@ def _stats_pass(mode: object, work: Workload) -> dict[str, tuple[int, int]]:
 
 def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
     tag_names = _tag_names(BpfSettings(trace_all_cuda=False, target_comm=WORK_COMM))
+    labels = _labels(tag_names)
     res = Results()
     modes = ["untraced", "floor", "busy", "ingero"]
     pinned_cpus = {w.cpu for w in works if w.cpu is not None}
@@ -436,8 +451,8 @@ def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
             if not _wait_quiet({os.getpid()}):
                 res.noisy_blocks += 1
             res.loads.append(os.getloadavg()[0])
-            ctx = (_Untraced() if mode == "untraced" else _Floor(lib) if mode == "floor"
-                   else _Busy(lib, next(iter(pinned_cpus))) if mode == "busy"
+            ctx = (_Untraced() if mode == "untraced" else _Floor(lib, labels) if mode == "floor"
+                   else _Busy(lib, labels, next(iter(pinned_cpus))) if mode == "busy"
                    else _Ingero(tmp / f"ingero-{rnd}.duckdb", lib, tag_names))
             windows: list[tuple[str, int, int]] = []  # (workload, wall-clock ns start, end) of traced runs
             with ctx:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, WORKLOADS, Workload, _build, _Floor,
-                                  _foreign_tracers, _Ingero, _private_libcudart, _stats_pass, _tag_names)
+                                  _foreign_tracers, _Ingero, _private_libcudart, _labels, _stats_pass, _tag_names)
 from ingero.collect import probes
 from ingero.collect.loader import BpfSettings, load_program
 
@@ -207,7 +207,10 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
         work, lib = _workload(workload, iters, tmp)
         calls = work.ops
         noisy += _wait_closers(tmp) > 0
-        with _Floor(lib) as floor:
+        labels = {}  # the floor's programs named as the variants name them (the last variant wins a conflict)
+        for t in tag_names.values():
+            labels.update(_labels(t))
+        with _Floor(lib, labels) as floor:
             floor_stats, floor_cpu = _block(floor, work, timed)
         names = list(variants)
         for rnd in range(rounds):
