@@ -239,6 +239,8 @@ class TraceSession:
         self.nameless: set[int] = set()
         self.notes: list[str] = []
         self.stacks: Any = None
+        self.stack_failures = 0  # flushes stored without stacks because resolving them failed
+        self._stack_errors: set[str] = set()
         self.daemon: Any = None  # ingero.daemon.runtime.Daemon once the session runs
         self._proc_prev: dict[int, np.ndarray] = {}
         self._proc_prev_ns = time.monotonic_ns()
@@ -285,7 +287,7 @@ class TraceSession:
         recs = decode.storage_order(self.pending_buf[:n])
         stack_ids = None
         if self.stacks is not None:
-            stack_ids = self.stacks.resolve(recs["stack_id"], recs["pid"])
+            stack_ids = self._resolve_stacks(recs)
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
                                     stream_ops=self.stream_ops)
         # the table may hold views of pending_buf: the rest moves down only after the append
@@ -306,6 +308,23 @@ class TraceSession:
             opaque[:rest] = opaque[n : n + rest].copy()
         self.pending_rows = rest
         self.events += added
+
+    def _resolve_stacks(self, recs: np.ndarray) -> np.ndarray:
+        """Stored stack ids for the records; on a resolver failure, none (-1) and a note.
+
+        Stacks enrich rows; a bug or race in resolving them must not cost the
+        rows themselves (a KeyError out of resolve once ended a trace and lost
+        its pending records: CI, 2026-11-23).  Each distinct error is noted
+        once; every flush stored without stacks is counted."""
+        try:
+            return self.stacks.resolve(recs["stack_id"], recs["pid"])
+        except Exception as exc:  # noqa: BLE001 - any failure: rows first, then say why
+            self.stack_failures += 1
+            why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            if why not in self._stack_errors:
+                self._stack_errors.add(why)
+                self.notes.append(f"stacks: resolving failed ({why}); {len(recs):,} rows stored without stacks")
+            return np.full(len(recs), -1, dtype=np.int64)
 
     def _note_pids(self, recs: np.ndarray) -> None:
         # Unique pids from the heads of runs of one pid: a thread's records come
@@ -705,6 +724,8 @@ def _loop(
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
+    if sess.stack_failures:
+        notes.append(f"stacks: {sess.stack_failures} flush(es) stored without stacks (resolving failed; see above)")
     if launcher is not None and launcher.returncode is None and ended_by == "duration":
         notes.append(f"the command (pid {launcher.pid}) is still running; it is no longer traced")
     return TraceSummary(

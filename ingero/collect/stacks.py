@@ -277,6 +277,21 @@ def _watch(ref: "weakref.ref[StackResolver]") -> None:
         time.sleep(PENDING_POLL_S)
 
 
+def discard(table: Any, key: Any) -> None:
+    """Delete ``key`` from a BPF map if it is there.
+
+    Not ``table.pop(key, None)``: MutableMapping.pop looks the key up, then
+    deletes it, and between the two the other thread (the watcher's early
+    drain and the flush's resolve both delete resolved stacks) may have
+    deleted it: BCC's __delitem__ then raised KeyError out of the flush and
+    ended the trace (seen in CI, test_retention_stacks_live, 2026-11-23).
+    The kernel's delete is atomic: ENOENT means someone else was first."""
+    try:
+        del table[key]
+    except KeyError:
+        pass
+
+
 class StackResolver:
     """BPF stack ids -> stored ``stacks.stack_id`` (see the module docstring).
 
@@ -358,7 +373,7 @@ class StackResolver:
         table = self.bpf.get_table("ingero_py_procs")
         if proc.prefork:
             # No entry: BPF keeps noticing it, and its exec is caught at once.
-            table.pop(table.Key(pid), None)
+            discard(table, table.Key(pid))
             self._watched[pid] = time.monotonic() + PENDING_TIMEOUT_S
         else:
             # runtime_addr 0 tells the BPF side "known, not CPython": no walk, no notice.
@@ -381,7 +396,7 @@ class StackResolver:
         if new:
             self.prepare(new)
             for pid in new:
-                fresh.pop(fresh.Key(pid), None)
+                discard(fresh, fresh.Key(pid))
         with self._lock:
             now = time.monotonic()
             for pid, deadline in list(self._watched.items()):
@@ -410,7 +425,7 @@ class StackResolver:
                 proc.close()
             self._watched.pop(int(pid), None)
         table = self.bpf.get_table("ingero_py_procs")
-        table.pop(table.Key(int(pid)), None)
+        discard(table, table.Key(int(pid)))
 
     def counters(self) -> dict[str, int]:
         """The BPF side's counters (stored, stackid errors, thread not found, map full, truncated)."""
@@ -459,7 +474,7 @@ class StackResolver:
         # re-inserted once and found in self._ids).
         table = self.bpf.get_table("ingero_stacks")
         for bpf_id in done:
-            table.pop(table.Key(bpf_id), None)
+            discard(table, table.Key(bpf_id))
         return out
 
     def frames(self, bpf_id: int, pid: int) -> list[tuple]:
@@ -498,7 +513,7 @@ class StackResolver:
                 if frames:
                     self._early[bpf_id] = frames
             if known or frames:
-                table.pop(key, None)
+                discard(table, key)
 
     def _frames_of(self, rec: StackRecord, pid: int) -> list[tuple]:
         pid = int(rec.tgid) or pid

@@ -169,3 +169,37 @@ def test_launch_streams_are_stored_as_the_program_reads_them(
     s.flush()
     assert s.store.con.execute("SELECT op, stream FROM events ORDER BY timestamp").fetchall() == [
         ("cudaLaunchKernel", expected), ("cudaMemcpyAsync", 0x5150)]
+
+
+class BrokenStacks:
+    """A stack resolver that fails the way a race in it once did (KeyError out of a BPF map delete)."""
+
+    def __init__(self, fail: bool = True) -> None:
+        self.fail = fail
+
+    def resolve(self, stack_ids: np.ndarray, pids: np.ndarray) -> np.ndarray:
+        if self.fail:
+            raise KeyError()
+        return np.full(len(stack_ids), 77, dtype=np.int64)
+
+
+def test_rows_are_stored_without_stacks_when_resolving_them_fails(sess: TraceSession) -> None:
+    sess.stacks = BrokenStacks()
+    recs = records(10)
+    recs["stack_id"] = 5
+    sess.reader.queue = recs
+    sess.poll()
+    sess.flush()
+    sess.reader.queue = records(3, start=100)
+    sess.poll()
+    sess.flush()  # the same error again: counted, not noted twice
+    assert sess.events == 13
+    rows = sess.store.con.execute("SELECT count(*), count(stack_id) FROM events").fetchone()
+    assert rows == (13, 0)
+    assert sess.notes == ["stacks: resolving failed (KeyError); 10 rows stored without stacks"]
+    assert sess.stack_failures == 2
+    sess.stacks.fail = False  # resolving works again: stacks come back
+    sess.reader.queue = records(2, start=200)
+    sess.poll()
+    sess.flush()
+    assert sess.store.con.execute("SELECT count(stack_id) FROM events WHERE stack_id = 77").fetchone()[0] == 2
