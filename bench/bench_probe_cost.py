@@ -195,9 +195,11 @@ def _workload(kind: str, iters: int, tmp: Path) -> tuple[Workload, Path]:
 def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
             extra_args: dict[str, list[str]], workload: str = "cudart") -> None:
     tag_names = {}
+    labels = {}  # the floor's programs named as the variants name them (the last variant wins a conflict)
     for name, path in variants.items():
         with _bpf_dir(path):
             tag_names[name] = _tag_names(SETTINGS)
+        labels.update(_labels(tag_names[name]))
     stats: dict[str, list[dict[str, tuple[int, int]]]] = {n: [] for n in variants}
     cpu: dict[str, list[float]] = {n: [] for n in variants}
     loads: list[float] = []
@@ -207,9 +209,6 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
         work, lib = _workload(workload, iters, tmp)
         calls = work.ops
         noisy += _wait_closers(tmp) > 0
-        labels = {}  # the floor's programs named as the variants name them (the last variant wins a conflict)
-        for t in tag_names.values():
-            labels.update(_labels(t))
         with _Floor(lib, labels) as floor:
             floor_stats, floor_cpu = _block(floor, work, timed)
         names = list(variants)

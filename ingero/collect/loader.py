@@ -190,6 +190,21 @@ class _CaptureStderr:
         self._tmp.close()
 
 
+def discard(table: Any, key: Any) -> None:
+    """Delete ``key`` from a BPF map if it is there.
+
+    Not ``table.pop(key, None)``: MutableMapping.pop looks the key up, then
+    deletes it, and another thread may delete it in between (stacks.py's
+    watcher drain and flush both delete resolved stacks): BCC's __delitem__
+    then raised KeyError out of the flush and ended the trace (seen in CI,
+    test_retention_stacks_live, 2026-11-23).  The kernel's delete is atomic:
+    ENOENT means someone else was first."""
+    try:
+        del table[key]
+    except KeyError:
+        pass
+
+
 class Program:
     """The loaded BPF object: attach probes, read its maps."""
 
@@ -249,10 +264,7 @@ class Program:
     def remove_targets(self, pids: Iterable[int]) -> None:
         t = self.bpf["targets"]
         for pid in pids:
-            try:
-                del t[t.Key(pid)]
-            except KeyError:
-                pass
+            discard(t, t.Key(pid))
 
     def targets(self) -> set[int]:
         return {k.value for k in self.bpf["targets"].keys()}
@@ -289,10 +301,7 @@ class Program:
     def forget_procs(self, pids: Iterable[int]) -> None:
         table = self.bpf["proc_stats"]
         for pid in pids:
-            try:
-                del table[table.Key(pid)]
-            except KeyError:
-                pass
+            discard(table, table.Key(pid))
 
     def attach_bench(self) -> None:
         """Nothing: the benchmark tracepoint is auto-attached by BCC (TRACEPOINT_PROBE)."""

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ingero.collect import pyframes, symbols
+from ingero.collect.loader import discard
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 STACK_HEADER = "stack.h"
@@ -275,21 +276,6 @@ def _watch(ref: "weakref.ref[StackResolver]") -> None:
                 return
         del resolver
         time.sleep(PENDING_POLL_S)
-
-
-def discard(table: Any, key: Any) -> None:
-    """Delete ``key`` from a BPF map if it is there.
-
-    Not ``table.pop(key, None)``: MutableMapping.pop looks the key up, then
-    deletes it, and between the two the other thread (the watcher's early
-    drain and the flush's resolve both delete resolved stacks) may have
-    deleted it: BCC's __delitem__ then raised KeyError out of the flush and
-    ended the trace (seen in CI, test_retention_stacks_live, 2026-11-23).
-    The kernel's delete is atomic: ENOENT means someone else was first."""
-    try:
-        del table[key]
-    except KeyError:
-        pass
 
 
 class StackResolver:

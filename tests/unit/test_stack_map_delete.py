@@ -1,4 +1,4 @@
-"""stacks.discard: deleting a resolved stack from the BPF map when another thread may delete it first.
+"""loader.discard: deleting a resolved stack from the BPF map when another thread may delete it first.
 
 The watcher thread's early drain and the flush's resolve both delete the
 records they resolved.  ``MutableMapping.pop(key, None)`` (what stacks.py used)
@@ -12,7 +12,7 @@ from collections.abc import MutableMapping
 
 import pytest
 
-from ingero.collect.stacks import discard
+from ingero.collect.loader import discard
 
 
 class BccLikeTable(MutableMapping):
