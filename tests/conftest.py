@@ -3,14 +3,24 @@
 Tests marked ``live`` need root and a working eBPF stack.  Locally they skip
 with the reason; when ``CI`` is set a missing capability fails the test, so
 a CI machine that cannot load BPF never passes quietly.
+
+Any other prerequisite goes through tests/prereqs.py: the same rule, one place.
 """
 
 from __future__ import annotations
 
 import functools
-import os
+from pathlib import Path
 
 import pytest
+
+from prereqs import needs_simcuda, under_ci
+
+
+@pytest.fixture(scope="session")
+def simcuda() -> Path:
+    """The simulated CUDA runtime (demos/build/libcudart.so.12), built once per run."""
+    return needs_simcuda()
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,14 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         # Under CI the autouse fixture below fails these instead.
-        if item.get_closest_marker("live") and not os.environ.get("CI"):
+        if item.get_closest_marker("live") and not under_ci():
             item.add_marker(pytest.mark.skip(reason=f"live test skipped: {reason}"))
 
 
 @pytest.fixture(autouse=True)
 def _fail_live_without_ebpf(request: pytest.FixtureRequest) -> None:
     """Under CI a live test on a machine without eBPF fails with the reason."""
-    if request.node.get_closest_marker("live") and os.environ.get("CI"):
+    if request.node.get_closest_marker("live") and under_ci():
         reason = ebpf_unavailable()
         if reason is not None:
             pytest.fail(f"CI requires eBPF for live tests: {reason}", pytrace=False)

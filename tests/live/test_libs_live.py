@@ -8,16 +8,16 @@ namespace.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-import site
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from prereqs import needs_nvidia_libcudart
 
 from ingero.collect.libs import RUNTIME, LibraryWatcher, pids_mapping_cuda
 
@@ -36,11 +36,7 @@ CHILD = textwrap.dedent(
 
 
 def _wheel_libcudart() -> Path:
-    for sp in site.getsitepackages():
-        hits = glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.1*"))
-        if hits:
-            return Path(hits[0])
-    pytest.fail("nvidia-cuda-runtime-cu12 is not installed; run: pip install nvidia-cuda-runtime-cu12")
+    return needs_nvidia_libcudart()
 
 
 class Child:

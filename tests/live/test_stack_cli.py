@@ -16,6 +16,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from prereqs import needs_nvidia_libcudart
+
 from ingero.analyze.callers import CallersContext, most_preempted_lines, top_callers
 
 pytestmark = pytest.mark.live
@@ -24,14 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def libcudart() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("nvidia")
-    for base in spec.submodule_search_locations if spec else []:
-        p = Path(base) / "cuda_runtime" / "lib" / "libcudart.so.12"
-        if p.exists():
-            return str(p)
-    pytest.skip("nvidia-cuda-runtime-cu12 is not installed (pip install nvidia-cuda-runtime-cu12)")
+    return str(needs_nvidia_libcudart())
 
 
 def trace(cmd: str, db: Path, duration: float) -> str:

@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from prereqs import needs_nvidia_libcudart
+from workloads import wait_for
+
 from ingero.collect.records import EVENT_DTYPE, Op
 from ingero.store.db import Store
 
@@ -28,14 +31,7 @@ PYENV = Path("/root/.pyenv/versions")
 
 
 def libcudart() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("nvidia")
-    for base in spec.submodule_search_locations if spec else []:
-        p = Path(base) / "cuda_runtime" / "lib" / "libcudart.so.12"
-        if p.exists():
-            return str(p)
-    pytest.skip("nvidia-cuda-runtime-cu12 is not installed (pip install nvidia-cuda-runtime-cu12)")
+    return str(needs_nvidia_libcudart())
 
 
 class Harness:
@@ -93,6 +89,15 @@ def finish(proc: subprocess.Popen) -> None:
     proc.stdin.write("exit\n")
     proc.stdin.flush()
     proc.wait(timeout=30)
+
+
+def _pending_records(h: Harness, pid: int) -> int:
+    """Stack records of ``pid`` still in the BPF map (not yet read by the resolver's watcher);
+    -1 when the watcher deleted one while we read (ask again)."""
+    try:
+        return sum(1 for rec in h.bpf["ingero_stacks"].values() if int(rec.tgid) == pid)
+    except KeyError:
+        return -1
 
 
 def stack_rows(store: Store, stack_id: int) -> list[tuple]:
@@ -168,11 +173,11 @@ def test_native_only_process_gets_native_stack(harness, tmp_path):
         '#include <dlfcn.h>\n#include <stdio.h>\n'
         'int main(int c, char **v) { void *h = dlopen(v[1], RTLD_NOW); if (!h) return 1;\n'
         ' int (*f)(void **, unsigned long) = dlsym(h, "cudaMalloc"); void *p;\n'
-        ' getchar(); for (int i = 0; i < 3; i++) f(&p, 64); return 0; }\n')
+        ' puts("ready"); fflush(stdout); getchar(); for (int i = 0; i < 3; i++) f(&p, 64); return 0; }\n')
     exe = tmp_path / "caller"
     subprocess.run(["cc", "-O0", "-fno-omit-frame-pointer", "-o", str(exe), str(src), "-ldl"], check=True)
-    proc = subprocess.Popen([str(exe), libcudart()], stdin=subprocess.PIPE)
-    time.sleep(0.3)
+    proc = subprocess.Popen([str(exe), libcudart()], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"  # libcudart is mapped: the resolver can read it
     h.target(proc.pid)
     proc.communicate(b"\n", timeout=30)
     ev = h.drain()
@@ -233,7 +238,8 @@ def test_stacks_survive_the_process_exiting_before_the_flush(harness):
     """The watcher resolves records while the process runs: a decode after its exit still gets lines."""
     h, store = harness
     proc, lines = run_workload(h, "/usr/bin/python3", 3)
-    time.sleep(0.3)  # > PENDING_POLL_S: the watcher has read the records
+    # the watcher resolves each record while the process lives and deletes it from the map
+    assert wait_for(lambda: _pending_records(h, proc.pid) == 0, timeout=30)
     finish(proc)     # the process and its memory are gone before resolve()
     ev = h.drain()
     ev = ev[(ev["pid"] == proc.pid) & (ev["op"] == Op.CUDA_MALLOC)]

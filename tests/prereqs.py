@@ -1,0 +1,72 @@
+"""What a test needs and does not find: skipped locally, failed under CI.
+
+One rule for every prerequisite (the NVIDIA runtime wheel, a C compiler, the
+built simulated runtime, another interpreter): a developer's box without it
+skips with the fix in the reason; under CI (env CI set) the test fails, so
+a CI machine missing a piece never passes quietly.  tests/conftest.py puts
+this directory on sys.path (pytest's rootdir conftest), so any test imports
+it as ``prereqs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def under_ci() -> bool:
+    return bool(os.environ.get("CI"))
+
+
+def missing(what: str, fix: str) -> NoReturn:
+    """A test cannot run without ``what``: skip locally with ``fix``, fail under CI."""
+    message = f"needs {what} ({fix})"
+    if under_ci():
+        pytest.fail(f"CI requires every test to run: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def needs(value, what: str, fix: str):
+    """``value`` if it is set; otherwise ``missing(what, fix)``."""
+    if not value:
+        missing(what, fix)
+    return value
+
+
+def nvidia_libcudart() -> Path | None:
+    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in spec.submodule_search_locations if spec else []:
+        for p in sorted(Path(base, "cuda_runtime", "lib").glob("libcudart.so.*")):
+            return p.resolve()  # the path the maps show (a venv may sit behind a symlink)
+    return None
+
+
+def needs_nvidia_libcudart() -> Path:
+    """The wheel's libcudart (make setup installs it with the `test` extra)."""
+    return needs(nvidia_libcudart(), "NVIDIA's libcudart.so.12",
+                 "pip install nvidia-cuda-runtime-cu12, or make setup")
+
+
+@functools.lru_cache(maxsize=1)
+def _build_simcuda() -> tuple[Path | None, str]:
+    proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)
+    lib = REPO / "demos" / "build" / "libcudart.so.12"
+    if proc.returncode != 0 or not lib.exists():
+        return None, (proc.stderr.strip().splitlines() or ["make failed"])[-1]
+    return lib, ""
+
+
+def needs_simcuda() -> Path:
+    """The simulated CUDA runtime (demos/build/libcudart.so.12), built once per run."""
+    lib, err = _build_simcuda()
+    return needs(lib, "the simulated CUDA runtime", f"make -C demos: {err}")
