@@ -287,7 +287,11 @@ def test_stop_interrupts_running_queries_promptly(served):
 
     t = threading.Thread(target=long_query)
     t.start()
-    time.sleep(0.5)
+    # the query holds a read transaction on the server (not: half a second has passed)
+    deadline = time.monotonic() + 30
+    while not server._active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server._active, "the query never reached the server"
     t0 = time.monotonic()
     server.stop()
     t.join(10)

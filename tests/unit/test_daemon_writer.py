@@ -91,12 +91,15 @@ def writer(short_dir):
 def test_queries_see_committed_events_while_the_writer_runs(writer, short_dir):
     w = writer("--serve")
     sock = short_dir / "w.sock"
-    acked = w.read_until(lambda m: m.get("acked", 0) >= 5 * BATCH)["acked"]
+    before = w.read_until(lambda m: m.get("acked", 0) >= 4 * BATCH)
+    ack = w.read_until(lambda m: "acked" in m)
+    acked = ack["acked"]
     n = client.query("SELECT count(*) FROM events", socket_path=sock)[1][0][0]
     assert n >= acked and n % BATCH == 0  # whole batches only: each append is one transaction
-    # freshness: the newest event is at most a flush interval (+ scheduling) old
-    age_s = client.query("SELECT (epoch_ns(now()) - max(timestamp)) / 1e9 FROM events", socket_path=sock)[1][0][0]
-    assert age_s < 1.0
+    # freshness: a query sees the batch acknowledged just before it (its events lie in
+    # [the previous ack's event_ns, this ack's event_ns)), however slow the box is
+    newest = client.query("SELECT max(timestamp) FROM events", socket_path=sock)[1][0][0]
+    assert newest >= before["event_ns"]
     later = w.read_until(lambda m: m.get("acked", 0) >= n + 3 * BATCH)["acked"]
     assert client.query("SELECT count(*) FROM events", socket_path=sock)[1][0][0] >= later
     # while it runs, the file cannot be opened by another process; the lock error is recognised
@@ -105,7 +108,14 @@ def test_queries_see_committed_events_while_the_writer_runs(writer, short_dir):
     assert client.is_lock_error(err.value)
     st = client.status(socket_path=sock)
     assert st["running"] and st["session"]["targets"] == "synthetic writer"
-    assert st["session"]["events_per_s"] > RATE / 4  # order of magnitude; the box is shared
+    # the rate over the status window reaches the writer's order of magnitude (polled: a
+    # writer starved for a moment on a shared box catches up, it is not a failure)
+    rates = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (rates and rates[-1] > RATE / 4):
+        rates.append(client.status(socket_path=sock)["session"]["events_per_s"])
+        time.sleep(0.2)
+    assert rates[-1] > RATE / 4, rates
 
 
 def test_status_command_and_sigterm_close_cleanly(writer, short_dir, capsys, monkeypatch):
