@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ingero.collect import probes
+from ingero.collect.bpfmaps import discard
 from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
 from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter
 from ingero.errors import IngeroError
@@ -188,21 +189,6 @@ class _CaptureStderr:
         self._tmp.seek(0)
         self.text = self._tmp.read().decode(errors="replace")
         self._tmp.close()
-
-
-def discard(table: Any, key: Any) -> None:
-    """Delete ``key`` from a BPF map if it is there.
-
-    Not ``table.pop(key, None)``: MutableMapping.pop looks the key up, then
-    deletes it, and another thread may delete it in between (stacks.py's
-    watcher drain and flush both delete resolved stacks): BCC's __delitem__
-    then raised KeyError out of the flush and ended the trace (seen in CI,
-    test_retention_stacks_live, 2026-11-23).  The kernel's delete is atomic:
-    ENOENT means someone else was first."""
-    try:
-        del table[key]
-    except KeyError:
-        pass
 
 
 class Program:

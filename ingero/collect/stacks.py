@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ingero.collect import pyframes, symbols
-from ingero.collect.loader import discard
+from ingero.collect.bpfmaps import discard
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 STACK_HEADER = "stack.h"
