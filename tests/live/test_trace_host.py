@@ -39,14 +39,26 @@ def test_forked_child_of_cmd_is_traced_and_the_trace_ends_with_the_command(tmp_p
 def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path, bins):
     db = tmp_path / "t.duckdb"
     cpu = str(os.cpu_count() - 1)
-    hog = subprocess.Popen(["taskset", "-c", cpu, str(bins["spin"]), "60", "ingero-test-hog"])  # killed below
+    go = tmp_path / "go"
+    # exec'd under its final name: the tracer meets the hog at once, before spin could rename itself
+    hog_exe = tmp_path / "ingero-test-hog"
+    hog_exe.symlink_to(bins["spin"])
+    # the spinner waits for GO, so the hog starts after the BPF compile (a hog beside the
+    # compiler on a 2-core box made the start take minutes) and before the spinner runs
+    tracer = Tracer(db, "--cmd", f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done; "
+                                 f"exec taskset -c {cpu} {bins['spin']} 2.5'")
+    hog = None
     try:
-        tracer = Tracer(db, "--cmd", f"taskset -c {cpu} {bins['spin']} 2.5")
         tracer.wait_started()
+        hog = subprocess.Popen(["taskset", "-c", cpu, str(hog_exe), "60", "ingero-test-hog"])  # killed below
+        go.touch()
         summary = tracer.finish(sig=None)
     finally:
-        hog.kill()
-        hog.wait()
+        if tracer.proc.poll() is None:
+            tracer.proc.kill()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
     cmd_pid = query(db, "SELECT pid FROM events WHERE op = 'proc_exec' ORDER BY timestamp LIMIT 1")[0][0]
     pre = query(db, """SELECT count(*), sum(duration_ns), sum(runq_ns) FROM events
                        WHERE op = 'sched_switch' AND pid = $p AND kind = 'preempted'""", {"p": cmd_pid})[0]
