@@ -184,7 +184,7 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         windows_total=len(rows),
         correlation=corr,
         correlation_note='CUDA ops/s fall as disk latency grows' if corr is not None else "",
-        impact=max(blocked, drop),
+        impact=blocked,
         numbers={
             "io_wait_share": round(io_share, 4),
             "input_wait_share": round(starve_share, 4),

@@ -214,7 +214,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         windows_total=len(rows),
         correlation=corr,
         correlation_note='CUDA ops/s fall as memory pressure rises' if corr is not None else "",
-        impact=max(lost, drop),
+        impact=lost,
         numbers={
             "io_wait_share": round(io_share, 4),
             "fault_share": round(fault_share, 4),
