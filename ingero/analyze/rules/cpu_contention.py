@@ -194,20 +194,16 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             f"returned (the GPU finished meanwhile: counted as {units.ns(late_hi * LATE_SHARE)})"
         )
     fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
-    return Chain(
-        rule_id=ID,
+    return baseline.chain(
+        ID, TITLE, ctx, pid, s,
         severity=severity,
-        title=TITLE,
         root=root,
         effect=effect,
         contributing=contributing,
         fix=fix,
-        pids=[pid],
         culprits=culprits,
-        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-        windows_total=len(rows),
-        correlation=corr,
-        correlation_note="CUDA ops/s fall as CPU wait rises" if corr is not None else "",
+        corr=corr,
+        corr_note="CUDA ops/s fall as CPU wait rises",
         impact=wait_share,
         numbers={
             "cpu_wait_share": round(wait_share, 4),

@@ -167,20 +167,16 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             for w in workers[:4]
         ]
         chains.append(
-            Chain(
-                rule_id=ID,
+            baseline.chain(
+                ID, TITLE, ctx, pid, s,
                 severity=severity,
-                title=TITLE,
                 root=root,
                 effect=effect,
                 contributing=contributing,
                 fix=fix,
-                pids=[pid],
                 culprits=culprits,
-                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-                windows_total=len(rows),
-                correlation=corr,
-                correlation_note='CUDA ops/s fall as the wait for data grows' if corr is not None else "",
+                corr=corr,
+                corr_note='CUDA ops/s fall as the wait for data grows',
                 impact=wait,
                 numbers={
                     "input_wait_share": round(wait, 4),
