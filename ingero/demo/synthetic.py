@@ -21,6 +21,7 @@ run (``BASELINE_SHARE``), so rules compare windows of the same session.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from ingero.demo import scenarios
 from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario, wait_policy
 from ingero.demo.timeline import HOG_PID0, LOOP_PID, US, WAKE_NS, WORKER_PID0, Columns, LoopThread
 from ingero.store.db import Store
@@ -258,3 +260,28 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
         {"s": replay.start_ns, "e": replay.end_ns, "sid": sid},
     )
     return sid
+
+
+@functools.lru_cache(maxsize=1)
+def _bulk_template() -> pa.Table:
+    """Ten seconds of a contended loop with blocking waits: launches, syncs, copies, sleeps and
+    preemptions in the proportions of a replayed run (~7,000 rows), in time order."""
+    r = generate(scenarios.get("cpu-contention"), duration_s=10, start_ns=0, policy="block")
+    t = r.events.table(0)
+    return t.take(pa.array(np.argsort(np.asarray(r.events.timestamp), kind="stable")))
+
+
+def event_batch(session_id: int, start_ns: int, end_ns: int, n: int, rng: np.random.Generator) -> pa.Table:
+    """``n`` rows of a replayed run, from a random point of it, evenly spread over [start_ns, end_ns).
+
+    Bulk rows for load, retention and live-query tests, where the row count and
+    the time span are what matters: ops, kinds, durations and PIDs are a real
+    replay's, but re-timed, so one thread's intervals may overlap.
+    """
+    tpl = _bulk_template()
+    idx = (int(rng.integers(0, tpl.num_rows)) + np.arange(n)) % tpl.num_rows
+    out = tpl.take(pa.array(idx))
+    ts = start_ns + np.arange(n, dtype=np.int64) * max(1, end_ns - start_ns) // max(1, n)
+    out = out.set_column(out.schema.get_field_index("timestamp"), "timestamp", pa.array(ts, pa.int64()))
+    return out.set_column(out.schema.get_field_index("session_id"), "session_id",
+                          pa.array(np.full(n, session_id, dtype=np.int32)))

@@ -138,3 +138,17 @@ def test_unknown_policy_is_a_one_line_error():
 
     with pytest.raises(IngeroError, match="unknown wait policy 'sleepy'"):
         synthetic.generate(scenarios.get("healthy"), steps=2, policy="sleepy")
+
+
+def test_event_batch_spreads_n_replayed_rows_over_the_span():
+    import numpy as np
+
+    t = synthetic.event_batch(7, START_NS, START_NS + 10**9, 5000, np.random.default_rng(1))
+    assert t.num_rows == 5000
+    ts = t["timestamp"].to_pylist()
+    assert ts == sorted(ts) and ts[0] == START_NS and ts[-1] < START_NS + 10**9
+    assert set(t["session_id"].to_pylist()) == {7}
+    ops = set(t["op"].to_pylist())
+    assert {"cudaLaunchKernel", "cudaStreamSync", "cudaMemcpyAsync", "sched_switch"} <= ops
+    store = Store.memory()
+    assert store.append("events", t) == 5000
