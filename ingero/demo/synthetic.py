@@ -143,10 +143,8 @@ def _step(th: LoopThread, rng: np.random.Generator, p: Physics, dev: _Device,
     # touch).  The live run shows them as mostly minor faults (readahead has the
     # page in flight: ~110k faults/s against ~70 major faults host-wide), so the
     # cost is the fault handling itself, on the CPU, not D-state waits.
-    for _ in range(p.faults_per_step):
-        start = th.t
-        th.run(int(p.fault_us * US))
-        th.c.add(start, th.t - start, "page_fault")
+    if p.faults_per_step:
+        th.faults(p.faults_per_step, int(p.fault_us * US))
     # -- host -> device copy
     if p.copy_sync:
         th.call_op("cudaMemcpy", lambda: _sync_copy(th, dev, p), kind="H2D", nbytes=p.copy_bytes)

@@ -92,6 +92,17 @@ class Columns:
         self.cpu.append(cpu)
         self.in_call.append(in_call)
 
+    def add_back_to_back(self, ts: int, n: int, dur: int, op: str, *, pid: int = LOOP_PID) -> None:
+        """``n`` rows of op ``op``, ``dur`` each, end to end from ``ts`` (a burst of page faults)."""
+        self.timestamp.extend(range(int(ts), int(ts) + n * int(dur), int(dur)) if dur > 0 else [int(ts)] * n)
+        self.duration_ns.extend([int(dur)] * n)
+        self.pid.extend([pid] * n)
+        self.tid.extend([pid] * n)
+        self.op.extend([op] * n)
+        for col in (self.kind, self.bytes, self.preempted, self.other_pid, self.runq_ns, self.ret, self.in_call):
+            col.extend([None] * n)
+        self.cpu.extend([0] * n)
+
     def table(self, session_id: int) -> pa.Table:
         n = len(self.timestamp)
         return pa.table({
@@ -177,6 +188,18 @@ class LoopThread:
             self.oncpu_ns += step
             self.budget -= step
             ns -= step
+
+    def faults(self, n: int, ns: int) -> None:
+        """``n`` page faults handled on the CPU, ``ns`` each (outside any CUDA call)."""
+        if not self.contended:  # nothing can preempt them: one burst of rows
+            self.c.add_back_to_back(self.t, n, ns, "page_fault")
+            self.t += n * ns
+            self.oncpu_ns += n * ns
+            return
+        for _ in range(n):
+            start = self.t
+            self.run(ns)
+            self.c.add(start, self.t - start, "page_fault")
 
     def sleep(self, ns: int) -> None:
         """A voluntary sleep of ``ns`` (a queue, a blocking sync), then the wake-up: runnable until
