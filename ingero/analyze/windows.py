@@ -9,8 +9,9 @@ explain stays linear in the number of events.
                thread was in when switched out; 'none' outside any call), queued (events.queued),
                other_pid (who preempted, 0 for sleeps): count, off-CPU ns, runq ns
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
-  ing_late     pid, tid, w: preempted time inside device waits (syncs), and the part of it
-               that ended right before the wait returned (the only part that can delay it)
+  ing_late     pid, tid, w: preempted time inside device waits (syncs), the part of it that
+               ended right before the wait returned (the only part that can delay it), and
+               the estimated delay
   ing_faults   pid, tid, w, inside (as ing_sched): page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
   ing_sys      w: host metrics;  ing_gpu  w: NVML metrics
@@ -149,14 +150,15 @@ GROUP BY ALL
 # would have waited anyway.  It delays the return only when the device
 # finished during the interval, and then the sync returns right after the
 # thread is back on CPU (a spin or yield loop checks at once).  So per
-# preempted interval inside a sync: the sync's return within $late_eps_ns of
-# the interval's end marks the last one (late_hi: the delay is at most the
-# interval), else the device was still busy after it.  Where the device
-# finished inside that interval is not in the trace: the estimate is half of
-# it (a finish time uniform over the interval), checked against the simulated
-# runtime's own lateness (simcudaWaitLateNs, docs/rules.md).  Blocking syncs
-# sleep instead; their delay is the run-queue wait after the wakeup, counted
-# with every wakeup's.
+# preempted interval [a, b] inside a sync [s0, s1]: s1 within $late_eps_ns of
+# b marks the last one (late_hi: the delay is at most b - a), else the device
+# was still busy after it.  When the device finished inside [a, b] is not in
+# the trace: the estimate takes the thread's own undisturbed wait, the 25th
+# percentile of its sync times (most syncs are not preempted), so the device
+# finished at s0 + that, clamped to [a, b], and the delay is b minus it.
+# Checked against the simulated runtime's own lateness (simcudaWaitLateNs,
+# docs/rules.md).  Blocking syncs sleep instead; their delay is the
+# run-queue wait after the wakeup, counted with every wakeup's.
 LATE_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_late AS
 WITH p AS (
@@ -164,13 +166,18 @@ WITH p AS (
     FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND kind = 'preempted'
       AND list_contains($sync_ops, in_call)
 ), s AS (
-    SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1
+    SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1, duration_ns
     FROM events WHERE {_FILTER} AND {_PID_FILTER} AND list_contains($sync_ops, op)
+      AND tid IN (SELECT tid FROM p)
+), q AS (
+    SELECT tid, quantile_cont(duration_ns, 0.25) AS undisturbed_ns FROM s GROUP BY tid
 )
 SELECT p.pid, p.tid, (p.a - $t0) // $wns AS w,
        sum(p.duration_ns)::DOUBLE AS wait_preempt_ns,
-       coalesce(sum(p.duration_ns) FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_hi_ns
-FROM p ASOF JOIN s ON p.tid = s.tid AND p.a >= s.s0
+       coalesce(sum(p.duration_ns) FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_hi_ns,
+       coalesce(sum(p.b - greatest(p.a, least(p.b, s.s0 + q.undisturbed_ns)))
+                FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_ns
+FROM p ASOF JOIN s ON p.tid = s.tid AND p.a >= s.s0 JOIN q ON q.tid = p.tid
 GROUP BY ALL
 """
 
@@ -283,7 +290,8 @@ WITH c AS (
     FROM ing_sched s JOIN ing_loop l ON s.pid = l.pid AND s.tid = l.tid
     GROUP BY ALL
 ), lt AS (
-    SELECT lt.pid, lt.w, sum(wait_preempt_ns) AS wait_preempt_ns, sum(late_hi_ns) AS late_hi_ns
+    SELECT lt.pid, lt.w, sum(wait_preempt_ns) AS wait_preempt_ns, sum(late_hi_ns) AS late_hi_ns,
+           sum(late_ns) AS late_ns
     FROM ing_late lt JOIN ing_loop l ON lt.pid = l.pid AND lt.tid = l.tid
     GROUP BY ALL
 )
@@ -301,8 +309,9 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     -- CPU wait that cost the loop time: preemptions outside device waits, the part of
     -- those inside them that delayed the return (LATE_SQL), run-queue waits after wakeups
     least(greatest(0, coalesce(s.preempt_ns, 0) - coalesce(lt.wait_preempt_ns, 0))
-          + coalesce(lt.late_hi_ns, 0) * $late_share + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
+          + coalesce(lt.late_ns, 0) + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
     coalesce(lt.wait_preempt_ns, 0) AS wait_preempt_ns, coalesce(lt.late_hi_ns, 0) AS late_hi_ns,
+    coalesce(lt.late_ns, 0) AS late_ns,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
     coalesce(s.sleep_out_idle_ns, 0) AS sleep_out_idle_ns, coalesce(s.sleep_out_queued_ns, 0) AS sleep_out_queued_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
@@ -344,9 +353,6 @@ FROM helpers h JOIN s USING (pid) LEFT JOIN ing_pcpu p ON p.pid = h.pid AND p.w 
 # first check (~1 µs), plus the uretprobe (~5 µs here).  50 µs leaves room for
 # a slow VM without taking in a sync that spun on for a kernel's worth.
 LATE_EPS_NS = 50_000
-# The estimated delay as a share of that last interval (see LATE_SQL).
-LATE_SHARE = 0.5
-
 # Below this many bytes a device-to-host copy is a scalar read-back
 # (`tensor.item()`, a loss print): 1 KiB covers any scalar or tiny vector.
 SMALL_COPY_BYTES = 1024
@@ -391,7 +397,6 @@ def build(ctx: Context) -> None:
             "t1": ctx.end_ns,
             "nw": ctx.n_windows,
             "sync_copy_ops": SYNC_COPY_OPS,
-            "late_share": LATE_SHARE,
         },
     )
     con.execute(HELPER_SQL)

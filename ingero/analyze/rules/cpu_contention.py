@@ -8,7 +8,7 @@ latency after its wakeups.  Voluntary sleeps (waiting in a sync, on a queue)
 are not contention and are not counted.  Nor is a preemption inside a sync
 that spins or yields (CUDA's default) while the GPU still works: the sync
 would have waited anyway; only the interval the sync returned right after
-counts, half of it (windows.LATE_SQL).
+counts, from when the device finished in it (windows.LATE_SQL).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
-from ingero.analyze.windows import LATE_SHARE, SYNC_OPS
+from ingero.analyze.windows import SYNC_OPS
 
 ID = "cpu-contention"
 TITLE = "CPU scheduling contention → CUDA calls delayed"
@@ -188,10 +188,11 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
     if in_waits > 0:
         # spinning / yielding syncs (CUDA's default) are preempted while the GPU works
         late_hi = sum(r["late_hi_ns"] for r in s.evidence)
+        late = sum(r["late_ns"] for r in s.evidence)
         contributing.append(
             f"preempted {units.ns(in_waits)} inside syncs that spin or yield: {units.ns(in_waits - late_hi)} "
             f"while the GPU was still busy (no delay, not counted), {units.ns(late_hi)} right before the sync "
-            f"returned (the GPU finished meanwhile: counted as {units.ns(late_hi * LATE_SHARE)})"
+            f"returned (the GPU finished meanwhile: the return came {units.ns(late)} late)"
         )
     fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
     return baseline.chain(
