@@ -1,7 +1,7 @@
 """Daemon mode over a sustained run: memory stays bounded, the DB stays under
 --max-db, and live queries over the socket stay fast while the writer writes.
 
-Uses the BPF-free synthetic tracer (ingero.daemon.synthetic), which writes
+Uses the BPF-free synthetic tracer (bench/synthetic_writer.py), which writes
 through the same Store.append / Retention / QueryServer code as `ingero trace`.
 """
 

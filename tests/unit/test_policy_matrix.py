@@ -19,7 +19,7 @@ from ingero.store.db import Store
 
 POLICIES = ("spin", "yield", "block")
 START_NS = 1_763_800_000 * 10**9
-# As test_explain_scenarios: long enough for baseline windows before the cause.
+# Long enough for baseline windows (BASELINE_SHARE of the run) before the cause.
 SLOW_S = 30
 FIXED_S = 20
 
