@@ -34,14 +34,14 @@ def libcudart() -> str:
     return str(needs_nvidia_libcudart())
 
 
-class Harness:
-    """The harness BPF program, its ring buffer and a StackResolver."""
+class Program:
+    """The harness BPF program with its uprobes: compiled and attached once per module."""
 
-    def __init__(self, store: Store):
+    def __init__(self):
         from bcc import BPF
 
         from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
-        from ingero.collect.stacks import StackResolver, bpf_text
+        from ingero.collect.stacks import bpf_text
 
         ensure_tracefs()
         find_kernel_headers().export()
@@ -51,7 +51,6 @@ class Harness:
         )
         self.events: list[np.ndarray] = []
         self.bpf["harness_events"].open_ring_buffer(self._on_event)
-        self.resolver = StackResolver(self.bpf, store, session_id=1)
 
     def _on_event(self, _ctx, data, size):
         self.events.append(np.frombuffer(ctypes.string_at(data, size), dtype=EVENT_DTYPE).copy())
@@ -60,6 +59,23 @@ class Harness:
         for sym in symbols:
             self.bpf.attach_uprobe(name=lib, sym=sym, fn_name="harness_uprobe")
 
+
+class Harness:
+    """One test's view of the program: its own store and StackResolver, the events from now on.
+
+    Tests filter events and stack records by their own process, so what an earlier
+    test left in the shared maps does not reach them.
+    """
+
+    def __init__(self, program: Program, store: Store):
+        from ingero.collect.stacks import StackResolver
+
+        self.program = program
+        self.bpf = program.bpf
+        self.bpf.ring_buffer_consume()
+        program.events.clear()
+        self.resolver = StackResolver(self.bpf, store, session_id=1)
+
     def target(self, pid: int) -> None:
         self.resolver.prepare([pid])
         t = self.bpf["harness_pids"]
@@ -67,10 +83,12 @@ class Harness:
 
     def drain(self) -> np.ndarray:
         self.bpf.ring_buffer_consume()
-        return np.concatenate(self.events) if self.events else np.zeros(0, dtype=EVENT_DTYPE)
+        events = self.program.events
+        return np.concatenate(events) if events else np.zeros(0, dtype=EVENT_DTYPE)
 
     def close(self) -> None:
-        self.bpf.cleanup()
+        # the next test's resolver must be the only one draining the shared stack map
+        self.resolver.close()
 
 
 def run_workload(harness: Harness, python: str, n: int) -> tuple[int, dict]:
@@ -106,11 +124,18 @@ def stack_rows(store: Store, stack_id: int) -> list[tuple]:
         "WHERE stack_id = $id ORDER BY depth", {"id": stack_id}).fetchall()
 
 
+@pytest.fixture(scope="module")
+def program():
+    p = Program()
+    p.attach(libcudart(), ["cudaMalloc", "cudaDeviceSynchronize"])
+    yield p
+    p.bpf.cleanup()
+
+
 @pytest.fixture
-def harness():
+def harness(program):
     store = Store.memory()
-    h = Harness(store)
-    h.attach(libcudart(), ["cudaMalloc", "cudaDeviceSynchronize"])
+    h = Harness(program, store)
     yield h, store
     h.close()
 
