@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prereqs import needs_nvidia_libcudart
+from prereqs import missing, needs_nvidia_libcudart
 from workloads import wait_for
 
 from ingero.collect.records import EVENT_DTYPE, Op
@@ -185,7 +185,7 @@ def test_debian_python311_static_binary_exact_lines(harness):
 def test_pyenv_libpython_exact_lines(harness, version):
     found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
     if not found:
-        pytest.skip(f"no python{version} under {PYENV}")
+        missing(f"python{version} under {PYENV}", f"pyenv install {version}")
     h, store = harness
     check_python(h, store, str(found[-1]))
 
