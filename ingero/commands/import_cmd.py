@@ -39,12 +39,19 @@ def command(files: tuple[Path, ...], db_path: Path | None, calls_only: bool) -> 
     from ingero.importer.report import summary_lines
     from ingero.store.db import Store
 
-    store = Store.open(resolve_db(db_path))
+    db = resolve_db(db_path)
+    created = not db.exists()
+    store = Store.open(db)
+    imported = 0
     try:
         for path in files:
             result = import_trace(store, path, calls_only=calls_only,
                                   command=shlex.join(["ingero", *sys.argv[1:]]))
+            imported += 1
             for line in summary_lines(result):
                 click.echo(line)
     finally:
         store.close()
+        if created and not imported:  # a bad first file leaves no empty database behind
+            for p in (db, db.with_name(db.name + ".wal")):
+                p.unlink(missing_ok=True)

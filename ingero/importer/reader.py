@@ -137,11 +137,16 @@ class KinetoReader:
         while True:
             try:
                 value, end = _decoder.raw_decode(self._buf, self._pos)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError as exc:
                 if len(self._buf) - self._pos > MAX_ELEMENT_CHARS:
                     raise self._error("a value is not valid JSON") from None
+                # cut short: the scanner failed at the buffer's end, or inside a string running to it
+                short = exc.pos >= len(self._buf.rstrip()) or exc.msg.startswith("Unterminated")
                 if not self._fill():
-                    raise self._error("not valid JSON") from None
+                    if short:
+                        raise IngeroError(f"{self.path}: the trace ends early (truncated file?)",
+                                          "copy the trace again; the JSON must be complete") from None
+                    raise self._error(f"not valid JSON ({exc.msg})") from None
                 continue
             if end == len(self._buf) and not self._eof and isinstance(value, (int, float)):
                 # a number cut at the chunk's end would decode short: read on and decode again
@@ -153,12 +158,9 @@ class KinetoReader:
     # -- structure -----------------------------------------------------------
 
     def _open_object(self) -> None:
-        try:
-            self._expect("{", "a JSON object")
-        except IngeroError as exc:
-            if self.bytes_read == 0:
-                raise _not_a_trace(self.path, "the file is empty") from None
-            raise exc from None
+        if not self._skip_ws() and self.bytes_read == 0:
+            raise _not_a_trace(self.path, "the file is empty")
+        self._expect("{", "a JSON object")
         if self._skip_ws() == "}":
             raise _not_a_trace(self.path, "an empty JSON object")
 
