@@ -50,15 +50,13 @@ def op_for(name: str) -> str | None:
     return None
 
 
-# The staged rows with times in ns on the trace's clock ($base: baseTimeNanoseconds when the
-# trace has it).  ts and dur are microseconds, as text (exact to the ns when the file has it).
+# The staged rows with times in ns on the trace's clock ({base}: baseTimeNanoseconds when the
+# trace has it, a number this module formats).  ts and dur are microseconds; the whole
+# microseconds and the fraction are converted apart so the product stays exact.
 VIEW = """CREATE OR REPLACE TEMP VIEW _imp_v AS
-SELECT ph, cat, name, arg_name, correlation, device, stream, bytes,
-       TRY_CAST(pid AS INTEGER) AS pid, TRY_CAST(tid AS INTEGER) AS tid,
-       {base}::BIGINT + CAST(round(coalesce(TRY_CAST(ts AS DECIMAL(38, 3)),
-                                           TRY_CAST(TRY_CAST(ts AS DOUBLE) AS DECIMAL(38, 3))) * 1000) AS BIGINT) AS start_ns,
-       CAST(round(coalesce(TRY_CAST(dur AS DECIMAL(38, 3)),
-                           TRY_CAST(TRY_CAST(dur AS DOUBLE) AS DECIMAL(38, 3))) * 1000) AS BIGINT) AS dur_ns
+SELECT ph, cat, name, arg_name, correlation, device, stream, bytes, pid, tid,
+       {base}::BIGINT + CAST(floor(ts) AS BIGINT) * 1000 + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS start_ns,
+       CAST(round(dur * 1000) AS BIGINT) AS dur_ns
 FROM _imp_raw"""
 
 # How each staged row is used ('call', 'device', 'span', 'name') or why not (any other text).

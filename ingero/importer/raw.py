@@ -27,21 +27,23 @@ from ingero.importer.reader import CHUNK_BYTES, KinetoReader, open_bytes
 
 TAIL_WINDOW = 4 << 20  # bytes held back to find the array's end: the keys after it must fit
 
-# DuckDB's types for the fields read; timestamps and durations stay text (see reader._decoder).
+# DuckDB's types for the fields read.  ts and dur are microseconds as doubles: ~0.1 µs of a
+# 2024 epoch timestamp (the streaming path reads the text, then converts it the same way).
 READ_COLUMNS = {
     "ph": "VARCHAR",
     "cat": "VARCHAR",
     "name": "VARCHAR",
     "pid": "VARCHAR",
     "tid": "VARCHAR",
-    "ts": "VARCHAR",
-    "dur": "VARCHAR",
+    "ts": "DOUBLE",
+    "dur": "DOUBLE",
     "args": "STRUCT(correlation BIGINT, device BIGINT, stream BIGINT, bytes BIGINT, name VARCHAR)",
 }
-RAW_SELECT = """SELECT ph, cat, name, pid, tid, ts, dur, args.correlation AS correlation,
+RAW_SELECT = """SELECT ph, cat, name, TRY_CAST(pid AS INTEGER) AS pid, TRY_CAST(tid AS INTEGER) AS tid, ts, dur,
+       args.correlation AS correlation,
        args.device AS device, args.stream AS stream, args.bytes AS bytes, args.name AS arg_name"""
-RAW_DDL = """CREATE OR REPLACE TEMP TABLE _imp_raw (ph VARCHAR, cat VARCHAR, name VARCHAR, pid VARCHAR,
-    tid VARCHAR, ts VARCHAR, dur VARCHAR, correlation BIGINT, device BIGINT, stream BIGINT, bytes BIGINT,
+RAW_DDL = """CREATE OR REPLACE TEMP TABLE _imp_raw (ph VARCHAR, cat VARCHAR, name VARCHAR, pid INTEGER,
+    tid INTEGER, ts DOUBLE, dur DOUBLE, correlation BIGINT, device BIGINT, stream BIGINT, bytes BIGINT,
     arg_name VARCHAR)"""
 
 
@@ -165,12 +167,27 @@ def _text(v: Any) -> str | None:
     return None if v is None or isinstance(v, (dict, list)) else str(v)
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63) else None
+def _int(v: Any, bits: int = 64) -> int | None:
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(1 << bits - 1) <= v < (1 << bits - 1) else None
+
+
+def _float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None
 
 
 def _stage_slow(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any]:
     import pyarrow as pa
+
+    TYPES = {k: pa.string() for k in ("ph", "cat", "name", "arg_name")}
+    TYPES.update({"pid": pa.int32(), "tid": pa.int32(), "ts": pa.float64(), "dur": pa.float64()})
+    TYPES.update({k: pa.int64() for k in ("correlation", "device", "stream", "bytes")})
 
     con.execute(RAW_DDL)
     reader = KinetoReader(path)
@@ -183,13 +200,16 @@ def _stage_slow(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any]:
                 args = e.get("args")
                 if not isinstance(args, dict):
                     args = {}
-                for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur"):
+                for k in ("ph", "cat", "name"):
                     cols[k].append(_text(e.get(k)))
+                cols["pid"].append(_int(e.get("pid"), 32))
+                cols["tid"].append(_int(e.get("tid"), 32))
+                cols["ts"].append(_float(e.get("ts")))
+                cols["dur"].append(_float(e.get("dur")))
                 for k in ("correlation", "device", "stream", "bytes"):
                     cols[k].append(_int(args.get(k)))
                 cols["arg_name"].append(_text(args.get("name")))
-            table = pa.table({k: pa.array(v, type=pa.int64() if k in ("correlation", "device", "stream", "bytes")
-                                          else pa.string()) for k, v in cols.items()})
+            table = pa.table({k: pa.array(v, type=TYPES[k]) for k, v in cols.items()})
             con.register("_imp_batch", table)
             try:
                 con.execute("INSERT INTO _imp_raw BY NAME SELECT * FROM _imp_batch")

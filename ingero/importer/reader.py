@@ -28,9 +28,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 DUCKDB_MAGIC = b"DUCK"  # at offset 8 of a DuckDB database file
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
-# floats stay text: a timestamp in microseconds with a fraction (1712195495505543.2) loses
-# nanoseconds as a float; SQL casts the text to DECIMAL exactly
-_decoder = json.JSONDecoder(parse_float=str)
+_decoder = json.JSONDecoder()
 _WS = " \t\n\r"
 _SEP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 
