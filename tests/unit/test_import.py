@@ -134,3 +134,27 @@ def test_calls_only_keeps_calls_and_spans_and_drops_the_device_timeline():
     # the copies still carry what the tracer would have read from the call's arguments
     assert _q(store, "SELECT count(*), count(bytes), count(kind) FROM events WHERE op = 'cudaMemcpyAsync'")[0] == (
         1600, 1600, 1600)
+
+
+TORCH = truth.DATA.parent  # tests/data: torch_cpu_workers{0,2}.json.gz, made by make_torch_traces.py
+
+
+def test_cpu_only_torch_traces_give_steps_and_data_loading():
+    """Recorded with the CPU-only torch: no CUDA call, no device; 5 steps; data loading marked."""
+    store = Store.memory()
+    w0 = import_trace(store, TORCH / "torch_cpu_workers0.json.gz")
+    w2 = import_trace(store, TORCH / "torch_cpu_workers2.json.gz")
+    from ingero.analyze import timeline
+
+    for r in (w0, w2):
+        assert (r.calls, r.device) == (0, 0) and r.spans > 0
+        assert timeline.device(store.con, r.session_id) is None
+    s0, s2 = timeline.steps(store.con, w0.session_id), timeline.steps(store.con, w2.session_id)
+    assert [s.number for s in s0.steps] == [s.number for s in s2.steps] == [2, 3, 4, 5, 6]
+    # num_workers=0: the main process builds every batch inside the step
+    assert all(s.dataloader_share > 0.8 for s in s0.steps)
+    assert s2.dataloader_ms_median < s0.dataloader_ms_median
+    names = dict(store.con.execute("""SELECT session_id, any_value(name) FROM spans
+                                      WHERE starts_with(name, 'enumerate(DataLoader)') GROUP BY ALL""").fetchall())
+    assert names[w0.session_id].endswith("_SingleProcessDataLoaderIter.__next__")
+    assert names[w2.session_id].endswith("_MultiProcessingDataLoaderIter.__next__")
