@@ -57,8 +57,12 @@ def _base_ns(meta: dict[str, Any]) -> int:
 
 
 def import_trace(store: Store, path: Path | str, *, calls_only: bool = False, command: str = "ingero import",
-                 join: bool = False) -> ImportResult:
-    """Import one trace file into ``store``; raises IngeroError for bad input (nothing written)."""
+                 join: bool = True) -> ImportResult:
+    """Import one trace file into ``store``; raises IngeroError for bad input (nothing written).
+
+    With ``join`` (the default), a session `ingero trace` recorded of the same process gets the
+    trace's device timeline and spans instead of a new session (join.py aligns the clocks).
+    """
     path = Path(path)
     con = store.con
     con.execute("SET memory_limit = $m", {"m": MEMORY_LIMIT})
@@ -81,7 +85,8 @@ def import_trace(store: Store, path: Path | str, *, calls_only: bool = False, co
         if join:
             from ingero.importer import join as joiner
 
-            alignment = joiner.align(con, counts)
+            alignment = joiner.align(con, counts.pids)
+        load.matched_calls(con, alignment.pairs if alignment is not None else [])
         try:
             with store.transaction():
                 if alignment is not None:

@@ -102,10 +102,12 @@ INSERT_DEVICE = f"""INSERT INTO device_activity
 SELECT $sid, coalesce(d.device, d.pid), d.stream,
        CASE d.cat WHEN 'kernel' THEN 'kernel' WHEN 'gpu_memcpy' THEN 'memcpy' WHEN 'gpu_memset' THEN 'memset' END,
        {COPY_KIND}, d.bytes,
-       d.start_ns + $offset, d.start_ns + d.dur_ns + $offset, d.name, d.correlation, c.tid, c.start_ns + $offset
+       d.start_ns + $offset, d.start_ns + d.dur_ns + $offset, d.name, d.correlation, c.tid,
+       coalesce(m.traced_ns, c.start_ns + $offset)
 FROM _imp_use d LEFT JOIN (SELECT correlation, any_value(tid) AS tid, any_value(start_ns) AS start_ns
                            FROM _imp_use WHERE ph = 'X' AND cat IN {_CATS["calls"]} AND correlation IS NOT NULL
                            GROUP BY correlation) c USING (correlation)
+     LEFT JOIN _imp_match m ON m.tid = c.tid AND m.trace_ns = c.start_ns
 WHERE d.use = 'device'
 ORDER BY d.start_ns"""
 
@@ -181,7 +183,22 @@ def insert(con: duckdb.DuckDBPyConnection, session_id: int, *, offset_ns: int, c
     con.execute(INSERT_SPANS, {"sid": session_id, "offset": offset_ns})
 
 
+def matched_calls(con: duckdb.DuckDBPyConnection, pairs: list[tuple[int, int, int]]) -> None:
+    """The joined session's calls each trace call matched: device_activity.call_ns takes the traced time."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _imp_match (tid INTEGER, trace_ns BIGINT, traced_ns BIGINT)")
+    if pairs:
+        import pyarrow as pa
+
+        tids, trace_ns, traced_ns = zip(*pairs)
+        con.register("_imp_pairs", pa.table({"tid": pa.array(tids, pa.int32()), "trace_ns": pa.array(trace_ns, pa.int64()),
+                                             "traced_ns": pa.array(traced_ns, pa.int64())}))
+        try:
+            con.execute("INSERT INTO _imp_match SELECT * FROM _imp_pairs")
+        finally:
+            con.unregister("_imp_pairs")
+
+
 def cleanup(con: duckdb.DuckDBPyConnection) -> None:
-    for stmt in ("DROP TABLE IF EXISTS _imp_use", "DROP VIEW IF EXISTS _imp_v", "DROP TABLE IF EXISTS _imp_ops",
+    for stmt in ("DROP TABLE IF EXISTS _imp_use", "DROP TABLE IF EXISTS _imp_match", "DROP VIEW IF EXISTS _imp_v", "DROP TABLE IF EXISTS _imp_ops",
                  "DROP TABLE IF EXISTS _imp_raw"):
         con.execute(stmt)
