@@ -27,7 +27,9 @@ from ingero.collect.records import CUDA_OPS, OP_NAMES
 
 ANCHOR = 16  # ops of the trace's thread looked up as a run in the traced thread
 MAX_CANDIDATES = 64  # places an anchor is tried at
-TOLERANCE_NS = 2_000_000  # a call matches a traced call this close to its shifted time
+TOLERANCE_NS = 20_000_000  # a call matches a traced call this close to its shifted time (a preempted
+# thread can take ms between the profiler's timestamp and the call; order keeps the pairs right)
+IN_ORDER_NS = 1_000_000  # after a match, a call's traced partner is the next of its op no earlier than this
 MAX_SKEW_NS = 600 * 10**9  # sessions whose calls are further than this from the trace's are not tried
 MIN_MATCHED = 0.5  # share of the trace's calls that must match for the sessions to be joined
 CUDA_OP_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
@@ -68,22 +70,32 @@ def _anchor_offsets(a: Calls, b: Calls) -> list[int]:
 
 
 def _match(a: Calls, b: Calls, offset: int) -> list[tuple[int, int]]:
-    """In-order matching of ``a`` (shifted by offset) to ``b``: (a ns, b ns) of each matched call."""
+    """In-order matching of ``a`` (shifted by offset) to ``b``: (a ns, b ns) of each matched call.
+
+    The first call takes the traced call of its op nearest its shifted time; each next one the
+    first traced call of its op after the last match and no more than IN_ORDER_NS before its
+    shifted time.  Both recorded the same calls in the same order, and two calls a µs apart
+    (a run of copies) can sit closer than the clocks' jitter, where the nearest would pair them
+    crosswise.
+    """
     b_ts = [ts for ts, _ in b]
-    pairs = []
+    pairs: list[tuple[int, int]] = []
     j = 0
     for ts, op in a:
         want = ts + offset
-        j = max(j, bisect.bisect_left(b_ts, want - TOLERANCE_NS, lo=j))
+        lo = want - (IN_ORDER_NS if pairs else TOLERANCE_NS)
+        k = max(j, bisect.bisect_left(b_ts, lo, lo=j))
         best = None
-        for k in range(j, len(b)):
-            bt, bop = b[k]
-            if bt > want + TOLERANCE_NS:
-                break
-            if bop == op and (best is None or abs(bt - want) < abs(b[best][0] - want)):
-                best = k
-            elif best is not None and bt > want:
-                break
+        while k < len(b) and b[k][0] <= want + TOLERANCE_NS:
+            if b[k][1] == op:
+                if pairs:
+                    best = k
+                    break
+                if best is None or abs(b[k][0] - want) < abs(b[best][0] - want):
+                    best = k
+                elif b[k][0] > want:
+                    break
+            k += 1
         if best is not None:
             pairs.append((ts, b[best][0]))
             j = best + 1
