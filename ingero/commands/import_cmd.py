@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import click
@@ -45,8 +44,8 @@ def command(files: tuple[Path, ...], db_path: Path | None, calls_only: bool) -> 
     imported = 0
     try:
         for path in files:
-            result = import_trace(store, path, calls_only=calls_only,
-                                  command=shlex.join(["ingero", *sys.argv[1:]]))
+            words = ["ingero", "import", *(["--calls-only"] if calls_only else []), str(path)]
+            result = import_trace(store, path, calls_only=calls_only, command=shlex.join(words))
             imported += 1
             for line in summary_lines(result):
                 click.echo(line)

@@ -162,41 +162,40 @@ class KinetoReader:
         if self._skip_ws() == "}":
             raise _not_a_trace(self.path, "an empty JSON object")
 
-    def find_events(self) -> int | None:
-        """Read the keys before ``traceEvents`` into ``meta``; the file offset of its '[' (None: no such key).
-
-        With encoding latin-1 the offset is in bytes of the uncompressed file.
-        """
+    def _keys(self) -> Iterator[str]:
+        """The top-level keys in order; the caller reads each one's value before the next."""
         self._open_object()
         while True:
             key = self._value()
             if not isinstance(key, str):
                 raise self._error("expected a key")
             self._expect(":", "':' after a key")
+            yield key
+            if self._expect(",}", "',' or '}'") == "}":
+                return
+
+    def find_events(self) -> int | None:
+        """Read the keys before ``traceEvents`` into ``meta``; the file offset of its '[' (None: no such key).
+
+        With encoding latin-1 the offset is in bytes of the uncompressed file.
+        """
+        for key in self._keys():
             if key == "traceEvents":
                 self.saw_events_key = True
                 if self._skip_ws() != "[":
                     raise self._error("traceEvents is not an array")
                 return self._base + self._pos
             self.meta[key] = self._value()
-            if self._expect(",}", "',' or '}'") == "}":
-                return None
+        return None
 
     def events(self) -> Iterator[list[dict[str, Any]]]:
         """Every element of traceEvents, in batches; ``meta`` gets the other keys."""
-        self._open_object()
-        while True:
-            key = self._value()
-            if not isinstance(key, str):
-                raise self._error("expected a key")
-            self._expect(":", "':' after a key")
+        for key in self._keys():
             if key == "traceEvents":
                 self.saw_events_key = True
                 yield from self._array()
             else:
                 self.meta[key] = self._value()
-            if self._expect(",}", "',' or '}'") == "}":
-                break
         if self._skip_ws():
             raise _not_a_trace(self.path, "data after the JSON object")
 

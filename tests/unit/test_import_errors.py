@@ -6,8 +6,6 @@ import gzip
 import json
 import shutil
 
-import pytest
-
 import kineto_truth as truth
 from ingero.cli import main
 from ingero.store.db import Store
