@@ -77,6 +77,13 @@ class Step:
     def dataloader_share(self) -> float:
         return self.dataloader_ns / (self.end_ns - self.start_ns) if self.end_ns > self.start_ns else 0.0
 
+    @property
+    def device_busy_share(self) -> float | None:
+        """Measured device-busy share of the step, 0..1 (None: the session has no device timeline)."""
+        if self.device_busy_ns is None or self.end_ns <= self.start_ns:
+            return None
+        return self.device_busy_ns / (self.end_ns - self.start_ns)
+
 
 @dataclass(frozen=True)
 class Steps:

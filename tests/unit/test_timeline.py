@@ -43,6 +43,7 @@ def test_steps_counted_exactly_with_durations_within_one_percent(imported, name)
         assert abs(step.duration_ms - (e - s) / 1e6) <= 0.01 * (e - s) / 1e6
         assert step.dataloader_ns == 0  # none of these traces marks data loading
         assert 0 <= step.device_busy_ns <= step.end_ns - step.start_ns
+        assert step.device_busy_share == step.device_busy_ns / (step.end_ns - step.start_ns)
 
 
 def test_v100_is_gpu_bound_and_its_steps_are_about_95_ms(imported):
@@ -95,6 +96,7 @@ def test_steps_with_dataloader_time():
     assert st.count == 2 and [s.number for s in st.steps] == [3, 4]
     assert [s.dataloader_ns for s in st.steps] == [40 * MS, 150 * MS]
     assert [s.device_busy_ns for s in st.steps] == [None, None]  # no device timeline: not measured
+    assert st.steps[0].device_busy_share is None
     assert st.median_ms == 150.0 and st.p99_ms == pytest.approx(199.0)
     assert st.steps[1].dataloader_share == 0.75
     assert timeline.device(store.con, 1) is None
