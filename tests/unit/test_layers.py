@@ -23,20 +23,22 @@ PKG = ROOT / "ingero"
 BASE = {"ingero", "ingero.errors", "ingero.collect.records"}
 
 # layer -> the layers its modules may import (besides their own and BASE).  The data
-# flows bpf -> collect -> store -> analyze -> render -> commands; sample is a side
-# input beside collect (host and GPU metrics); daemon (the query server: SQL,
+# flows bpf -> collect -> store -> analyze -> render -> commands; sample (host and GPU
+# metrics) and importer (PyTorch profiler traces into the same store) are inputs beside
+# collect; daemon (the query server: SQL,
 # explain, status over a socket), demo (runs the tracer, explains its DB) and check
 # (proves the BPF stack loads) are services above render that commands call.
 MAY_IMPORT: dict[str, set[str]] = {
     "collect": set(),
     "sample": {"collect"},
+    "importer": {"collect", "store"},
     "store": set(),
     "analyze": {"store"},
     "render": {"analyze", "store"},
     "daemon": {"store", "analyze", "render"},
     "demo": {"store", "analyze", "render"},
     "check": {"collect", "sample", "store"},
-    "commands": {"collect", "sample", "store", "analyze", "render", "daemon", "demo", "check", "cli"},
+    "commands": {"collect", "sample", "importer", "store", "analyze", "render", "daemon", "demo", "check", "cli"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }
