@@ -44,8 +44,10 @@ def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path,
     hog_exe = tmp_path / "ingero-test-hog"
     hog_exe.symlink_to(bins["spin"])
     # the spinner waits for GO, so the hog starts after the BPF compile (a hog beside the
-    # compiler on a 2-core box made the start take minutes) and before the spinner runs
-    tracer = Tracer(db, "--cmd", f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done; "
+    # compiler on a 2-core box made the start take minutes) and before the spinner runs; the
+    # gate neither holds the tracer's pipes nor outlives a failed start by more than ~90 s
+    tracer = Tracer(db, "--cmd", f"sh -c 'exec >/dev/null 2>&1; i=0; "
+                                 f"while [ ! -e {go} ] && [ $i -lt 1800 ]; do sleep 0.05; i=$((i+1)); done; "
                                  f"exec taskset -c {cpu} {bins['spin']} 2.5'")
     hog = None
     try:
