@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,13 @@ def test_forked_child_of_cmd_is_traced_and_the_trace_ends_with_the_command(tmp_p
     assert sh_pid and sh_pid[0][0] != child_pid
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path, bins):
     db = tmp_path / "t.duckdb"
     cpu = str(os.cpu_count() - 1)
@@ -53,6 +61,8 @@ def test_hog_on_the_traced_core_shows_as_preemptions_and_names_the_hog(tmp_path,
     try:
         tracer.wait_started()
         hog = subprocess.Popen(["taskset", "-c", cpu, str(hog_exe), "60", "ingero-test-hog"])  # killed below
+        # the spinner starts once the hog runs its own code (taskset has exec'd it)
+        assert wait_for(lambda: _comm(hog.pid) == "ingero-test-hog", timeout=60)
         go.touch()
         summary = tracer.finish(sig=None)
     finally:
