@@ -1,0 +1,35 @@
+"""The export entry point: open the store read-only, resolve the selection, write atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ingero.analyze.context import Options
+from ingero.errors import IngeroError
+from ingero.export import output
+from ingero.export.selection import select
+from ingero.store.db import Store
+
+
+def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False) -> str:
+    """Write the export; return the one line to print about it."""
+    output.check_target(path, force)  # before the (slow) work: a wrong -o fails at once
+    store = Store.open(db, read_only=True)
+    try:
+        sel = select(store.con, opts)
+        if fmt == "perfetto":
+            from ingero.export import perfetto
+
+            with output.atomic_file(path, force) as tmp, open(tmp, "wb") as f:
+                s = perfetto.export(store.con, sel, f, path)
+            return (f"wrote {path}: {s.events:,} events, {s.chains} chains with {s.flows} arrows, "
+                    f"{s.bytes / 1e6:.1f} MB — open it in https://ui.perfetto.dev")
+        if fmt == "parquet":
+            from ingero.export import parquet
+
+            with output.atomic_dir(path, force) as tmp:
+                rows = parquet.export(store.con, sel, tmp)
+            return f"wrote {path}: " + ", ".join(f"{k} ({v:,} rows)" for k, v in rows.items())
+        raise IngeroError(f"unknown format {fmt!r}", "use perfetto or parquet")
+    finally:
+        store.close()
