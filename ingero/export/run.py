@@ -33,3 +33,22 @@ def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False
         raise IngeroError(f"unknown format {fmt!r}", "use perfetto or parquet")
     finally:
         store.close()
+
+
+def report(db: Path, path: Path, opts: Options, *, force: bool = False) -> str:
+    """Write the one-file HTML report; return the line to print about it."""
+    from ingero.analyze.explain import explain
+    from ingero.export import report_data, report_html
+
+    output.check_target(path, force)
+    store = Store.open(db, read_only=True)
+    try:
+        sel = select(store.con, opts)
+        rep = explain(store.con, opts)
+        charts = report_data.collect(store.con, sel)
+        with output.atomic_file(path, force) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            n = report_html.write(rep, charts, f)
+            size = f.tell()
+    finally:
+        store.close()
+    return f"wrote {path}: {len(rep.chains)} chains, {n} processes charted, {size / 1e6:.1f} MB"
