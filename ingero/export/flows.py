@@ -41,6 +41,7 @@ FROM events c JOIN events e
  AND c.timestamp >= e.timestamp AND c.timestamp < e.timestamp + e.duration_ns
 WHERE c.session_id = $sid AND list_contains($pids, c.pid)
   AND c.timestamp >= $w0 AND c.timestamp < $w1 AND e.timestamp >= $t0 AND e.timestamp < $t1 AND {cause}
+  AND e.session_id = $sid AND e.timestamp < $w1 AND e.timestamp + e.duration_ns > $w0  -- cuts e before the join
 ORDER BY coalesce(c.duration_ns, 0) DESC, c.timestamp
 LIMIT $n
 """

@@ -32,11 +32,18 @@ from ingero.export import flows
 from ingero.export.selection import WHERE, Selection, reader, run
 
 BATCH = 20_000  # packets per write
+ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
+             "share_of_wall_clock", "fix")
 ROWS = 65_536  # rows per record batch from DuckDB
 SEQ = 1  # the one trusted packet sequence of this writer
 
-# Track uuids: a namespace in the high bits, the id below.
-_PROC, _THREAD, _COUNTER, _CHAIN = 1 << 56, 2 << 56, 3 << 56, 4 << 56
+# Track uuids: the id shifted left, the kind of track in the low 3 bits; small numbers
+# keep the varint of every event's track_uuid short (3-4 bytes, not 9).
+_PROC, _THREAD, _COUNTER, _CHAIN = 1, 2, 3, 4
+
+
+def _uuid(kind: int, id_: int) -> int:
+    return (id_ << 3) | kind
 
 _EVENTS_SQL = f"""
 WITH names AS (
@@ -108,21 +115,28 @@ class _Writer:
         first.trusted_packet_sequence_id = SEQ
         first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
         first.incremental_state_cleared = True
+        for name in ARG_NAMES:  # interned once up front: the hot loop only sets iids
+            e = first.interned_data.debug_annotation_names.add()
+            e.iid = self.arg_names[name] = len(self.arg_names) + 1
+            e.name = name
         self.builder.write_packet(first)
         self.packets += 1
+        self.pending = 0
 
     def packet(self) -> Any:
-        if len(self.trace.packet) >= BATCH:
+        if self.pending >= BATCH:
             self.flush()
+        self.pending += 1
         p = self.trace.packet.add()
         p.trusted_packet_sequence_id = SEQ
-        self.packets += 1
         return p
 
     def flush(self) -> None:
-        if len(self.trace.packet):
+        if self.pending:
             self.f.write(self.trace.SerializeToString())
-            self.trace.Clear()
+            self.trace = self.pb.Trace()  # a fresh arena: Clear() would keep the memory
+            self.packets += self.pending
+            self.pending = 0
 
     def name_iid(self, p: Any, name: str) -> int:
         iid = self.names.get(name)
@@ -134,13 +148,8 @@ class _Writer:
         return iid
 
     def arg(self, p: Any, ev: Any, name: str, value: Any) -> None:
-        iid = self.arg_names.get(name)
-        if iid is None:
-            iid = self.arg_names[name] = len(self.arg_names) + 1
-            e = p.interned_data.debug_annotation_names.add()
-            e.iid, e.name = iid, name
         a = ev.debug_annotations.add()
-        a.name_iid = iid
+        a.name_iid = self.arg_names[name]  # one of ARG_NAMES
         if isinstance(value, str):
             a.string_value = value
         elif isinstance(value, bool):
@@ -223,10 +232,10 @@ def _process_tracks(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) ->
     pids = sorted({p for p, _ in threads})
     names = dict(con.execute(_PROC_NAMES_SQL, {"pids": pids}).fetchall())
     for pid in pids:
-        w.track(_PROC + pid, f"{names.get(pid) or 'pid'} ({pid})", pid=pid)
+        w.track(_uuid(_PROC, pid), f"{names.get(pid) or 'pid'} ({pid})", pid=pid)
     for pid, tid in threads:
         label = "main" if tid == pid else f"thread {tid}"
-        w.track(_THREAD + tid, label, parent=_PROC + pid, pid=pid, tid=tid)
+        w.track(_uuid(_THREAD, tid), label, parent=_uuid(_PROC, pid), pid=pid, tid=tid)
 
 
 def _counters(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> None:
@@ -235,9 +244,9 @@ def _counters(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> None:
         rows = run(con, sql, params).fetchall()
         if rows:
             n += 1
-            w.track(_COUNTER + n, name, counter_unit=unit)
+            w.track(_uuid(_COUNTER, n), name, counter_unit=unit)
             for ts, v in rows:
-                w.counter(_COUNTER + n, ts, v)
+                w.counter(_uuid(_COUNTER, n), ts, v)
     per_key: dict[Any, int] = {}
     for sql, label, unit, parent in ((_GPU_SQL, "GPU {} util %", "%", None),
                                      (_RSS_SQL, "RSS", "bytes", _PROC),
@@ -245,19 +254,19 @@ def _counters(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> None:
         for key, ts, v in run(con, sql, params).fetchall():
             if (label, key) not in per_key:
                 n += 1
-                per_key[(label, key)] = _COUNTER + n
-                w.track(_COUNTER + n, label.format(key), counter_unit=unit,
-                        parent=(parent + key) if parent else 0)
+                per_key[(label, key)] = _uuid(_COUNTER, n)
+                w.track(_uuid(_COUNTER, n), label.format(key), counter_unit=unit,
+                        parent=_uuid(parent, key) if parent else 0)
             w.counter(per_key[(label, key)], ts, v)
 
 
 def _chains(w: _Writer, chains: list[Chain], arrows: flows.Arrows) -> None:
     if not chains:
         return
-    w.track(_CHAIN, "ingero: causal chains", order=-1)
+    w.track(_uuid(_CHAIN, 0), "ingero: causal chains", order=-1)
     for ci, c in enumerate(chains):
-        uuid = _CHAIN + 1 + ci
-        w.track(uuid, f"#{ci + 1} {c.rule_id}", parent=_CHAIN, order=ci)
+        uuid = _uuid(_CHAIN, 1 + ci)
+        w.track(uuid, f"#{ci + 1} {c.rule_id}", parent=_uuid(_CHAIN, 0), order=ci)
         for wi, win in enumerate(c.evidence_windows):
             p, ev = w.begin(uuid, win.start_ns, f"[{c.severity}] {c.title}")
             w.arg(p, ev, "rule", c.rule_id)
@@ -273,6 +282,7 @@ def _events(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict, arrows: fl
     stack: list[tuple[int, int, tuple | None]] = []  # (end_ns, begin_ns, key of an effect) of open slices
     cur = None
     n = 0
+    IID_BYTES, IID_STREAM, IID_RET, IID_RUNQ = (w.arg_names[k] for k in ("bytes", "stream", "ret", "runq_ns"))
 
     def close_until(uuid: int, t: int | None) -> None:
         while stack and (t is None or stack[-1][0] <= t):
@@ -287,7 +297,7 @@ def _events(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict, arrows: fl
         for pid, tid, ts, dur, op, kind, nbytes, stream, ret, preempted, other, runq, in_call, oname, no_tid in zip(
                 *cols.values()):
             n += 1
-            uuid = _THREAD + tid
+            uuid = (tid << 3) | _THREAD
             if uuid != cur:
                 if cur is not None:
                     close_until(cur, None)
@@ -311,17 +321,21 @@ def _events(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict, arrows: fl
                 name = f"preempted by {oname or 'pid'} ({other})" if preempted else "blocked"
                 p, ev = w.begin(uuid, ts, name)
                 if runq is not None:
-                    w.arg(p, ev, "runq_ns", runq)
+                    a = ev.debug_annotations.add()
+                    a.name_iid, a.int_value = IID_RUNQ, runq
                 if not preempted and kind:
                     w.arg(p, ev, "kind", kind)
             else:
                 p, ev = w.begin(uuid, ts, op)
                 if nbytes is not None:
-                    w.arg(p, ev, "bytes", nbytes)
+                    a = ev.debug_annotations.add()
+                    a.name_iid, a.int_value = IID_BYTES, nbytes
                 if stream is not None:
-                    w.arg(p, ev, "stream", stream)
+                    a = ev.debug_annotations.add()
+                    a.name_iid, a.uint_value = IID_STREAM, stream
                 if ret is not None:
-                    w.arg(p, ev, "ret", ret)
+                    a = ev.debug_annotations.add()
+                    a.name_iid, a.int_value = IID_RET, ret
                 if kind:
                     w.arg(p, ev, "kind", kind)
             if key in out_of:

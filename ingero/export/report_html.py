@@ -73,15 +73,30 @@ def _figure(s: Series, charts: Charts, report: Report, idx: int) -> str:
         for metric, label in lines:
             fig.add_trace(go.Scatter(x=x, y=s.metrics[metric], name=label, mode="lines+markers",
                                      connectgaps=False), row=r, col=1)
-    for i, c in enumerate(report.chains, 1):
+    # One shape per run of adjacent evidence windows, spanning every subplot (they share x);
+    # set at once: plotly's add_vrect per window is quadratic in the number of shapes.
+    shapes = []
+    for c in report.chains:
         if c.pids and s.pid not in c.pids:
             continue
-        for w in c.evidence_windows:
-            fig.add_vrect(x0=(w.start_ns - charts.start_ns) / 1e9, x1=(w.end_ns - charts.start_ns) / 1e9,
-                          fillcolor=SHADE.get(c.severity, SHADE["LOW"]), line_width=0, layer="below",
-                          row="all", col=1)
+        for x0, x1 in _runs(c.evidence_windows):
+            shapes.append(dict(type="rect", xref="x", yref="paper", y0=0, y1=1, layer="below", line_width=0,
+                               x0=(x0 - charts.start_ns) / 1e9, x1=(x1 - charts.start_ns) / 1e9,
+                               fillcolor=SHADE.get(c.severity, SHADE["LOW"])))
+    fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text="seconds since start", row=len(rows), col=1)
     fig.update_layout(height=220 * len(rows) + 80, margin=dict(l=60, r=20, t=40, b=40),
                       legend=dict(orientation="h"))
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{idx}",
                        config={"displaylogo": False})
+
+
+def _runs(windows) -> list[tuple[int, int]]:
+    """Merge windows that touch into [start, end) runs."""
+    out: list[list[int]] = []
+    for w in sorted(windows, key=lambda w: w.start_ns):
+        if out and w.start_ns <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], w.end_ns)
+        else:
+            out.append([w.start_ns, w.end_ns])
+    return [(a, b) for a, b in out]

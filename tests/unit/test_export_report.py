@@ -54,7 +54,8 @@ def test_chromium_renders_every_chart(page: Path, tmp_path: Path) -> None:
     # plotly draws each chart into its own SVG roots; a chart that failed stays an empty div
     assert dom.count('class="main-svg"') >= 2 * len(charts)
     assert "CUDA ops/s" in dom and "loop thread off CPU" in dom
-    assert 'class="shapelayer"' in dom or "layer-below" in dom  # the shaded evidence windows
+    # the evidence windows of the HIGH cpu-contention chain, shaded (SHADE["HIGH"])
+    assert re.search(r'<path data-index="\d+"[^>]*fill: rgb\(220, 40, 40\); fill-opacity: 0.16', dom)
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
     assert console == []
 
