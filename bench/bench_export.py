@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -37,14 +36,15 @@ def run_one(db: Path, args: list[str], out: Path) -> tuple[float, int, int]:
         shutil.rmtree(out)
     elif out.exists():
         out.unlink()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ingero", *args, "--db", str(db), "-o", str(out)], check=True,
-                   stdout=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "ingero", *args, "--db", str(db), "-o", str(out)],
+                             stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage: its peak RSS
+    child.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest child so far: runs go smallest-first per size
-    return wall, _size(out), max(peak, before) * 1024
+    if child.returncode != 0:
+        raise SystemExit(f"ingero {' '.join(args)} failed (exit {child.returncode})")
+    return wall, _size(out), usage.ru_maxrss * 1024
 
 
 def main() -> None:
