@@ -12,16 +12,25 @@ from ingero.errors import IngeroError
 FORMATS = ("perfetto", "parquet")
 
 
+def selection_options(f):
+    """--force, --since, --session, --pid, --db: what export and report both take."""
+    for option in (
+        db_option,
+        click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable)."),
+        click.option("--session", type=int, default=None, help="Session id (default: the latest)."),
+        since_option,
+        click.option("--force", is_flag=True, help="Overwrite an existing output."),
+    ):
+        f = option(f)
+    return f
+
+
 @click.command("export")
 @click.option("--format", "fmt", metavar="FORMAT", required=True,
               help="perfetto (a .pftrace for ui.perfetto.dev) or parquet (a directory of tables).")
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True,
               help="File (perfetto) or directory (parquet) to create.")
-@click.option("--force", is_flag=True, help="Overwrite an existing output.")
-@since_option
-@click.option("--session", type=int, default=None, help="Session id (default: the latest).")
-@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
-@db_option
+@selection_options
 def command(fmt: str, output: Path, force: bool, since: float | None, session: int | None,
             pids: tuple[int, ...], db_path: Path | None) -> None:
     """Export a session: Perfetto timeline with the causal arrows, or Parquet.

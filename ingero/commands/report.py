@@ -6,18 +6,15 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import db_option, resolve_db, since_option
+from ingero.commands.export import selection_options
+from ingero.commands.options import resolve_db
 
 
 @click.command("report")
 @click.option("--html", "as_html", is_flag=True, default=True, help="HTML (the only format; the default).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="HTML file to create.")
-@click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@since_option
-@click.option("--session", type=int, default=None, help="Session id (default: the latest).")
-@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
-@db_option
+@selection_options
 def command(as_html: bool, output: Path, force: bool, since: float | None, session: int | None,
             pids: tuple[int, ...], db_path: Path | None) -> None:
     """Write a one-file HTML report (opens offline): chains, charts, evidence shaded.

@@ -183,10 +183,16 @@ class _Writer:
             d.sibling_order_rank = order
 
     def begin(self, uuid: int, ts: int, name: str) -> Any:
+        return self._named(uuid, ts, name, self.pb.TrackEvent.TYPE_SLICE_BEGIN)
+
+    def instant(self, uuid: int, ts: int, name: str) -> Any:
+        return self._named(uuid, ts, name, self.pb.TrackEvent.TYPE_INSTANT)
+
+    def _named(self, uuid: int, ts: int, name: str, kind: int) -> Any:
         p = self.packet()
         p.timestamp = ts
         ev = p.track_event
-        ev.type = self.pb.TrackEvent.TYPE_SLICE_BEGIN
+        ev.type = kind
         ev.track_uuid = uuid
         ev.name_iid = self.name_iid(p, name)
         return p, ev
@@ -196,15 +202,6 @@ class _Writer:
         p.timestamp = ts
         p.track_event.type = self.pb.TrackEvent.TYPE_SLICE_END
         p.track_event.track_uuid = uuid
-
-    def instant(self, uuid: int, ts: int, name: str) -> Any:
-        p = self.packet()
-        p.timestamp = ts
-        ev = p.track_event
-        ev.type = self.pb.TrackEvent.TYPE_INSTANT
-        ev.track_uuid = uuid
-        ev.name_iid = self.name_iid(p, name)
-        return p, ev
 
     def counter(self, uuid: int, ts: int, value: float) -> None:
         p = self.packet()
