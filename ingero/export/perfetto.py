@@ -77,8 +77,12 @@ _HOST_COUNTERS = (
 )
 _GPU_SQL = ("SELECT gpu, timestamp, util_pct FROM gpu_metrics WHERE session_id = $sid AND timestamp >= $t0 "
             "AND timestamp < $t1 AND util_pct IS NOT NULL ORDER BY gpu, timestamp")
-_RSS_SQL = ("SELECT pid, timestamp, rss_bytes FROM process_memory WHERE session_id = $sid AND timestamp >= $t0 "
-            "AND timestamp < $t1 AND list_contains($pids, pid) AND rss_bytes IS NOT NULL ORDER BY pid, timestamp")
+# RSS of the processes that have a track (events in the selection)
+_RSS_SQL = f"""
+SELECT pid, timestamp, rss_bytes FROM process_memory WHERE session_id = $sid AND timestamp >= $t0
+  AND timestamp < $t1 AND rss_bytes IS NOT NULL AND pid IN (SELECT DISTINCT pid FROM events WHERE {WHERE})
+ORDER BY pid, timestamp
+"""
 # run-queue wait of a process' traced threads per second of wall clock (0-ncpu)
 _RUNQ_SQL = f"""
 SELECT pid, (timestamp // 1000000000) * 1000000000 AS sec, sum(runq_ns) / 1e9

@@ -61,6 +61,33 @@ def test_slices_per_op_equal_the_store(db: Path, tmp_path: Path) -> None:
     assert {s.args.get("ret") for s in _thread_slices(d) if s.name.startswith("cu")} <= {0, None}
 
 
+def test_counter_tracks_hold_every_sample(tmp_path: Path) -> None:
+    db = make_db(tmp_path / "c.duckdb")
+    con = duckdb.connect(str(db))
+    # the replay records no RSS or NVML samples: add some, one a second, as the samplers do
+    con.execute("INSERT INTO process_memory (session_id, timestamp, pid, comm, rss_bytes) "
+                "SELECT 1, ts, pid, 'python3', 1000000 * pid::BIGINT + ts // 1000000000 % 97 FROM "
+                "(SELECT DISTINCT pid FROM events WHERE op LIKE 'cuda%'), "
+                "range(1763800000000000000, 1763800030000000000, 1000000000) t(ts)")
+    con.execute("INSERT INTO gpu_metrics (session_id, timestamp, gpu, util_pct) "
+                "SELECT 1, ts, 0, ts // 1000000000 % 100 FROM range(1763800000000000000, 1763800030000000000, "
+                "1000000000) t(ts)")
+    con.close()
+    d = decode(_export(db, tmp_path / "t.pftrace"))
+    con = duckdb.connect(str(db), read_only=True)
+    by_name = {t.name: d.counters[u] for u, t in d.tracks.items() if t.HasField("counter")}
+    # samples inside the selection: the session's events span (a last sample after the last event is out)
+    end = con.execute("SELECT max(timestamp) FROM events").fetchall()[0][0]
+    for name, sql in (("CPU %", "SELECT timestamp, cpu_pct FROM system_metrics"),
+                      ("GPU 0 util %", "SELECT timestamp, util_pct FROM gpu_metrics"),
+                      ("RSS", "SELECT timestamp, rss_bytes FROM process_memory")):
+        want = con.execute(f"{sql} WHERE timestamp <= $end ORDER BY timestamp", {"end": end}).fetchall()
+        assert len(want) >= 29 and by_name[name] == [(ts, float(v)) for ts, v in want], name
+    rss = next(t for t in d.tracks.values() if t.name == "RSS")
+    assert d.tracks[rss.parent_uuid].process.pid == con.execute(
+        "SELECT DISTINCT pid FROM events WHERE op LIKE 'cuda%'").fetchall()[0][0]
+
+
 def test_off_cpu_slices_name_the_preempting_process(db: Path, tmp_path: Path) -> None:
     d = decode(_export(db, tmp_path / "t.pftrace"))
     con = duckdb.connect(str(db), read_only=True)
