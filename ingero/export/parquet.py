@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingero.analyze.explain import explain
-from ingero.export.selection import WHERE, Selection, reader, run
+from ingero.export.selection import WHERE, Selection, bounded_memory, reader, run
 
 ROWS = 262_144
 
@@ -57,12 +57,13 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, root: Path) -> dict[s
 
 
 def _stream(con: duckdb.DuckDBPyConnection, sql: str, params: dict, path: Path) -> int:
-    batches = reader(con, sql, params, ROWS)
     n = 0
-    with pq.ParquetWriter(path, batches.schema, compression="zstd") as w:
-        for b in batches:
-            w.write_batch(b)
-            n += b.num_rows
+    with bounded_memory(con):
+        batches = reader(con, sql, params, ROWS)
+        with pq.ParquetWriter(path, batches.schema, compression="zstd") as w:
+            for b in batches:
+                w.write_batch(b)
+                n += b.num_rows
     return n
 
 

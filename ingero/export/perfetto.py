@@ -29,7 +29,7 @@ import duckdb
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
 from ingero.export import flows
-from ingero.export.selection import WHERE, Selection, reader, run
+from ingero.export.selection import WHERE, Selection, bounded_memory, reader, run
 
 BATCH = 20_000  # packets per write
 ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
@@ -223,7 +223,8 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
     _process_tracks(con, w, params)
     _counters(con, w, params)
     _chains(w, chains, arrows)
-    events = _events(con, w, params, arrows)
+    with bounded_memory(con):
+        events = _events(con, w, params, arrows)
     w.flush()
     return Summary(path, events, w.packets, f.tell(), len(chains), arrows.next_id - 1)
 
