@@ -47,7 +47,7 @@ def analysed_line(report: Report) -> str:
     procs = len(a.processes)
     text = (
         f"Analysed: {a.events:,} events ({a.cuda_events:,} CUDA calls) from {procs} traced "
-        f"process{'es' if procs != 1 else ''} over {span_text(span)} "
+        f"process{'es' if procs != 1 else ''}{f' (+{a.followed:,} followed without CUDA calls)' if a.followed else ''} over {span_text(span)} "
         f"({a.windows} window{'s' if a.windows != 1 else ''} of {span_text(a.window_s)}), session {a.session_id}; "
         f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
     )
