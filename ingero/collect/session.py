@@ -332,19 +332,25 @@ class TraceSession:
     def _note_pids(self, recs: np.ndarray) -> None:
         # Unique pids from the heads of runs of one pid: a thread's records come
         # in long runs, so np.unique sorts a handful instead of every record.
+        # A pid's first record dates its first name (process_history.from_ns).
         pid = recs["pid"]
-        heads = np.flatnonzero(pid[1:] != pid[:-1]) + 1
-        pids = np.unique(np.concatenate((pid[:1], pid[heads])))
+        heads = np.concatenate(([0], np.flatnonzero(pid[1:] != pid[:-1]) + 1))
+        pids, first = np.unique(pid[heads], return_index=True)
+        first_ns = recs["ts_ns"][heads[first]].astype(np.int64) + self.offset_ns
+        since: dict[int, int | None] = dict(zip(pids.tolist(), first_ns.tolist()))
         switch = recs["op"] == int(Op.SCHED_SWITCH)
         if switch.any():
-            pids = np.union1d(pids, np.unique(recs["other_pid"][switch]))
-        self.upsert_names(int(p) for p in pids)
+            for p in np.unique(recs["other_pid"][switch]).tolist():
+                since.setdefault(p, None)
+        self.upsert_names(since)
 
     def upsert_names(self, pids: Any) -> None:
-        new = [p for p in pids if p > 0 and p not in self.seen_pids]
+        """Name the pids not named yet; ``pids`` may map each to its first record's time (else: now)."""
+        since = pids if isinstance(pids, dict) else dict.fromkeys(pids)
+        new = {p: t for p, t in since.items() if p > 0 and p not in self.seen_pids}
         if not new:
             return
-        self._name_now({pid: None for pid in new})
+        self._name_now(new)
 
     def _note_execs(self, recs: np.ndarray) -> None:
         """Processes that exec'd are named again (a pyenv shim's bash becomes python3).
@@ -357,8 +363,8 @@ class TraceSession:
         if not len(execs):
             return
         last: dict[int, int] = {}
-        for pid, ts in zip(execs["pid"].tolist(), execs["ts_ns"].tolist()):
-            last[pid] = max(ts + self.offset_ns, last.get(pid, 0))
+        for pid, ts in zip(execs["pid"].tolist(), (execs["ts_ns"].astype(np.int64) + self.offset_ns).tolist()):
+            last[pid] = max(ts, last.get(pid, 0))
         self._name_now(last)
 
     def _name_now(self, from_ns: dict[int, int | None]) -> None:
