@@ -376,6 +376,7 @@ class TraceSession:
             if info is None:
                 self.nameless[pid] = since  # already gone: named from its kernel comm at the next harvest
                 continue
+            self.nameless.pop(pid, None)  # a later image was read: the comm of an earlier one must not win
             self.seen_pids.add(pid)
             if self.identities.get(pid) == (info["name"], info["cmdline"]):
                 continue  # the same image seen again (an exec read after the next one)

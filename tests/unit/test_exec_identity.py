@@ -148,3 +148,13 @@ def test_the_analysed_line_counts_followed_processes_apart() -> None:
     out = io.StringIO()
     terminal.write(report, out)
     assert "from 1 traced process (+3 followed without CUDA calls) over " in out.getvalue()
+
+
+def test_a_read_that_succeeds_later_is_not_overwritten_by_an_earlier_comm(sess: TraceSession) -> None:
+    feed(sess, rec(Op.PROC_EXEC, 1_000))  # unreadable at this exec
+    sess.proc[PID] = PYTHON
+    feed(sess, rec(Op.PROC_EXEC, 2_000))  # readable at the next
+    stats = np.zeros(1, dtype=[("comm", "S16")])
+    stats["comm"] = b"bash"
+    sess._name_from_comm(np.array([PID]), stats)
+    assert names(sess) == ("python3 (loop.py)", PYTHON["cmdline"])
