@@ -47,7 +47,7 @@ def test_a_shim_that_execs_python_is_named_python_and_counted_once(tmp_path, sim
     (bindir / "version").write_text("3.11.7\n")
     spin = build("spin", tmp_path)
     db = tmp_path / "t.duckdb"
-    cmd = (f"taskset -c 0 {shim} {TRAIN} --lib {simcuda} --duration 4 --workers 0 --kernel-us 300 "
+    cmd = (f"taskset -c 0 {shim} {TRAIN} --lib {simcuda} --duration 6 --workers 0 --kernel-us 300 "
            f"--kernels-per-step 8 --batch-bytes 200KB --host-us 300")
     hogs = [subprocess.Popen(["taskset", "-c", "0", str(spin), "30", f"ingero-hog{i}"], stdout=subprocess.DEVNULL)
             for i in range(2)]
