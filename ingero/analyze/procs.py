@@ -82,7 +82,8 @@ LEFT JOIN (SELECT pid, any_value(comm) AS comm FROM process_cpu
            WHERE list_contains($pids, pid) GROUP BY pid) c ON c.pid = p.pid
 """
 # No history table (a database older than schema 10, opened read-only): no rows.
-NO_HISTORY = "(SELECT NULL::INTEGER AS pid, NULL::BIGINT AS from_ns, NULL AS name, NULL AS comm, NULL AS cmdline, NULL::INTEGER AS ppid)"
+NO_HISTORY = ("(SELECT NULL::INTEGER AS pid, NULL::BIGINT AS from_ns, NULL AS name, NULL AS comm, "
+              "NULL AS cmdline, NULL::INTEGER AS ppid)")
 
 # explain names each process as of the end of its last window with CUDA
 # calls in the range (the image that made them: a pyenv shim's python3, not

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -197,36 +198,30 @@ _TORCHRUN_FLAGS = _f("--standalone", "--no-python", "--no_python", "--run-path",
 TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 
-def _options_then_command(args: list[str], with_value: frozenset[str]) -> list[str]:
+def _command_index(args: list[str], takes_value: Callable[[str], bool]) -> int:
+    """Index of the first argument after a launcher's options (and past a ``--``)."""
     i = 0
     while i < len(args):
         a = args[i]
         if a == "--":
-            return args[i + 1:]
+            return i + 1
         if not a.startswith("-") or a == "-":
-            return args[i:]
-        i += 2 if a in with_value else 1
-    return []
+            return i
+        i += 2 if takes_value(a) else 1
+    return len(args)
+
+
+def _options_then_command(args: list[str], with_value: frozenset[str]) -> list[str]:
+    return args[_command_index(args, with_value.__contains__):]
 
 
 def _torchrun_command(args: list[str]) -> list[str]:
-    """The worker's argv as torchrun builds it: ``python script args`` (``-m``: a module; ``--no-python``: a program)."""
-    module = no_python = False
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            i += 1
-            break
-        if not a.startswith("-"):
-            break
-        module = module or a in ("-m", "--module")
-        no_python = no_python or a in ("--no-python", "--no_python")
-        i += 1 if ("=" in a or a in _TORCHRUN_FLAGS) else 2
-    rest = args[i:]
-    if not rest or no_python:
+    """A worker's argv as torchrun builds it: ``python script args`` (-m: a module; --no-python: a program)."""
+    i = _command_index(args, lambda a: "=" not in a and a not in _TORCHRUN_FLAGS)
+    options, rest = args[:i], args[i:]
+    if not rest or {"--no-python", "--no_python"} & set(options):
         return rest
-    return ["python", "-m", *rest] if module else ["python", *rest]
+    return ["python", "-m", *rest] if {"-m", "--module"} & set(options) else ["python", *rest]
 
 
 def spawned_command(program: str, args: list[str]) -> tuple[str, list[str]] | None:
