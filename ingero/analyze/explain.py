@@ -25,10 +25,12 @@ SELECT (SELECT coalesce(sum(n), 0) FROM ing_cuda)
        (SELECT coalesce(sum(n), 0) FROM ing_cuda) AS cuda_events
 """
 
-TRACED_SQL = """
-SELECT pid, count(*) AS n FROM (
-    SELECT pid FROM ing_loop UNION ALL SELECT DISTINCT pid FROM ing_sched
-) GROUP BY pid ORDER BY n DESC, pid
+# Traced processes are those that made CUDA calls; the others the tracer
+# followed (a launcher's helpers, DataLoader workers) are only counted.
+TRACED_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC, pid"
+FOLLOWED_SQL = """
+SELECT count(DISTINCT pid) FROM (SELECT pid FROM ing_sched UNION ALL SELECT pid FROM ing_faults)
+WHERE pid NOT IN (SELECT pid FROM ing_loop)
 """
 
 SYSTEM_SQL = """
@@ -82,6 +84,7 @@ def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
 def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     ctx = context.resolve(con, opts)
     windows.build(ctx)
+    procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
     for rule in registry():
@@ -122,6 +125,7 @@ def _analysed(ctx: Context) -> Analysed:
         events=int(events or 0),
         cuda_events=int(cuda or 0),
         processes=[names[p].label for p in pids if p in names],
+        followed=int(ctx.con.execute(FOLLOWED_SQL).fetchone()[0]),
         drops_kernel=ctx.drops_kernel,
         drops_user=ctx.drops_user,
         stale_calls=ctx.stale_calls,

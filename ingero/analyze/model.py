@@ -89,11 +89,12 @@ class Analysed:
     windows: int
     events: int
     cuda_events: int
-    processes: list[str]  # "python3 (train.py) (PID 4242)"
+    processes: list[str]  # "python3 (train.py) (PID 4242)": the processes that made CUDA calls
     drops_kernel: int = 0
     drops_user: int = 0
     stale_calls: int = 0  # CUDA calls that never returned: counted, never stored as rows
     probe_misses: int = 0  # BPF program runs the kernel skipped: each may have lost a row
+    followed: int = 0  # other traced processes (no CUDA calls: launcher helpers, DataLoader workers)
 
 
 @dataclass

@@ -72,9 +72,10 @@ def analysed_line(report: Report) -> str:
     a = report.analysed
     span = (a.end_ns - a.start_ns) / 1e9
     procs = len(a.processes)
+    followed = f" (+{a.followed:,} followed without CUDA calls)" if a.followed else ""  # no CUDA call: counted
     text = (
         f"Analysed: {a.events:,} events ({a.cuda_events:,} CUDA calls) from {procs} traced "
-        f"process{'es' if procs != 1 else ''} over {span_text(span)} "
+        f"process{'es' if procs != 1 else ''}{followed} over {span_text(span)} "
         f"({a.windows} window{'s' if a.windows != 1 else ''} of {span_text(a.window_s)}), session {a.session_id}; "
         f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
     )

@@ -196,3 +196,18 @@ CREATE TABLE IF NOT EXISTS spans (
     name VARCHAR NOT NULL,       -- aten::conv2d, ProfilerStep#12, enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ ...
     category VARCHAR             -- the trace's cat: 'cpu_op' | 'user_annotation' | 'python_function'
 );
+
+-- What each process was called over time: a row per image it ran, from the
+-- moment it was first seen or exec'd (a pyenv shim's bash, then python3).
+-- process_names holds the latest row; analyze names a pid as of the time it
+-- made its CUDA calls:
+--   SELECT arg_max(name, from_ns) FROM process_history WHERE pid = $p AND from_ns <= $t
+CREATE TABLE IF NOT EXISTS process_history (
+    session_id INTEGER,
+    pid INTEGER NOT NULL,
+    from_ns BIGINT NOT NULL,     -- exec time; first-seen time for the image it had when tracing began
+    name VARCHAR,                -- readable, as process_names.name
+    comm VARCHAR,
+    cmdline VARCHAR,             -- NULL when it exited before /proc could be read (name = its comm)
+    ppid INTEGER
+);
