@@ -30,7 +30,7 @@ from ingero.store.faults import is_disk_full, open_error
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -51,6 +51,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      file it reads without migrating).
 #   6: sessions.probe_misses (runs of our BPF programs the kernel skipped:
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
+#   8: sessions.notes (what the trace could not see and why, one line each:
+#      programs with a stripped CUDA runtime linked in).
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -72,6 +74,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS probe_misses BIGINT",
         "ALTER TABLE sessions ALTER COLUMN probe_misses SET DEFAULT 0",
     ],
+    8: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS notes VARCHAR"],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -318,7 +321,7 @@ class Store:
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
         allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
-                   "status", "ended_ns"}
+                   "status", "ended_ns", "notes"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")

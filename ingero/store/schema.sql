@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     ncpu INTEGER,                    -- CPUs on the host
     stale_calls BIGINT DEFAULT 0,    -- CUDA calls whose return was never seen (longjmp, exception), counted when the thread's next call replaced them; no row was stored for them; NULL: before schema 2
     sched_autogroup BOOLEAN,         -- the kernel's sched_autogroup_enabled at start: when true, nice orders processes only within one session (setsid), so a fix for CPU contention must lower the competitor's autogroup; NULL: before schema 4
-    probe_misses BIGINT DEFAULT 0    -- runs of ingero's BPF programs the kernel skipped because another BPF program or a bpf() map syscall held the CPU (recursion_misses of each program); each may have lost a row (an off-CPU interval, a call); NULL: before schema 6
+    probe_misses BIGINT DEFAULT 0,   -- runs of ingero's BPF programs the kernel skipped because another BPF program or a bpf() map syscall held the CPU (recursion_misses of each program); each may have lost a row (an off-CPU interval, a call); NULL: before schema 6
+    notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,

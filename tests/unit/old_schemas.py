@@ -30,8 +30,12 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 5), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 6), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 8 added sessions.notes
+    sql = _drop_trailing_columns(sql, ("notes",), last="probe_misses BIGINT")
+    if version >= 6:
+        return sql
     # 6 added sessions.probe_misses
     sql = _drop_trailing_columns(sql, ("probe_misses",), last="sched_autogroup BOOLEAN")
     if version >= 5:

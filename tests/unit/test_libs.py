@@ -288,7 +288,7 @@ def _wheel_libcudart() -> Path:
 def test_real_nvidia_libcudart_is_found_with_its_variants():
     real = _wheel_libcudart()
     found = find_cuda_libraries(proc=None)  # the default search: this interpreter's site-packages among it
-    match = [lib for lib in found if lib.path == real]
+    match = [lib for lib in found if lib.path == real.resolve()]  # the venv may be a symlink
     assert len(match) == 1, [str(lib.path) for lib in found]
     lib = match[0]
     assert lib.kind == RUNTIME
