@@ -10,6 +10,7 @@ sizes, copy kinds, streams and return codes are checked exactly.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads import HERE, Tracer, libcudart, query, wait_for
+from workloads import HERE, INGERO, REPO, Tracer, libcudart, query, wait_for
 
 pytestmark = pytest.mark.live
 
@@ -164,3 +165,29 @@ def test_linked_in_runtime_started_after_the_trace_and_cuda_12_beside_13(tmp_pat
     tracer.finish()
     for n in names:
         _assert_exact(_cuda_rows(db, pids[n]), n)
+
+
+def test_check_pid_says_what_a_process_has_linked_in(tmp_path, builds):
+    go = tmp_path / "go"
+    procs = {n: subprocess.Popen([str(builds[n]), "1", str(go)], stdout=subprocess.PIPE, text=True)
+             for n in ("stripped13", "static13")}
+    try:
+        out = {}
+        for n, p in procs.items():
+            run = subprocess.run([*INGERO, "check", "--json", "--pid", str(p.pid)], capture_output=True, text=True,
+                                 cwd=REPO, timeout=120)
+            checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
+            out[n] = checks[f"process {p.pid}"]
+    finally:
+        go.touch()
+        for p in procs.values():
+            p.communicate(timeout=30)
+    exe = builds["stripped13"].resolve()
+    stripped = out["stripped13"]
+    assert not stripped["ok"] and not stripped["required"]
+    assert stripped["detail"] == (f"{exe} (pid {procs['stripped13'].pid}, cuda_loop_strip) has the CUDA runtime linked "
+                                  "in without symbols: its CUDA calls cannot be probed and are not recorded; fix: build "
+                                  "it with `nvcc -cudart shared`, or keep its symbols (do not strip it)")
+    static = out["static13"]
+    assert static["ok"]
+    assert static["detail"].startswith(f"{builds['static13'].resolve()}  runtime linked in (probed by address)  ")
