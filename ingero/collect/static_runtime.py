@@ -168,7 +168,9 @@ def _strtab_has_markers(mm: mmap.mmap, sections: _Sections) -> bool:
 def _from_symbols(path: Path, mm: mmap.mmap, sections: _Sections, build_id: str | None) -> Embedded | None:
     """The runtime's functions from .symtab (locals included); None if it has none."""
     global symbol_reads
-    if not _strtab_has_markers(mm, sections):
+    # a file that needs libcudart.so calls the shared runtime (its cuda* symbols are
+    # undefined imports): not worth parsing a symbol table that may be huge (libtorch_cuda)
+    if not _strtab_has_markers(mm, sections) or _needs_libcudart(mm, sections):
         return None
     symbol_reads += 1
     elf = symbols.parse_elf(str(path), mm)
@@ -207,9 +209,13 @@ def _is_stripped_runtime(path: Path, mm: mmap.mmap, sections: _Sections) -> bool
     """Device code, no libcudart.so needed, and the runtime's own strings: linked in, symbols gone."""
     if _VENDOR_LIB.match(path.name) or not FATBIN_SECTIONS & sections.by_name.keys():
         return False
-    if any(n.startswith("libcudart") for n in _needed(mm, sections)):
+    if _needs_libcudart(mm, sections):
         return False
     return all(mm.find(s) >= 0 for s in RUNTIME_STRINGS)
+
+
+def _needs_libcudart(mm: mmap.mmap, sections: _Sections) -> bool:
+    return any(n.startswith("libcudart") for n in _needed(mm, sections))
 
 
 def stripped_message(path: Path | str, who: str) -> str:
