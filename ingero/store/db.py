@@ -51,6 +51,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      file it reads without migrating).
 #   6: sessions.probe_misses (runs of our BPF programs the kernel skipped:
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
+#   7: device_activity and spans (imported profiler traces), sessions.imported_from,
+#      rank, world_size, device_properties, import_unused, clock_offset_ns.
 #   8: sessions.notes (what the trace could not see and why, one line each:
 #      programs with a stripped CUDA runtime linked in).
 MIGRATIONS: dict[int, list[str]] = {
@@ -74,6 +76,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS probe_misses BIGINT",
         "ALTER TABLE sessions ALTER COLUMN probe_misses SET DEFAULT 0",
     ],
+    7: [REAPPLY_SCHEMA] + [f"ALTER TABLE sessions ADD COLUMN IF NOT EXISTS {c}" for c in (
+        "imported_from VARCHAR", "rank INTEGER", "world_size INTEGER", "device_properties VARCHAR",
+        "import_unused VARCHAR", "clock_offset_ns BIGINT")],
     8: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS notes VARCHAR"],
 }
 
@@ -407,6 +412,8 @@ TABLES = (
     "system_metrics",
     "gpu_metrics",
     "probes",
+    "device_activity",
+    "spans",
 )
 
 
