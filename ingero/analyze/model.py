@@ -89,11 +89,38 @@ class Analysed:
     windows: int
     events: int
     cuda_events: int
-    processes: list[str]  # "python3 (train.py) (PID 4242)"
+    processes: list[str]  # "python3 (train.py) (PID 4242)": the processes that made CUDA calls
     drops_kernel: int = 0
     drops_user: int = 0
     stale_calls: int = 0  # CUDA calls that never returned: counted, never stored as rows
     probe_misses: int = 0  # BPF program runs the kernel skipped: each may have lost a row
+    followed: int = 0  # other traced processes (no CUDA calls: launcher helpers, DataLoader workers)
+
+
+@dataclass
+class DeviceBusy:
+    """How busy the device was over the analysed span (the steps' span when steps are known,
+    else the span of the CUDA calls): measured from a device timeline (an imported profiler
+    trace), or inferred from the CUDA call stream, with the bounds the calls allow."""
+
+    busy_share: float  # 0..1, the point estimate (= low = high when measured)
+    low: float
+    high: float
+    source: str  # 'measured' | 'inferred'
+    span_ns: int = 0
+
+
+@dataclass
+class StepStats:
+    """The loop's steps: ProfilerStep#N marks where a trace has them, else the rhythm of the calls."""
+
+    count: int
+    median_ms: float
+    p99_ms: float
+    source: str = ""  # 'marked' | 'rhythm'
+    # share of the mean step spent in each part (data wait, host work, launches, copies,
+    # device wait, CPU wait, faults and I/O, ...): adds up to 1 where known
+    breakdown: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +130,8 @@ class Report:
     chains: list[Chain]
     notes: list[str] = field(default_factory=list)
     stack: dict[str, Any] | None = None  # explain --stack: top callers / preempted lines
+    device: DeviceBusy | None = None  # None: neither measured nor inferable (no CUDA calls)
+    steps: StepStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

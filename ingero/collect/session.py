@@ -236,8 +236,11 @@ class TraceSession:
         self.drops_user = 0
         self.pct = _Percentiles()
         self.seen_pids: set[int] = set()
-        self.nameless: set[int] = set()
+        # pids /proc could not be read for -> when their image started (exec time; None: unknown)
+        self.nameless: dict[int, int | None] = {}
+        self.identities: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline) last stored
         self.notes: list[str] = []
+        self.runtime_notes: list[str] = []  # stripped runtimes linked in (sessions.notes)
         self.stacks: Any = None
         self.stack_failures = 0  # flushes stored without stacks because resolving them failed
         self._stack_errors: set[str] = set()
@@ -260,6 +263,7 @@ class TraceSession:
             recs = self.pending_buf[start : start + n]
             self.pending_rows += n
             self.pct.add(recs)
+            self._note_execs(recs)  # first: a process seen at its exec is named once, as of the exec
             self._note_pids(recs)  # now, while short-lived processes still exist
         return n
 
@@ -329,27 +333,56 @@ class TraceSession:
     def _note_pids(self, recs: np.ndarray) -> None:
         # Unique pids from the heads of runs of one pid: a thread's records come
         # in long runs, so np.unique sorts a handful instead of every record.
+        # A pid's first record dates its first name (process_history.from_ns).
         pid = recs["pid"]
-        heads = np.flatnonzero(pid[1:] != pid[:-1]) + 1
-        pids = np.unique(np.concatenate((pid[:1], pid[heads])))
+        heads = np.concatenate(([0], np.flatnonzero(pid[1:] != pid[:-1]) + 1))
+        pids, first = np.unique(pid[heads], return_index=True)
+        first_ns = recs["ts_ns"][heads[first]].astype(np.int64) + self.offset_ns
+        since: dict[int, int | None] = dict(zip(pids.tolist(), first_ns.tolist()))
         switch = recs["op"] == int(Op.SCHED_SWITCH)
         if switch.any():
-            pids = np.union1d(pids, np.unique(recs["other_pid"][switch]))
-        self.upsert_names(int(p) for p in pids)
+            for p in np.unique(recs["other_pid"][switch]).tolist():
+                since.setdefault(p, None)
+        self.upsert_names(since)
 
     def upsert_names(self, pids: Any) -> None:
-        new = [p for p in pids if p > 0 and p not in self.seen_pids]
+        """Name the pids not named yet; ``pids`` may map each to its first record's time (else: now)."""
+        since = pids if isinstance(pids, dict) else dict.fromkeys(pids)
+        new = {p: t for p, t in since.items() if p > 0 and p not in self.seen_pids}
         if not new:
             return
+        self._name_now(new)
+
+    def _note_execs(self, recs: np.ndarray) -> None:
+        """Processes that exec'd are named again (a pyenv shim's bash becomes python3).
+
+        /proc is read when the record is, a few ms after the exec: a process
+        that exec'd again meanwhile is named after its newest image (the one
+        that runs on), and one that is gone by then keeps the comm BPF gave
+        it at the exec (named at the next harvest)."""
+        execs = recs[recs["op"] == int(Op.PROC_EXEC)]
+        if not len(execs):
+            return
+        last: dict[int, int] = {}
+        for pid, ts in zip(execs["pid"].tolist(), (execs["ts_ns"].astype(np.int64) + self.offset_ns).tolist()):
+            last[pid] = max(ts, last.get(pid, 0))
+        self._name_now(last)
+
+    def _name_now(self, from_ns: dict[int, int | None]) -> None:
+        """Name pids from /proc: process_names (latest) and a process_history row from ``from_ns`` (None: now)."""
         rows = []
         now = time.time_ns()
-        for pid in new:
+        for pid, since in from_ns.items():
             info = _process_info(pid)
             if info is None:
-                self.nameless.add(pid)  # already gone: named from its kernel comm at the next harvest
+                self.nameless[pid] = since  # already gone: named from its kernel comm at the next harvest
                 continue
+            self.nameless.pop(pid, None)  # a later image was read: the comm of an earlier one must not win
             self.seen_pids.add(pid)
-            rows.append({**info, "session_id": self.session_id, "seen_ns": now})
+            if self.identities.get(pid) == (info["name"], info["cmdline"]):
+                continue  # the same image seen again (an exec read after the next one)
+            self.identities[pid] = (info["name"], info["cmdline"])
+            rows.append({**info, "session_id": self.session_id, "seen_ns": now, "from_ns": since})
         self.store.upsert_process_names(rows)
 
     def _name_from_comm(self, pids: np.ndarray, stats: np.ndarray) -> None:
@@ -361,9 +394,9 @@ class TraceSession:
             if pid in self.nameless:
                 name = bytes(comm).split(b"\0", 1)[0].decode("utf-8", "replace")
                 rows.append({"pid": pid, "name": name, "comm": name, "cmdline": None,
-                             "session_id": self.session_id, "seen_ns": now})
-                self.nameless.discard(pid)
+                             "session_id": self.session_id, "seen_ns": now, "from_ns": self.nameless.pop(pid)})
                 self.seen_pids.add(pid)
+                self.identities[pid] = (name, None)
         self.store.upsert_process_names(rows)
 
     # -- once a second ---------------------------------------------------------
@@ -484,18 +517,25 @@ def _process_info(pid: int) -> dict | None:
     return process_info(pid)
 
 
-def _find_libraries(extra: list[Path]) -> tuple[list[Any], Any]:
+def _find_libraries(extra: list[Path], executables: list[tuple[str, str]]) -> tuple[list[Any], Any]:
     from ingero.collect.libs import LibraryWatcher
 
-    watcher = LibraryWatcher(extra=extra)
+    watcher = LibraryWatcher(extra=extra, executables=executables)
     return watcher.poll(), watcher
+
+
+def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:
+    """Programs with a stripped CUDA runtime linked in: said once each, kept in sessions.notes."""
+    if new:
+        sess.runtime_notes += new
+        sess.store.update_session(sess.session_id, notes="\n".join(sess.runtime_notes))
 
 
 def _attach_line(lib: Any, ok: int, failed: int) -> str:
     what = f"{ok // 2} functions ({ok} probes)"
     if failed:
         what += f", {failed} failed"
-    return f"attached {what} to {lib.path} ({lib.kind})"
+    return f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
 
 
 class _Samplers:
@@ -570,7 +610,8 @@ def run_trace(
         launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None,
                                     stdout_to_stderr=opts.cmd_stdout_to_stderr)
     settings = settings_for(opts)
-    libs, watcher = _find_libraries(list(opts.cuda_libs))
+    libs, watcher = _find_libraries(list(opts.cuda_libs),
+                                    [(launcher.executable, "the --cmd program")] if launcher else [])
     store = Store.open(opts.db_path)
     try:
         store.mark_crashed_sessions()
@@ -585,8 +626,10 @@ def run_trace(
     try:
         lines: list[str] = []
         for lib in libs:
-            ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             lines.append(_attach_line(lib, ok, failed))
+        runtime_notes = watcher.take_notes()
+        lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
         initial: list[int] = list(spec.pids)
         if spec.comm:
@@ -611,6 +654,7 @@ def run_trace(
         stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
         session_id = store.begin_session(command=opts.command_line, targets=described)
         sess = TraceSession(opts, store, program, session_id)
+        _note_runtimes(sess, runtime_notes)
         if opts.stack:
             from ingero.collect.stacks import StackResolver
 
@@ -769,8 +813,11 @@ def _write_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
     samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:
         for lib in watcher.poll():
-            ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             sess.notes.append(_attach_line(lib, ok, failed))
+        new = watcher.take_notes()
+        sess.notes += new
+        _note_runtimes(sess, new)
         sess.write_probe_rows()
     if spec.comm:
         found = targets.pids_with_comm(spec.comm)

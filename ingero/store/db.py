@@ -30,7 +30,7 @@ from ingero.store.faults import is_disk_full, open_error
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -53,6 +53,11 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
 #   7: device_activity and spans (imported profiler traces), sessions.imported_from,
 #      rank, world_size, device_properties, import_unused, clock_offset_ns.
+#   8: sessions.notes (what the trace could not see and why, one line each:
+#      programs with a stripped CUDA runtime linked in).
+#   9: process_history (a process's names over time, one row per exec'd
+#      image); older sessions have none, and analyze names them from
+#      process_names as before.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -77,6 +82,8 @@ MIGRATIONS: dict[int, list[str]] = {
     7: [REAPPLY_SCHEMA] + [f"ALTER TABLE sessions ADD COLUMN IF NOT EXISTS {c}" for c in (
         "imported_from VARCHAR", "rank INTEGER", "world_size INTEGER", "device_properties VARCHAR",
         "import_unused VARCHAR", "clock_offset_ns BIGINT")],
+    8: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS notes VARCHAR"],
+    9: [REAPPLY_SCHEMA],  # creates process_history
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -323,7 +330,7 @@ class Store:
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
         allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
-                   "status", "ended_ns"}
+                   "status", "ended_ns", "notes"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")
@@ -366,14 +373,22 @@ class Store:
         return len(crashed)
 
     def upsert_process_names(self, rows: list[dict[str, Any]]) -> None:
-        """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid when known."""
+        """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid and from_ns when known.
+
+        process_names keeps the latest row per pid; each row is also added to
+        process_history from ``from_ns`` (the exec time; seen_ns by default)."""
         if not rows:
             return
         import pyarrow as pa
 
-        batch = pa.Table.from_pylist([{"ppid": None, **r} for r in rows])
+        batch = pa.Table.from_pylist([{"ppid": None, "from_ns": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
+            self.con.execute(
+                """INSERT INTO process_history (session_id, pid, from_ns, name, comm, cmdline, ppid)
+                   SELECT session_id, pid, coalesce(from_ns, seen_ns), name, comm, cmdline, ppid::INTEGER
+                   FROM _ingero_names"""
+            )
             self.con.execute(
                 """INSERT INTO process_names
                        (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
@@ -403,6 +418,7 @@ TABLES = (
     "sessions",
     "events",
     "process_names",
+    "process_history",
     "process_cpu",
     "process_memory",
     "stacks",

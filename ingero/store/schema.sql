@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     world_size INTEGER,              -- imported: distributedInfo.world_size
     device_properties VARCHAR,       -- imported: the trace's deviceProperties (JSON text: name, memory, SMs per GPU)
     import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
-    clock_offset_ns BIGINT           -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
+    clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
+    notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
@@ -195,4 +196,19 @@ CREATE TABLE IF NOT EXISTS spans (
     end_ns BIGINT NOT NULL,
     name VARCHAR NOT NULL,       -- aten::conv2d, ProfilerStep#12, enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ ...
     category VARCHAR             -- the trace's cat: 'cpu_op' | 'user_annotation' | 'python_function'
+);
+
+-- What each process was called over time: a row per image it ran, from the
+-- moment it was first seen or exec'd (a pyenv shim's bash, then python3).
+-- process_names holds the latest row; analyze names a pid as of the time it
+-- made its CUDA calls:
+--   SELECT arg_max(name, from_ns) FROM process_history WHERE pid = $p AND from_ns <= $t
+CREATE TABLE IF NOT EXISTS process_history (
+    session_id INTEGER,
+    pid INTEGER NOT NULL,
+    from_ns BIGINT NOT NULL,     -- exec time; first-seen time for the image it had when tracing began
+    name VARCHAR,                -- readable, as process_names.name
+    comm VARCHAR,
+    cmdline VARCHAR,             -- NULL when it exited before /proc could be read (name = its comm)
+    ppid INTEGER
 );

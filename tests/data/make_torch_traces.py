@@ -4,7 +4,7 @@ Run from the repo root with a CPU-only torch installed (not a project dependency
     .venv/bin/python tests/data/make_torch_traces.py
 
 A small training loop (an MLP on random data) whose Dataset items each take real
-CPU time (a pure-Python loop, ~3 ms), profiled with ProfilerActivity.CPU for a
+CPU time (a pure-Python loop, ~1 ms), profiled with ProfilerActivity.CPU for a
 few steps (a profiler schedule; prof.step() marks ProfilerStep#N), once with num_workers=0 (the main
 process builds every batch: enumerate(DataLoader) spans take most of each step)
 and once with num_workers=2 (workers build batches ahead).  The exported Chrome
@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, Dataset
 HERE = Path(__file__).resolve().parent
 STEPS = 5
 BATCH = 8
-ITEM_LOOP = 60_000  # iterations of pure Python per item: a few ms of CPU, like decoding an image
+ITEM_LOOP = 20_000  # iterations of pure Python per item: ~1 ms of CPU, like decoding an image
+HIDDEN = 1536  # the model's width: a training step of ~10-20 ms of CPU, longer than 2 workers need per batch
 
 
 class SlowItems(Dataset):
@@ -47,7 +48,8 @@ class SlowItems(Dataset):
 
 def record(num_workers: int, out: Path) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = nn.Sequential(nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                          nn.Linear(HIDDEN, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowItems(), batch_size=BATCH, num_workers=num_workers)
     traces = []

@@ -151,8 +151,8 @@ def test_cpu_only_torch_traces_give_steps_and_data_loading():
         assert timeline.device(store.con, r.session_id) is None
     s0, s2 = timeline.steps(store.con, w0.session_id), timeline.steps(store.con, w2.session_id)
     assert [s.number for s in s0.steps] == [s.number for s in s2.steps] == [2, 3, 4, 5, 6]
-    # num_workers=0: the main process builds every batch inside the step
-    assert all(s.dataloader_share > 0.8 for s in s0.steps)
+    # num_workers=0: the main process builds every batch (8 items of ~1 ms) inside the step
+    assert all(s.dataloader_share > 0.3 for s in s0.steps)
     assert s2.dataloader_ms_median < s0.dataloader_ms_median
     names = dict(store.con.execute("""SELECT session_id, any_value(name) FROM spans
                                       WHERE starts_with(name, 'enumerate(DataLoader)') GROUP BY ALL""").fetchall())
