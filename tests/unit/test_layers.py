@@ -25,9 +25,10 @@ BASE = {"ingero", "ingero.errors", "ingero.collect.records"}
 # layer -> the layers its modules may import (besides their own and BASE).  The data
 # flows bpf -> collect -> store -> analyze -> render -> commands; sample (host and GPU
 # metrics) and importer (PyTorch profiler traces into the same store) are inputs beside
-# collect; daemon (the query server: SQL,
-# explain, status over a socket), demo (runs the tracer, explains its DB) and check
-# (proves the BPF stack loads) are services above render that commands call.
+# collect; export (Perfetto, Parquet, the HTML report) is an output beside render;
+# daemon (the query server: SQL, explain, status over a socket), demo (runs the tracer,
+# explains its DB) and check (proves the BPF stack loads) are services above render
+# that commands call.
 MAY_IMPORT: dict[str, set[str]] = {
     "collect": set(),
     "sample": {"collect"},
@@ -35,10 +36,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "store": set(),
     "analyze": {"store"},
     "render": {"analyze", "store"},
+    "export": {"analyze", "store", "render"},
     "daemon": {"store", "analyze", "render"},
     "demo": {"store", "analyze", "render"},
     "check": {"collect", "sample", "store"},
-    "commands": {"collect", "sample", "importer", "store", "analyze", "render", "daemon", "demo", "check", "cli"},
+    "commands": {"collect", "sample", "importer", "store", "analyze", "render", "export", "daemon", "demo", "check", "cli"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }
