@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ingero.analyze.context import Context
 from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
+from ingero.store.derive import events_relation
 
 ASYNC_COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync"]
 # Wait for everything the process queued, on every stream.
@@ -64,9 +65,10 @@ class Thresholds:
     # traces: cudaEventSynchronize 2-9 µs, cudaStreamSynchronize 9-11 µs), a
     # traced one a few µs more.
     nowait_cap_ns: int = 50_000
-    # A drain waited when it took this much longer than its no-wait cost
-    # (wake-up and probe jitter stay below it).
-    wait_min_ns: int = 20_000
+    # A drain waited when it took this much longer than its no-wait cost, CPU
+    # waits inside it taken out (a traced sync's own jitter is 1-3 µs here; a
+    # spinning sync behind 20 µs kernels waits 12-15 µs).
+    wait_min_ns: int = 5_000
     # A launch is long at this many times the process' quickest launch and at
     # least long_launch_min_ns: real V100 back-pressure 60-2000 µs against a
     # 5 µs median; the A100 traces' isolated slow launches (lazy module load,
@@ -129,13 +131,22 @@ class DeviceActivity:
 # running count of drains per process and window numbers the segments.
 SEQ_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_dev_seq AS
-WITH c AS MATERIALIZED (
+WITH a AS MATERIALIZED (
     SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream,
-           (timestamp - $t0) // $wns AS w
-    FROM events
+           (timestamp - $t0) // $wns AS w, kind, runq_ns
+    FROM {events}
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
-      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns
+      AND ($all_pids OR list_contains($pids, pid)) AND (timestamp - $t0) % $wns < $slice_ns
+      AND (list_contains($device_ops, op) AND coalesce(ret, 0) = 0
+           OR op = 'sched_switch' AND list_contains($wait_ops, in_call))
+), c AS (
+    SELECT * FROM a WHERE op <> 'sched_switch'
+), x AS (
+    -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
+    -- runnable after its wake-up): the device may have finished at any moment of it
+    SELECT pid, tid, w, op, t AS pos, t, e, d,
+           CASE WHEN kind = 'preempted' THEN d ELSE least(d, coalesce(runq_ns, 0)) END AS cpu
+    FROM a WHERE op = 'sched_switch'
 ), p AS (
     -- per process: streams in use, quickest launch; per op: the no-wait cost
     SELECT pid, count(DISTINCT stream) AS streams,
@@ -155,14 +166,16 @@ WITH c AS MATERIALIZED (
              AND d >= greatest($long_min, $long_factor * p.launch_min) AS long_launch
     FROM c JOIN p USING (pid) JOIN o USING (pid, op)
 ), m AS (
-    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, role, 0 AS dr, long_launch
+    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, 0 AS cpu, role, 0 AS dr, long_launch
     FROM k WHERE role IN ('submit', 'copy')
     UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
     UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, role, 0 AS dr, false FROM k WHERE role = 'wait'
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, role, 0 AS dr, false FROM k WHERE role = 'wait'
+    UNION ALL
+    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, 'cpu', 0, false FROM x
 )
-SELECT pid, tid, w, op, pos, t, e, d, wait, role, dr,
+SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, role, dr,
        sum(dr) OVER win - dr AS seg,
        -- back-pressure: a long launch between two long launches
        long_launch AND coalesce(lag(long_launch) OVER win, false)
@@ -176,23 +189,25 @@ SEG_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_dev_seg AS
 WITH s AS (
     SELECT pid, w, seg,
-           count(*) FILTER (dr = 0 AND role <> 'wait') AS n,
-           min(t) FILTER (dr = 0 AND role <> 'wait') AS s1,
-           max(e) FILTER (dr = 0 AND role <> 'wait') AS en,
-           max(pos) FILTER (dr = 1) AS r,
-           coalesce(max(wait) FILTER (dr = 1), 0) AS drain_wait,
+           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS n,
+           min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
+           max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
+           max(pos) FILTER (dr = 1) AS r_call,
+           -- the drain's return, less the CPU wait inside the segment's syncs
+           max(pos) FILTER (dr = 1) - coalesce(sum(cpu), 0) AS r,
+           greatest(0, coalesce(max(wait) FILTER (dr = 1), 0) - coalesce(sum(cpu), 0)) AS drain_wait,
            coalesce(sum(wait) FILTER (role = 'wait'), 0) AS other_wait,
            count(*) FILTER (bp) AS bp_n,
            -- the host sat in these launches beyond a normal launch: the queue was full
            coalesce(sum(d) FILTER (bp), 0) AS bp_ns
     FROM ing_dev_seq GROUP BY ALL
 ), span AS (
-    SELECT pid, min(t) AS pstart, max(e) AS pend FROM ing_dev_seq GROUP BY pid
+    SELECT pid, min(t) AS pstart, max(e) AS pend FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
     SELECT s.*, span.pstart, span.pend,
            -- the first segment of a window may hold work queued before the window
            CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
-           coalesce(r, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
+           coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
     FROM s JOIN span USING (pid)
 ), h AS (
     SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
@@ -218,7 +233,8 @@ WITH kk AS (
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ing_dev_seg s LEFT JOIN kk USING (pid)
 ), span AS (
-    SELECT pid, min(t) AS pstart, max(e) AS pend, count(*) FILTER (dr = 0 AND role <> 'wait') AS subs,
+    SELECT pid, min(t) FILTER (role <> 'cpu') AS pstart, max(e) FILTER (role <> 'cpu') AS pend,
+           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS subs,
            count(*) FILTER (bp) AS bp_n
     FROM ing_dev_seq GROUP BY pid
 )
@@ -243,9 +259,9 @@ def infer(ctx: Context, t: Thresholds = T) -> dict[int, DeviceActivity]:
     p = ctx.params(
         slice_ns=slice_ns, device_ops=DEVICE_OPS, launch_ops=LAUNCH_OPS, async_copy_ops=ASYNC_COPY_OPS,
         sync_copy_ops=SYNC_COPY_OPS, device_sync_ops=DEVICE_SYNC_OPS, stream_sync_ops=STREAM_SYNC_OPS,
-        nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
+        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS, nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
     )
-    con.execute(SEQ_SQL, p)
+    con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
     con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
                           "wait_min": t.wait_min_ns})
     rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns}).fetchall()

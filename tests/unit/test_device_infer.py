@@ -272,3 +272,20 @@ def test_to_dict_is_the_explain_json_shape():
     d = h.infer().to_dict()
     assert set(d) == {"busy_share", "low", "high", "source"} and d["source"] == "inferred"
     assert SESSION == 1
+
+
+def test_a_sync_preempted_after_the_device_finished_is_not_device_time():
+    # a yielding sync on a busy host: the device is done after 100 µs, the thread gets its CPU
+    # back 2 ms later; those 2 ms are CPU wait (sched rows inside the sync), not device time
+    h = Host()
+    for _ in range(100):
+        h.copy_async(20)
+        for _ in range(5):
+            h.launch(20)
+        done = h.stream_end[7]
+        h.trace.switch(done - 5 * US, MAIN_PID, h.tid, 2000 * US, "preempted", runq=2000 * US, other=99)
+        h._call("cudaStreamSync", done - h.t + 1995 * US + NOWAIT_US * US, stream=7)
+        h.host(300)
+    act = h.infer()
+    check(act, h.truth(), tol=0.03)
+    assert act.high > 0.8  # the call itself still bounds it from above
