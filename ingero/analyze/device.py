@@ -202,7 +202,8 @@ WITH s AS (
            coalesce(sum(d) FILTER (bp), 0) AS bp_ns
     FROM ing_dev_seq GROUP BY ALL
 ), span AS (
-    SELECT pid, min(t) AS pstart, max(e) AS pend FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
+    SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
+    FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
     SELECT s.*, span.pstart, span.pend,
            -- the first segment of a window may hold work queued before the window
@@ -233,7 +234,8 @@ WITH kk AS (
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ing_dev_seg s LEFT JOIN kk USING (pid)
 ), span AS (
-    SELECT pid, min(t) FILTER (role <> 'cpu') AS pstart, max(e) FILTER (role <> 'cpu') AS pend,
+    SELECT pid, coalesce($span_a, min(t) FILTER (role <> 'cpu')) AS pstart,
+           coalesce($span_b, max(e) FILTER (role <> 'cpu')) AS pend,
            count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS subs,
            count(*) FILTER (bp) AS bp_n
     FROM ing_dev_seq GROUP BY pid
@@ -250,8 +252,13 @@ GROUP BY f.pid, f.w ORDER BY f.pid, f.w
 COUNT_SQL = "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE cat IN ('launch', 'sync', 'copy')"
 
 
-def infer(ctx: Context, t: Thresholds = T) -> dict[int, DeviceActivity]:
-    """Device activity of every CUDA process in ``ctx``'s range, by pid (none: no device calls)."""
+def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) -> dict[int, DeviceActivity]:
+    """Device activity of every CUDA process in ``ctx``'s range, by pid (none: no device calls).
+
+    Shares are of ``span`` (e.g. the steps' span) when given, else of each process'
+    span of device calls (first submission or sync to the last one's return).
+    """
+    span_a, span_b = span if span else (None, None)
     con = ctx.con
     calls = int(con.execute(COUNT_SQL).fetchone()[0] or 0)
     sampled = min(1.0, t.max_exact_calls / calls) if calls else 1.0
@@ -263,8 +270,8 @@ def infer(ctx: Context, t: Thresholds = T) -> dict[int, DeviceActivity]:
     )
     con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
     con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
-                          "wait_min": t.wait_min_ns})
-    rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns}).fetchall()
+                          "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b})
+    rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:
         by_pid.setdefault(int(row[0]), []).append(row)

@@ -41,7 +41,7 @@ def infer(name: str):
     store = k.store()
     ctx = context.resolve(store.con, context.Options(from_ns=k.start_ns, to_ns=k.end_ns))
     windows.build(ctx)
-    act = device.main_process(ctx, device.infer(ctx))
+    act = device.main_process(ctx, device.infer(ctx, span=(k.start_ns, k.end_ns)))
     return k, act
 
 
@@ -71,4 +71,4 @@ def test_isolated_slow_launches_are_not_backpressure():
 
 def test_event_syncs_of_the_nccl_job_are_not_drains():
     _, act = infer("a100_nccl_rank0.json.gz")
-    assert act.drains == 0 and act.high == 1.0
+    assert act.drains == 0 and act.high > 0.99

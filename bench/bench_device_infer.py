@@ -1,0 +1,119 @@
+"""Device busy inferred from the CUDA call stream, against the truth.
+
+Two tables (markdown):
+
+1. The simulated runtime: demos/workloads/train.py in several shapes under
+   ``ingero trace --cmd``, for each wait policy (SIMCUDA_SCHEDULE); the truth
+   is the run's own ``device_busy_pct`` (simcudaDeviceBusyNs: the compute
+   engine's busy time over the loop's wall clock).
+2. The real GPU traces in ../shared/traces (their calls only, loaded as the
+   tracer records them); the truth is the union of their device intervals.
+
+    python -m bench.bench_device_infer                      # every shape, every policy
+    python -m bench.bench_device_infer --shapes inline --schedules spin,block --duration 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import duckdb
+
+from ingero.analyze import context, device, steps, windows
+
+REPO = Path(__file__).resolve().parents[1]
+LIB = REPO / "demos" / "build" / "libcudart.so.12"
+
+SHAPES = {
+    # the default loop: 8 x 2 ms kernels per step, 8 MiB pinned copy, 2 workers
+    "gpu-bound": [],
+    # 200 kernels of 10 µs per step: the host's launches set the pace
+    "launch-bound": ["--kernel-us", "10", "--kernels-per-step", "200", "--host-us", "100", "--batch-bytes", "64KiB"],
+    # issue 21's loop: the batch is decoded inline between steps, the device idles through it
+    "inline-loading": ["--kernel-us", "20", "--kernels-per-step", "50", "--workers", "0", "--host-us", "50",
+                       "--batch-bytes", "64KiB"],
+}
+SCHEDULES = ("block", "spin", "yield")
+
+
+def analyse(db: Path, **opts) -> tuple[device.DeviceActivity | None, steps.Steps | None]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        ctx = context.resolve(con, context.Options(**opts))
+        windows.build(ctx)
+        act = device.main_process(ctx, device.infer(ctx))
+        return act, (steps.detect(ctx, act) if act else None)
+    finally:
+        con.close()
+
+
+def run_sim(shape: str, schedule: str, duration: float, tmp: Path) -> dict:
+    db, summary = tmp / f"{shape}-{schedule}.duckdb", tmp / f"{shape}-{schedule}.json"
+    cmd = [sys.executable, str(REPO / "demos" / "workloads" / "train.py"), "--lib", str(LIB),
+           "--duration", str(duration), "--summary-json", str(summary), *SHAPES[shape]]
+    subprocess.run([sys.executable, "-m", "ingero", "trace", "--no-serve", "--db", str(db), "--cuda-lib", str(LIB),
+                    "--cmd", " ".join(cmd)], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "SIMCUDA_SCHEDULE": schedule})
+    truth = json.loads(summary.read_text())
+    act, st = analyse(db)
+    return {"truth": truth, "act": act, "steps": st}
+
+
+def sim_table(shapes: list[str], schedules: list[str], duration: float) -> None:
+    subprocess.run(["make", "-C", str(REPO / "demos")], check=True, capture_output=True)
+    print("| shape | wait policy | truth busy % | inferred % | bounds % | error (points) "
+          "| steps (truth / found) | median step ms (truth / found) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="ingero-devinfer-") as d:
+        for shape in shapes:
+            for schedule in schedules:
+                r = run_sim(shape, schedule, duration, Path(d))
+                t, a, st = r["truth"], r["act"], r["steps"]
+                truth = t["device_busy_pct"]
+                found = f"{st.count:,}" if st else "none"
+                med = f"{st.median_ms:.3f}" if st else "-"
+                print(f"| {shape} | {schedule} | {truth:.1f} | {100 * a.busy_share:.1f} "
+                      f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {100 * a.busy_share - truth:+.1f} "
+                      f"| {t['steps']:,} / {found} | {t['step_ms_p50']:.3f} / {med} |", flush=True)
+
+
+def traces_table() -> None:
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    from kineto_calls import FILES, TRACES, load  # noqa: PLC0415 (a test helper, until `ingero import`)
+
+    print("\n| trace | measured busy % | inferred % | bounds % | inside | drains | back-pressure launches |")
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for name in FILES:
+        if not (TRACES / name).exists():
+            print(f"| {name} | not found in {TRACES} | | | | | |")
+            continue
+        k = load(name)
+        store = k.store()
+        ctx = context.resolve(store.con, context.Options(from_ns=k.start_ns, to_ns=k.end_ns))
+        windows.build(ctx)
+        a = device.main_process(ctx, device.infer(ctx, span=(k.start_ns, k.end_ns)))
+        inside = "yes" if a.low <= k.measured_busy <= a.high else "NO"
+        print(f"| {name} | {100 * k.measured_busy:.1f} | {100 * a.busy_share:.1f} "
+              f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {inside} | {a.drains} | {a.backpressure_launches} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per run")
+    ap.add_argument("--no-sim", action="store_true", help="only the real traces (no root needed)")
+    args = ap.parse_args()
+    if not args.no_sim:
+        sim_table(args.shapes.split(","), args.schedules.split(","), args.duration)
+    traces_table()
+
+
+if __name__ == "__main__":
+    main()
