@@ -76,12 +76,6 @@ class Thresholds:
     # before and after it are long too (a run of three: the queue was full).
     long_launch_factor: float = 4.0
     long_launch_min_ns: int = 20_000
-    # A sync that sleeps is woken after the device finished: by an interrupt on a
-    # real GPU (~5-20 µs), at the end of a timer's slack (50 µs by default for
-    # normal threads) in the simulated runtime.  The wake latency taken out of a
-    # sleeping sync is the shortest sleep inside a sync of the process, at most
-    # this.
-    wake_cap_ns: int = 50_000
     # Above this many CUDA calls in the range, windows are analysed on a slice:
     # the pass sorts the calls (1 M cost 0.3 s CPU here, 7 M 1.5-1.9 s), and
     # explain must stay near 1 s over 10 M events (bench/bench_explain.py).
@@ -151,9 +145,7 @@ WITH a AS MATERIALIZED (
     -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
     -- runnable after its wake-up): the device may have finished at any moment of it
     SELECT pid, tid, w, op, t AS pos, t, e, d,
-           CASE WHEN kind = 'preempted' THEN d ELSE least(d, coalesce(runq_ns, 0)) END AS cpu,
-           -- a sleep inside a sync: the wake-up comes after the device is done
-           CASE WHEN kind = 'sleep' THEN d - least(d, coalesce(runq_ns, 0)) END AS slept
+           CASE WHEN kind = 'preempted' THEN d ELSE least(d, coalesce(runq_ns, 0)) END AS cpu
     FROM a WHERE op = 'sched_switch'
 ), p AS (
     -- per process: streams in use, quickest launch; per op: the no-wait cost
@@ -163,10 +155,6 @@ WITH a AS MATERIALIZED (
     FROM c GROUP BY pid
 ), o AS (
     SELECT pid, op, least(min(d), $nowait_cap) AS nowait FROM c GROUP BY ALL
-), lw AS (
-    -- how late a sleeping sync wakes after the device is done: at most the shortest
-    -- sleep inside a sync, and at most wake_cap
-    SELECT pid, least(min(slept), $wake_cap) AS wake FROM x WHERE slept IS NOT NULL GROUP BY pid
 ), k AS (
     SELECT c.*, greatest(0, d - o.nowait) AS wait,
            CASE WHEN list_contains($launch_ops, op) OR list_contains($async_copy_ops, op) THEN 'submit'
@@ -185,9 +173,7 @@ WITH a AS MATERIALIZED (
     UNION ALL
     SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, role, 0 AS dr, false FROM k WHERE role = 'wait'
     UNION ALL
-    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu + CASE WHEN slept > 0 THEN coalesce(lw.wake, 0) ELSE 0 END,
-           'cpu', 0, false
-    FROM x LEFT JOIN lw USING (pid)
+    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, 'cpu', 0, false FROM x
 )
 SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, role, dr,
        sum(dr) OVER win - dr AS seg,
@@ -207,7 +193,7 @@ WITH s AS (
            min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
            max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
            max(pos) FILTER (dr = 1) AS r_call,
-           -- the drain's return, less the CPU wait and the wake-up latency inside the segment's syncs
+           -- the drain's return, less the CPU wait inside the segment's syncs
            max(pos) FILTER (dr = 1) - coalesce(sum(cpu), 0) AS r,
            greatest(0, coalesce(max(wait) FILTER (dr = 1), 0) - coalesce(sum(cpu), 0)) AS drain_wait,
            coalesce(sum(wait) FILTER (role = 'wait'), 0) AS other_wait,
@@ -280,9 +266,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     p = ctx.params(
         slice_ns=slice_ns, device_ops=DEVICE_OPS, launch_ops=LAUNCH_OPS, async_copy_ops=ASYNC_COPY_OPS,
         sync_copy_ops=SYNC_COPY_OPS, device_sync_ops=DEVICE_SYNC_OPS, stream_sync_ops=STREAM_SYNC_OPS,
-        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS,
-        nowait_cap=t.nowait_cap_ns, wake_cap=t.wake_cap_ns,
-        long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
+        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS, nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
     )
     con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
     con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
