@@ -131,22 +131,23 @@ class DeviceActivity:
 # running count of drains per process and window numbers the segments.
 SEQ_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_dev_seq AS
-WITH a AS MATERIALIZED (
+WITH c AS MATERIALIZED (
     SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream,
-           (timestamp - $t0) // $wns AS w, kind, runq_ns
-    FROM {events}
+           (timestamp - $t0) // $wns AS w
+    FROM events
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-      AND ($all_pids OR list_contains($pids, pid)) AND (timestamp - $t0) % $wns < $slice_ns
-      AND (list_contains($device_ops, op) AND coalesce(ret, 0) = 0
-           OR op = 'sched_switch' AND list_contains($wait_ops, in_call))
-), c AS (
-    SELECT * FROM a WHERE op <> 'sched_switch'
+      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
+      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns
 ), x AS (
     -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
     -- runnable after its wake-up): the device may have finished at any moment of it
-    SELECT pid, tid, w, op, t AS pos, t, e, d,
-           CASE WHEN kind = 'preempted' THEN d ELSE least(d, coalesce(runq_ns, 0)) END AS cpu
-    FROM a WHERE op = 'sched_switch'
+    SELECT pid, tid, (timestamp - $t0) // $wns AS w, op, timestamp AS pos, timestamp AS t,
+           timestamp + duration_ns AS e, duration_ns AS d,
+           CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu
+    FROM {events}
+    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
+      AND (timestamp - $t0) % $wns < $slice_ns
 ), p AS (
     -- per process: streams in use, quickest launch; per op: the no-wait cost
     SELECT pid, count(DISTINCT stream) AS streams,
