@@ -76,6 +76,9 @@ class Thresholds:
     # before and after it are long too (a run of three: the queue was full).
     long_launch_factor: float = 4.0
     long_launch_min_ns: int = 20_000
+    # A sync that returned within this of getting its CPU back found the device
+    # done just then: the device ended during that last off-CPU interval.
+    tail_ns: int = 20_000
     # Above this many CUDA calls in the range, windows are analysed on a slice:
     # the pass sorts the calls (1 M cost 0.3 s CPU here, 7 M 1.5-1.9 s), and
     # explain must stay near 1 s over 10 M events (bench/bench_explain.py).
@@ -143,7 +146,12 @@ WITH c AS MATERIALIZED (
     -- runnable after its wake-up): the device may have finished at any moment of it
     SELECT pid, tid, (timestamp - $t0) // $wns AS w, op, timestamp AS pos, timestamp AS t,
            timestamp + duration_ns AS e, duration_ns AS d,
-           CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu
+           CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
+           -- when the device most likely finished, if the sync returned right after this row:
+           -- a sleep ends when the device is done (then waits in the run queue); a spinning
+           -- thread preempted may have missed the end anywhere in the interval
+           CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
+                ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
     FROM {events}
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
       AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
@@ -167,16 +175,16 @@ WITH c AS MATERIALIZED (
              AND d >= greatest($long_min, $long_factor * p.launch_min) AS long_launch
     FROM c JOIN p USING (pid) JOIN o USING (pid, op)
 ), m AS (
-    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, 0 AS cpu, role, 0 AS dr, long_launch
+    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, 0 AS cpu, NULL::BIGINT AS guess, role, 0 AS dr, long_launch
     FROM k WHERE role IN ('submit', 'copy')
     UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
     UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, role, 0 AS dr, false FROM k WHERE role = 'wait'
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 0 AS dr, false FROM k WHERE role = 'wait'
     UNION ALL
-    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, 'cpu', 0, false FROM x
+    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, guess, 'cpu', 0, false FROM x
 )
-SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, role, dr,
+SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, guess, role, dr,
        sum(dr) OVER win - dr AS seg,
        -- back-pressure: a long launch between two long launches
        long_launch AND coalesce(lag(long_launch) OVER win, false)
@@ -194,29 +202,38 @@ WITH s AS (
            min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
            max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
            max(pos) FILTER (dr = 1) AS r_call,
-           -- the drain's return, less the CPU wait inside the segment's syncs
-           max(pos) FILTER (dr = 1) - coalesce(sum(cpu), 0) AS r,
+           max(t) FILTER (dr = 1) AS drain_t,
+           coalesce(max(wait) FILTER (dr = 1), 0) AS raw_wait,
+           -- surely busy: the drain's wait less every CPU wait inside the segment's syncs
            greatest(0, coalesce(max(wait) FILTER (dr = 1), 0) - coalesce(sum(cpu), 0)) AS drain_wait,
+           arg_max(e, pos) FILTER (role = 'cpu') AS cpu_end,
+           arg_max(guess, pos) FILTER (role = 'cpu') AS cpu_guess,
            coalesce(sum(wait) FILTER (role = 'wait'), 0) AS other_wait,
            count(*) FILTER (bp) AS bp_n,
            -- the host sat in these launches beyond a normal launch: the queue was full
            coalesce(sum(d) FILTER (bp), 0) AS bp_ns
     FROM ing_dev_seq GROUP BY ALL
+), s2 AS (
+    -- the likely end of the device's work: the drain's return, or, when the host got the
+    -- CPU back only just before returning, the guess of the last off-CPU row inside it
+    SELECT *, CASE WHEN cpu_end > drain_t AND r_call - cpu_end <= $tail THEN least(r_call, cpu_guess)
+                   ELSE r_call END AS r
+    FROM s
 ), span AS (
     SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
     FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
-    SELECT s.*, span.pstart, span.pend,
+    SELECT s2.*, span.pstart, span.pend,
            -- the first segment of a window may hold work queued before the window
            CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
            coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
-    FROM s JOIN span USING (pid)
+    FROM s2 JOIN span USING (pid)
 ), h AS (
     SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
 )
 SELECT *, least(high, drain_wait + other_wait + bp_ns) AS low,
        CASE WHEN bp_n > 0 THEN high
-            WHEN r IS NOT NULL AND drain_wait > $wait_min
+            WHEN r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min
                  THEN least(high, greatest(least(high, drain_wait + other_wait + bp_ns),
                                            least(r - a, n * greatest(0, r - coalesce(en, a)))))
        END AS point
@@ -230,7 +247,7 @@ WITH kk AS (
     SELECT pid, sum(point) / sum(n) AS k FROM ing_dev_seg
     WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
 ), f AS (
-    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.drain_wait,
+    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait,
            coalesce(s.point, CASE WHEN kk.k IS NOT NULL THEN least(s.high, greatest(s.low, s.n * kk.k))
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ing_dev_seg s LEFT JOIN kk USING (pid)
@@ -242,7 +259,7 @@ WITH kk AS (
     FROM ing_dev_seq GROUP BY pid
 )
 SELECT f.pid, f.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
-       count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND drain_wait > $wait_min),
+       count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min),
        any_value(span.pstart), any_value(span.pend), any_value(span.subs), any_value(span.bp_n),
        -- the window's last segment was not closed by a drain: work may run on into the next
        arg_max(r IS NULL, seg)
@@ -271,7 +288,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     )
     con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
     con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
-                          "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b})
+                          "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns})
     rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:

@@ -114,7 +114,8 @@ def test_wait_policy_does_not_move_the_inference():
         for _ in range(100):
             step(h, kernels=20, kernel_us=50, host_us=500, sleep=sleep, wake_us=0)
         acts.append(h.infer())
-    assert acts[0].busy_share == pytest.approx(acts[1].busy_share, abs=1e-4)
+    # a sleeping sync returns 1 µs after its sleep row ends: the device ended then, or 1 µs earlier
+    assert acts[0].busy_share == pytest.approx(acts[1].busy_share, abs=0.002)
     assert (acts[0].low, acts[0].high) == pytest.approx((acts[1].low, acts[1].high), abs=1e-4)
 
 
@@ -274,9 +275,10 @@ def test_to_dict_is_the_explain_json_shape():
     assert SESSION == 1
 
 
-def test_a_sync_preempted_after_the_device_finished_is_not_device_time():
-    # a yielding sync on a busy host: the device is done after 100 µs, the thread gets its CPU
-    # back 2 ms later; those 2 ms are CPU wait (sched rows inside the sync), not device time
+def test_a_sync_preempted_after_the_device_finished_is_not_surely_device_time():
+    # a yielding sync on a busy host: the device is done 5 µs into a 2 ms preemption, the thread
+    # returns right after it; the 2 ms are CPU wait (sched rows inside the sync), not surely
+    # device time, and the device may have finished anywhere in them
     h = Host()
     for _ in range(100):
         h.copy_async(20)
@@ -287,5 +289,9 @@ def test_a_sync_preempted_after_the_device_finished_is_not_device_time():
         h._call("cudaStreamSync", done - h.t + 1995 * US + NOWAIT_US * US, stream=7)
         h.host(300)
     act = h.infer()
-    check(act, h.truth(), tol=0.03)
-    assert act.high > 0.8  # the call itself still bounds it from above
+    truth = h.truth()
+    assert act.low <= truth <= act.high
+    assert act.low < 0.05  # the wait was all CPU wait
+    # the point takes the middle of the preemption: 1 ms of each ~2.5 ms step too much at worst
+    step_ms = (h.t - h.first) / 100 / 1e6
+    assert truth < act.busy_share <= truth + 1.0 / step_ms + 0.01
