@@ -5,7 +5,7 @@ Two tables (markdown):
 1. The simulated runtime: demos/workloads/train.py in several shapes under
    ``ingero trace --cmd``, for each wait policy (SIMCUDA_SCHEDULE); the truth
    is the run's own ``device_busy_pct`` (simcudaDeviceBusyNs: the compute
-   engine's busy time over the loop's wall clock), and that plus the copy
+   engine's busy time; taken over the analysed span), and that plus the copy
    engine's busy time (simcudaCopyBusyNs, read by a wrapper when the loop
    ends; one stream, so the two never overlap): what a GPU's measured
    timeline counts (kernels, copies, memsets).
@@ -80,9 +80,11 @@ def run_sim(shape: str, schedule: str, duration: float, tmp: Path) -> dict:
     cmd = [sys.executable, str(wrapper), str(LIB), str(summary),
            str(REPO / "demos" / "workloads" / "train.py"), "--lib", str(LIB),
            "--duration", str(duration), "--summary-json", str(summary), *SHAPES[shape]]
-    subprocess.run([sys.executable, "-m", "ingero", "trace", "--no-serve", "--db", str(db), "--cuda-lib", str(LIB),
-                    "--cmd", " ".join(cmd)], cwd=REPO, check=True, capture_output=True,
-                   env={**os.environ, "SIMCUDA_SCHEDULE": schedule})
+    proc = subprocess.run([sys.executable, "-m", "ingero", "trace", "--no-serve", "--db", str(db), "--cuda-lib",
+                           str(LIB), "--cmd", " ".join(cmd)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "SIMCUDA_SCHEDULE": schedule})
+    if proc.returncode != 0:
+        raise SystemExit(f"ingero trace exited {proc.returncode}: {proc.stderr[-2000:]}")
     truth = json.loads(summary.read_text())
     act, st = analyse(db)
     return {"truth": truth, "act": act, "steps": st}
@@ -98,10 +100,15 @@ def sim_table(shapes: list[str], schedules: list[str], duration: float) -> None:
             for schedule in schedules:
                 r = run_sim(shape, schedule, duration, Path(d))
                 t, a, st = r["truth"], r["act"], r["steps"]
-                both = t["device_busy_pct"] + 100 * t["copy_busy_ns"] / 1e9 / t["wall_s"]
+                # the truth over the analysed span (first device call to the last one's return), not
+                # train.py's wall clock, which also holds start-up (forking workers, the first batch)
+                # and shutdown; the device is busy only inside the span
+                compute_ns = t["device_busy_pct"] / 100 * t["wall_s"] * 1e9
+                compute = 100 * compute_ns / a.span_ns
+                both = 100 * (compute_ns + t["copy_busy_ns"]) / a.span_ns
                 found = f"{st.count:,}" if st else "none"
                 med = f"{st.median_ms:.3f}" if st else "-"
-                print(f"| {shape} | {schedule} | {t['device_busy_pct']:.1f} | {both:.1f} | {100 * a.busy_share:.1f} "
+                print(f"| {shape} | {schedule} | {compute:.1f} | {both:.1f} | {100 * a.busy_share:.1f} "
                       f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {100 * a.busy_share - both:+.1f} "
                       f"| {t['steps']:,} / {found} | {t['step_ms_p50']:.3f} / {med} |", flush=True)
 
