@@ -81,8 +81,10 @@ class Thresholds:
     tail_ns: int = 20_000
     # Above this many CUDA calls in the range, windows are analysed on a slice:
     # the pass sorts the calls (1 M cost 0.3 s CPU here, 7 M 1.5-1.9 s), and
-    # explain must stay near 1 s over 10 M events (bench/bench_explain.py).
-    max_exact_calls: int = 250_000
+    # explain must stay near 1 s over 10 M events (bench/bench_explain.py:
+    # infer took 0.31-0.33 s CPU there with 100 k, 0.46-0.47 s with 250 k, for
+    # the same shares within 0.1 point).
+    max_exact_calls: int = 100_000
 
 
 T = Thresholds()

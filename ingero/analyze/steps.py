@@ -77,7 +77,7 @@ class StepBreakdown:
 class Steps:
     pid: int
     tid: int
-    count: int  # steps in the range (estimated from the slices' drains when the calls were sampled)
+    count: int  # steps in the range (its drains / drains per step, less the one that opens the first)
     median_ms: float
     p99_ms: float
     mean_ms: float
@@ -193,14 +193,22 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         pid=act.pid,
         tid=tid,
         # every p-th drain closes a step; the first only opens one (steps crossing a window
-        # boundary are not timed, but counted)
-        count=max(0, round(len(rows) / act.sampled) // p - 1),
+        # boundary are not timed, but counted; so are the steps outside the slices)
+        count=max(0, _drains(ctx, act.pid) // p - 1),
         median_ms=_percentile(durations, 50),
         p99_ms=_percentile(durations, 99),
         mean_ms=mean,
         drains_per_step=p,
         breakdown=breakdown(ctx, act.pid, tid, sorted(step_windows), mean),
     )
+
+
+def _drains(ctx: Context, pid: int) -> int:
+    """Every drain of ``pid`` in the range, sampled or not: the window tables count them all."""
+    row = ctx.con.execute(
+        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid "
+        "AND op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1)", {"pid": pid}).fetchone()
+    return int(row[0])
 
 
 def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms: float) -> StepBreakdown | None:
