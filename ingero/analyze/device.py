@@ -19,10 +19,11 @@ No GPU timeline is needed: the host's calls bound the device's work.
   yielding and sleeping syncs all show as call duration, so the wait policy
   does not matter.
 * The point estimate models the device as one queue running kernels of equal
-  length k.  When the closing drain waited, the last kernel ended at the
-  drain's return r, so n kernels take n*k <= r - s1 (kernels back to back from
-  the first submission) and k <= r - e_n (the last kernel started after its
-  launch returned): busy = min(r - s1, n * (r - e_n)).  Where the host did not
+  length k.  When the closing drain waited, the last kernel ended at r (the
+  drain's return, or where the device most likely finished when the host got
+  its CPU back just before returning), and kernel i started no earlier than
+  its launch returned (e_i), so the n - i + 1 kernels from i on fit in
+  r - e_i: k = min over i of (r - e_i) / (n - i + 1), busy = n * k.  Where the host did not
   wait, the per-submission device time learned from the process' waited
   segments (busy / n) scales the segment's submissions; with nothing learned,
   the middle of the bounds.  A segment with back-pressure ran full: busy is
@@ -188,6 +189,8 @@ WITH c AS MATERIALIZED (
 )
 SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, guess, role, dr,
        sum(dr) OVER win - dr AS seg,
+       -- submissions so far: numbers them within their segment
+       sum(CASE WHEN dr = 0 AND role IN ('submit', 'copy') THEN 1 ELSE 0 END) OVER win AS csub,
        -- back-pressure: a long launch between two long launches
        long_launch AND coalesce(lag(long_launch) OVER win, false)
                    AND coalesce(lead(long_launch) OVER win, false) AS bp
@@ -201,6 +204,7 @@ CREATE OR REPLACE TEMP TABLE ing_dev_seg AS
 WITH s AS (
     SELECT pid, w, seg,
            count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS n,
+           max(csub) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS cmax,
            min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
            max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
            max(pos) FILTER (dr = 1) AS r_call,
@@ -221,15 +225,24 @@ WITH s AS (
     SELECT *, CASE WHEN cpu_end > drain_t AND r_call - cpu_end <= $tail THEN least(r_call, cpu_guess)
                    ELSE r_call END AS r
     FROM s
+), q AS (
+    -- one queue of equal kernels k that ended at r: each submission i of n started no
+    -- earlier than its call returned (e_i), so the n - i + 1 from it on fit in r - e_i:
+    -- k = min over i of (r - e_i) / (n - i + 1); i = 1 is r - s1 spread evenly, i = n the
+    -- last kernel alone, a middle i the run after the host stalled (preempted, blocked)
+    SELECT d.pid, d.w, d.seg, min((s2.r - d.e) / (s2.cmax - d.csub + 1)) AS k
+    FROM ing_dev_seq d JOIN s2 USING (pid, w, seg)
+    WHERE d.dr = 0 AND d.role IN ('submit', 'copy') AND s2.r IS NOT NULL
+    GROUP BY ALL
 ), span AS (
     SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
     FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
-    SELECT s2.*, span.pstart, span.pend,
+    SELECT s2.*, q.k, span.pstart, span.pend,
            -- the first segment of a window may hold work queued before the window
            CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
            coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
-    FROM s2 JOIN span USING (pid)
+    FROM s2 JOIN span USING (pid) LEFT JOIN q USING (pid, w, seg)
 ), h AS (
     SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
 )
@@ -237,7 +250,7 @@ SELECT *, least(high, drain_wait + other_wait + bp_ns) AS low,
        CASE WHEN bp_n > 0 THEN high
             WHEN r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min
                  THEN least(high, greatest(least(high, drain_wait + other_wait + bp_ns),
-                                           least(r - a, n * greatest(0, r - coalesce(en, a)))))
+                                           least(r - a, n * greatest(0, coalesce(k, 0)))))
        END AS point
 FROM h
 """
