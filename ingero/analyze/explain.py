@@ -40,20 +40,27 @@ GPU_SQL = "SELECT avg(util_pct), count(*) FROM ing_gpu"
 
 # A cause seen in less than this share of the affected process' active
 # windows is a burst: its chain drops one severity level (HIGH -> MEDIUM ->
-# LOW), however strong it is inside the burst.  Impact (the ordering key)
-# is scaled by the same coverage, so a steady cause outranks a short one.
+# LOW), however strong it is inside the burst.
 MIN_COVERAGE_FOR_SEVERITY = 0.25
 _DOWNGRADE = {"HIGH": "MEDIUM", "MEDIUM": "LOW", "LOW": "LOW"}
 
+# Wall clock of each CUDA process' loop over its active windows: the
+# denominator of every chain's share, so shares compare across rules.
+ACTIVE_WALL_SQL = "SELECT pid, sum(wall_ns) FROM ing_win GROUP BY pid"
 
-def _weigh_by_coverage(chain: Chain) -> None:
-    if not chain.windows_total or not chain.evidence_windows:
-        return
-    coverage = min(1.0, len(chain.evidence_windows) / chain.windows_total)
-    chain.numbers["coverage"] = round(coverage, 4)
-    chain.impact = round(chain.impact * coverage, 4)
-    if coverage < MIN_COVERAGE_FOR_SEVERITY:
-        chain.severity = _DOWNGRADE[chain.severity]
+
+def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
+    """One accounting for every rule: the time the cause took in its evidence
+    windows (impact x their wall clock) over the loop's whole active wall clock."""
+    ev_wall = sum(w.end_ns - w.start_ns for w in chain.evidence_windows)
+    total = sum(active_wall.get(p, 0.0) for p in chain.pids)
+    if total > 0 and ev_wall > 0:
+        chain.share = round(min(1.0, chain.impact * min(ev_wall, total) / total), 4)
+    if chain.windows_total and chain.evidence_windows:
+        coverage = min(1.0, len(chain.evidence_windows) / chain.windows_total)
+        chain.numbers["coverage"] = round(coverage, 4)
+        if coverage < MIN_COVERAGE_FOR_SEVERITY:
+            chain.severity = _DOWNGRADE[chain.severity]
 
 
 def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
@@ -62,8 +69,9 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     chains: list[Chain] = []
     for rule in registry():
         chains.extend(rule.evaluate(con, ctx))
+    active_wall = {int(p): float(w) for p, w in con.execute(ACTIVE_WALL_SQL).fetchall()}
     for chain in chains:
-        _weigh_by_coverage(chain)
+        _rank(chain, active_wall)
     chains.sort(key=Chain.sort_key)
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains)
     if not report.analysed.cuda_events:

@@ -53,13 +53,18 @@ class Chain:
     # correlated and which way, e.g. "CUDA ops/s fall as CPU wait rises".
     correlation: float | None = None
     correlation_note: str = ""
-    # Share of the affected thread's wall clock (in evidence windows) the cause
-    # accounts for, 0-1: orders chains of equal severity.
+    # Share of the affected loop's wall clock in the evidence windows that the
+    # cause took (time lost to it over those windows' time), 0-1.  Every rule
+    # measures it the same way; explain turns it into ``share``.
     impact: float = 0.0
+    # Share of the affected loop's whole analysed wall clock (every window it
+    # was active in) that the cause explains, 0-1: the ranking key, printed
+    # as "explains N% of wall clock".  Set by explain from impact.
+    share: float = 0.0
     numbers: dict[str, float] = field(default_factory=dict)  # key numbers, machine readable
 
-    def sort_key(self) -> tuple[int, float]:
-        return (SEVERITY_RANK.get(self.severity, 9), -self.impact)
+    def sort_key(self) -> tuple[float, int]:
+        return (-self.share, SEVERITY_RANK.get(self.severity, 9))
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ingero.store.faults import is_disk_full, open_error
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -51,6 +51,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      file it reads without migrating).
 #   6: sessions.probe_misses (runs of our BPF programs the kernel skipped:
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
+#   7: device_activity and spans (imported profiler traces), sessions.imported_from,
+#      rank, world_size, device_properties, import_unused, clock_offset_ns.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -72,6 +74,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS probe_misses BIGINT",
         "ALTER TABLE sessions ALTER COLUMN probe_misses SET DEFAULT 0",
     ],
+    7: [REAPPLY_SCHEMA] + [f"ALTER TABLE sessions ADD COLUMN IF NOT EXISTS {c}" for c in (
+        "imported_from VARCHAR", "rank INTEGER", "world_size INTEGER", "device_properties VARCHAR",
+        "import_unused VARCHAR", "clock_offset_ns BIGINT")],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -404,6 +409,8 @@ TABLES = (
     "system_metrics",
     "gpu_metrics",
     "probes",
+    "device_activity",
+    "spans",
 )
 
 

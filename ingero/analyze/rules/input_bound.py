@@ -73,7 +73,8 @@ GROUP BY pid ORDER BY oncpu_ns DESC
 def _queued_wait_ns(r: baseline.Row) -> float:
     """The window's waits with device work queued, when the syncs show the device ran dry in them."""
     queued = r["sleep_out_queued_ns"]
-    return queued if queued and r["sleep_sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
+    # the syncs' call time, not their sleeps: a spinning sync waits on CPU
+    return queued if queued and r["sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
 
 
 def wait_ns(r: baseline.Row) -> float:
@@ -97,7 +98,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         queued_ns = sum(_queued_wait_ns(r) for r in s.evidence)
         wait = waited / wall if wall else 0.0
         queued_share = queued_ns / wall if wall else 0.0
-        sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
+        sync_share = baseline.mean_share(s.evidence, "sync_ns")
         workers = con.execute(WORKERS_SQL, {"ws": ws}).fetchall()
         names = procs.lookup(con, [pid] + [w[0] for w in workers])
         me = names[pid]
@@ -136,7 +137,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             q_rows = [r for r in s.evidence if _queued_wait_ns(r)]
             dry = (f"the kernels queued before the wait finished before the batch came "
                    f"({units.pct(queued_share)} of wall clock; the syncs of those windows waited "
-                   f"{units.pct(baseline.mean_share(q_rows, 'sleep_sync_ns'))})")
+                   f"{units.pct(baseline.mean_share(q_rows, 'sync_ns'))})")
             effect = [f"GPU idle while the loop waits: nothing queued for {units.pct(idle_share)} of wall clock; "
                       f"{dry}" if round(idle_share, 3) > 0 else f"GPU idle while the loop waits: {dry}"]
         else:
@@ -166,20 +167,16 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             for w in workers[:4]
         ]
         chains.append(
-            Chain(
-                rule_id=ID,
+            baseline.chain(
+                ID, TITLE, ctx, pid, s,
                 severity=severity,
-                title=TITLE,
                 root=root,
                 effect=effect,
                 contributing=contributing,
                 fix=fix,
-                pids=[pid],
                 culprits=culprits,
-                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-                windows_total=len(rows),
-                correlation=corr,
-                correlation_note='CUDA ops/s fall as the wait for data grows' if corr is not None else "",
+                corr=corr,
+                corr_note='CUDA ops/s fall as the wait for data grows',
                 impact=wait,
                 numbers={
                     "input_wait_share": round(wait, 4),
