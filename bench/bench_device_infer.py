@@ -9,8 +9,8 @@ Two tables (markdown):
    engine's busy time (simcudaCopyBusyNs, read by a wrapper when the loop
    ends; one stream, so the two never overlap): what a GPU's measured
    timeline counts (kernels, copies, memsets).
-2. The real GPU traces in ../shared/traces (their calls only, loaded as the
-   tracer records them); the truth is the union of their device intervals.
+2. The real GPU traces in tests/data/kineto, imported with `--calls-only`;
+   the truth is the union of their device intervals (tests/unit/kineto_truth.py).
 
     python -m bench.bench_device_infer                      # every shape, every policy
     python -m bench.bench_device_infer --shapes inline --schedules spin,block --duration 8
@@ -115,21 +115,24 @@ def sim_table(shapes: list[str], schedules: list[str], duration: float) -> None:
 
 def traces_table() -> None:
     sys.path.insert(0, str(REPO / "tests" / "unit"))
-    from kineto_calls import FILES, TRACES, load  # noqa: PLC0415 (a test helper, until `ingero import`)
+    from kineto_truth import DATA, TRACES, busy_share, load  # noqa: PLC0415 (the tests' truth, from the JSON)
+
+    from ingero.analyze import timeline  # noqa: PLC0415
+    from ingero.importer import import_trace  # noqa: PLC0415
+    from ingero.store.db import Store  # noqa: PLC0415
 
     print("\n| trace | measured busy % | inferred % | bounds % | inside | drains | back-pressure launches |")
     print("|---|---:|---:|---:|---|---:|---:|")
-    for name in FILES:
-        if not (TRACES / name).exists():
-            print(f"| {name} | not found in {TRACES} | | | | | |")
-            continue
-        k = load(name)
-        store = k.store()
-        ctx = context.resolve(store.con, context.Options(from_ns=k.start_ns, to_ns=k.end_ns))
+    for name in TRACES:
+        measured = busy_share(load(name))
+        store = Store.memory()
+        res = import_trace(store, DATA / name, calls_only=True)
+        lo, hi, _ = timeline.analysed_span(store.con, res.session_id)
+        ctx = context.resolve(store.con, context.Options(session=res.session_id, from_ns=lo, to_ns=hi))
         windows.build(ctx)
-        a = device.main_process(ctx, device.infer(ctx, span=(k.start_ns, k.end_ns)))
-        inside = "yes" if a.low <= k.measured_busy <= a.high else "NO"
-        print(f"| {name} | {100 * k.measured_busy:.1f} | {100 * a.busy_share:.1f} "
+        a = device.main_process(ctx, device.infer(ctx, span=(lo, hi)))
+        inside = "yes" if a.low <= measured <= a.high else "NO"
+        print(f"| {name} | {100 * measured:.1f} | {100 * a.busy_share:.1f} "
               f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {inside} | {a.drains} | {a.backpressure_launches} |")
 
 
