@@ -104,8 +104,9 @@ def sim_table(shapes: list[str], schedules: list[str], duration: float) -> None:
                 # train.py's wall clock, which also holds start-up (forking workers, the first batch)
                 # and shutdown; the device is busy only inside the span
                 compute_ns = t["device_busy_pct"] / 100 * t["wall_s"] * 1e9
-                compute = 100 * compute_ns / a.span_ns
-                both = 100 * (compute_ns + t["copy_busy_ns"]) / a.span_ns
+                span = a.end_ns - a.start_ns
+                compute = 100 * compute_ns / span
+                both = 100 * (compute_ns + t["copy_busy_ns"]) / span
                 found = f"{st.count:,}" if st else "none"
                 med = f"{st.median_ms:.3f}" if st else "-"
                 print(f"| {shape} | {schedule} | {compute:.1f} | {both:.1f} | {100 * a.busy_share:.1f} "

@@ -117,7 +117,9 @@ class DeviceActivity:
     busy_share: float  # point estimate
     low: float  # surely busy
     high: float  # could have been busy
-    span_ns: int  # analysed time (sum of the windows' spans)
+    start_ns: int  # the analysed span: the given one, or the process' first device call ...
+    end_ns: int  # ... to the last one's return
+    span_ns: int  # time analysed in it (less than end - start when the calls were sampled)
     windows: tuple[WindowBusy, ...]
     submissions: int  # launches and copies analysed
     drains: int  # calls after which nothing was queued
@@ -318,6 +320,8 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
             busy_share=sum(x.point_ns for x in wins) / total,
             low=sum(x.low_ns for x in wins) / total,
             high=sum(x.high_ns for x in wins) / total,
+            start_ns=int(pstart),
+            end_ns=int(pend),
             span_ns=sum(x.span_ns for x in wins),
             windows=tuple(wins),
             submissions=int(subs),

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ingero.analyze.context import Context
-from ingero.analyze.device import DeviceActivity
+from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,11 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
 
 def _drains(ctx: Context, pid: int) -> int:
     """Every drain of ``pid`` in the range, sampled or not: the window tables count them all."""
+    # device syncs and synchronous copies always drain; stream syncs when the slices saw them drain
     row = ctx.con.execute(
-        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid "
-        "AND op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1)", {"pid": pid}).fetchone()
+        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND (list_contains($always, op) "
+        "OR op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1))",
+        {"pid": pid, "always": DEVICE_SYNC_OPS + SYNC_COPY_OPS}).fetchone()
     return int(row[0])
 
 

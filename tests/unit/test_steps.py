@@ -87,3 +87,21 @@ def test_period_prefers_the_smallest_repeat():
     assert steps.period([30, 10, 30, 10, 30, 10, 30, 10]) == 2
     assert steps.period([50, 51, 50, 49, 50, 50]) == 1  # an extra launch now and then
     assert steps.period([1, 9, 3, 27, 2, 14, 5]) is None
+
+
+@pytest.mark.parametrize("cap", [None, 10_000], ids=["exact", "sampled"])
+def test_the_count_is_exact_when_the_calls_are_sampled(cap):
+    # train.py's shape: one sync per step, a cudaDeviceSynchronize after the last step
+    h = Host()
+    for _ in range(3000):
+        step(h, kernels=10, kernel_us=100, host_us=300)
+    h.sync(op="cudaDeviceSync", stream=None)
+    store = h.trace.store()
+    ctx = context.resolve(store.con, context.Options(window_s=1))
+    windows.build(ctx)
+    t = device.T if cap is None else device.Thresholds(max_exact_calls=cap)
+    act = device.infer(ctx, t)[MAIN_PID]
+    assert (act.sampled < 0.5) == (cap is not None)
+    st = steps.detect(ctx, act)
+    assert st.count == 3000
+    assert st.median_ms == pytest.approx((8 + 50 + 1000 + NOWAIT + 300) / 1000, abs=0.002)
