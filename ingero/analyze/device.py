@@ -25,9 +25,11 @@ No GPU timeline is needed: the host's calls bound the device's work.
   its launch returned (e_i), so the n - i + 1 kernels from i on fit in
   r - e_i: k = min over i of (r - e_i) / (n - i + 1), busy = n * k.  Where the host did not
   wait, the per-submission device time learned from the process' waited
-  segments (busy / n) scales the segment's submissions; with nothing learned,
-  the middle of the bounds.  A segment with back-pressure ran full: busy is
-  its upper bound.
+  segments (busy / n) scales the segment's submissions, at most what fits
+  before the drain started (a drain that did not wait found the work done:
+  k <= min over i of (t_drain - t_i) / (n - i + 1)) and before it returned
+  (the formula above); with neither, the middle of the bounds.  A segment with back-pressure ran full: busy is its
+  upper bound.
 
 Segments are cut at window boundaries (a window's first segment starts at the
 window or the process' first call, since work queued before it is unknown:
@@ -232,7 +234,10 @@ WITH s AS (
     -- earlier than its call returned (e_i), so the n - i + 1 from it on fit in r - e_i:
     -- k = min over i of (r - e_i) / (n - i + 1); i = 1 is r - s1 spread evenly, i = n the
     -- last kernel alone, a middle i the run after the host stalled (preempted, blocked)
-    SELECT d.pid, d.w, d.seg, min((s2.r - d.e) / (s2.cmax - d.csub + 1)) AS k
+    SELECT d.pid, d.w, d.seg, min((s2.r - d.e) / (s2.cmax - d.csub + 1)) AS k,
+           -- a drain that did not wait found the work done when it started: the kernels
+           -- from i on ran between submission i's call and the drain's start
+           min((s2.drain_t - d.t) / (s2.cmax - d.csub + 1)) AS k_done
     FROM ing_dev_seq d JOIN s2 USING (pid, w, seg)
     WHERE d.dr = 0 AND d.role IN ('submit', 'copy') AND s2.r IS NOT NULL
     GROUP BY ALL
@@ -240,7 +245,7 @@ WITH s AS (
     SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
     FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
-    SELECT s2.*, q.k, span.pstart, span.pend,
+    SELECT s2.*, q.k, q.k_done, span.pstart, span.pend,
            -- the first segment of a window may hold work queued before the window
            CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
            coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
@@ -264,8 +269,11 @@ WITH kk AS (
     SELECT pid, sum(point) / sum(n) AS k FROM ing_dev_seg
     WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
 ), f AS (
-    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait,
-           coalesce(s.point, CASE WHEN kk.k IS NOT NULL THEN least(s.high, greatest(s.low, s.n * kk.k))
+    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
+           -- least() skips NULLs: the learned k, capped by what fits before the drain's start
+           -- and its return
+           coalesce(s.point, CASE WHEN coalesce(kk.k, s.k, s.k_done) IS NOT NULL
+                                       THEN least(s.high, greatest(s.low, s.n * least(kk.k, s.k, s.k_done)))
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ing_dev_seg s LEFT JOIN kk USING (pid)
 ), span AS (
