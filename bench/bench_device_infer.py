@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from ingero.analyze import context, device, steps, windows
+from ingero.analyze import context, device, steps
 
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "demos" / "build" / "libcudart.so.12"
@@ -65,9 +65,7 @@ Path(summary).write_text(json.dumps(d))
 def analyse(db: Path, **opts) -> tuple[device.DeviceActivity | None, steps.Steps | None]:
     con = duckdb.connect(str(db), read_only=True)
     try:
-        ctx = context.resolve(con, context.Options(**opts))
-        windows.build(ctx)
-        act = device.main_process(ctx, device.infer(ctx))
+        ctx, act = device.analyse(con, context.Options(**opts))
         return act, (steps.detect(ctx, act) if act else None)
     finally:
         con.close()
@@ -129,9 +127,7 @@ def traces_table() -> None:
         store = Store.memory()
         res = import_trace(store, DATA / name, calls_only=True)
         lo, hi, _ = timeline.analysed_span(store.con, res.session_id)
-        ctx = context.resolve(store.con, context.Options(session=res.session_id, from_ns=lo, to_ns=hi))
-        windows.build(ctx)
-        a = device.main_process(ctx, device.infer(ctx, span=(lo, hi)))
+        _, a = device.analyse(store.con, context.Options(session=res.session_id, from_ns=lo, to_ns=hi), span=(lo, hi))
         inside = "yes" if a.low <= measured <= a.high else "NO"
         print(f"| {name} | {100 * measured:.1f} | {100 * a.busy_share:.1f} "
               f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {inside} | {a.drains} | {a.backpressure_launches} |")

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze.context import Context
+from ingero.analyze import windows
+from ingero.analyze.context import Context, Options, resolve
 from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
 from ingero.store.derive import events_relation
 
@@ -367,3 +368,10 @@ def main_process(ctx: Context, activity: dict[int, DeviceActivity]) -> DeviceAct
     if row is None:
         return None
     return activity.get(int(row[0]))
+
+
+def analyse(con, opts: Options, span: tuple[int, int] | None = None) -> tuple[Context, DeviceActivity | None]:
+    """Resolve ``opts``, build the window tables, infer: the context and the main process' activity."""
+    ctx = resolve(con, opts)
+    windows.build(ctx)
+    return ctx, main_process(ctx, infer(ctx, span=span))

@@ -26,7 +26,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ingero.analyze import context, device, steps, windows
+from ingero.analyze import device, steps
+from ingero.analyze.context import Options
 
 pytestmark = pytest.mark.live
 
@@ -48,9 +49,7 @@ def run(request, tmp_path_factory, simcuda: Path):
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(summary.read_text())
     con = duckdb.connect(str(db), read_only=True)
-    ctx = context.resolve(con, context.Options())
-    windows.build(ctx)
-    act = device.main_process(ctx, device.infer(ctx))
+    ctx, act = device.analyse(con, Options())
     st = steps.detect(ctx, act) if act else None
     yield truth, act, st
     con.close()

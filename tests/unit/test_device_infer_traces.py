@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from kineto_truth import DATA, TRACES, busy_share, load
 
-from ingero.analyze import context, device, timeline, windows
+from ingero.analyze import device, timeline
+from ingero.analyze.context import Options
 from ingero.importer import import_trace
 from ingero.store.db import Store
 
@@ -29,9 +30,7 @@ def infer(name: str) -> device.DeviceActivity:
     store = Store.memory()
     res = import_trace(store, DATA / name, calls_only=True)
     a, b, _ = timeline.analysed_span(store.con, res.session_id)
-    ctx = context.resolve(store.con, context.Options(session=res.session_id, from_ns=a, to_ns=b))
-    windows.build(ctx)
-    act = device.main_process(ctx, device.infer(ctx, span=(a, b)))
+    _, act = device.analyse(store.con, Options(session=res.session_id, from_ns=a, to_ns=b), span=(a, b))
     assert act is not None
     return act
 
