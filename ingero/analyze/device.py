@@ -1,0 +1,377 @@
+"""Device activity inferred from the CUDA call stream: when the GPU surely was busy, when it could be.
+
+No GPU timeline is needed: the host's calls bound the device's work.
+
+* A **drain** (cudaDeviceSync / cuCtxSynchronize, a synchronous copy, and a
+  stream sync when the process uses one stream) returns only once the device
+  has finished everything the process queued.  From its return until the next
+  **submission** (kernel launch, graph launch, async copy, the start of a
+  synchronous copy) nothing of the process was queued: the device surely idled.
+  cudaEventSync is never a drain: it waits for one point of one stream, and
+  work queued after the event record may still run.
+* The time between a segment's first submission and the drain that closes it
+  is when the device *could* have been busy: the upper bound.
+* A sync that waited (took longer than its no-wait cost) kept the host until
+  the device was done: the device surely was busy for the wait.  A run of long
+  launches is back-pressure from a full launch queue (real V100 traces: 60 µs
+  launches against a 5 µs median on a device 97% busy): the device surely was
+  busy while the host sat in them.  These make the lower bound.  Spinning,
+  yielding and sleeping syncs all show as call duration, so the wait policy
+  does not matter.
+* The point estimate models the device as one queue running kernels of equal
+  length k.  When the closing drain waited, the last kernel ended at r (the
+  drain's return, or where the device most likely finished when the host got
+  its CPU back just before returning), and kernel i started no earlier than
+  its launch returned (e_i), so the n - i + 1 kernels from i on fit in
+  r - e_i: k = min over i of (r - e_i) / (n - i + 1), busy = n * k.  Where the host did not
+  wait, the per-submission device time learned from the process' waited
+  segments (busy / n) scales the segment's submissions, at most what fits
+  before the drain started (a drain that did not wait found the work done:
+  k <= min over i of (t_drain - t_i) / (n - i + 1)) and before it returned
+  (the formula above); with neither, the middle of the bounds.  A segment with back-pressure ran full: busy is its
+  upper bound.
+
+Segments are cut at window boundaries (a window's first segment starts at the
+window or the process' first call, since work queued before it is unknown:
+the upper bound stays an upper bound).  Over more than ``MAX_EXACT_CALLS``
+calls, each window is analysed on its first ``slice`` (the same share of
+every window, so the sorted pass stays bounded; shares are of the slices).
+
+Everything is SQL over the events table; Python only sees a few rows per
+process and window.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
+reads ing_cuda for the call count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingero.analyze import windows
+from ingero.analyze.context import Context, Options, resolve
+from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
+from ingero.store.derive import events_relation
+
+ASYNC_COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync"]
+# Wait for everything the process queued, on every stream.
+DEVICE_SYNC_OPS = ["cudaDeviceSync", "cuCtxSynchronize"]
+# Wait for one stream: a drain only when the process uses a single stream.
+STREAM_SYNC_OPS = ["cudaStreamSync", "cuStreamSynchronize"]
+# Wait for one point of one stream: never a drain, a wait only.
+EVENT_SYNC_OPS = ["cudaEventSync"]
+DEVICE_OPS = LAUNCH_OPS + ASYNC_COPY_OPS + SYNC_COPY_OPS + DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # The cost of a sync with nothing to wait for: the shortest call of that op
+    # in the range, but at most this (when every sync waited, the shortest one
+    # waited too).  Real syncs on an idle stream take 2-10 µs (the shared A100
+    # traces: cudaEventSynchronize 2-9 µs, cudaStreamSynchronize 9-11 µs), a
+    # traced one a few µs more.
+    nowait_cap_ns: int = 50_000
+    # A drain waited when it took this much longer than its no-wait cost, CPU
+    # waits inside it taken out (a traced sync's own jitter is 1-3 µs here; a
+    # spinning sync behind 20 µs kernels waits 12-15 µs).
+    wait_min_ns: int = 5_000
+    # A launch is long at this many times the process' quickest launch and at
+    # least long_launch_min_ns: real V100 back-pressure 60-2000 µs against a
+    # 5 µs median; the A100 traces' isolated slow launches (lazy module load,
+    # a preemption) are single, so a long launch counts only when the launches
+    # before and after it are long too (a run of three: the queue was full).
+    long_launch_factor: float = 4.0
+    long_launch_min_ns: int = 20_000
+    # A sync that returned within this of getting its CPU back found the device
+    # done just then: the device ended during that last off-CPU interval.
+    tail_ns: int = 20_000
+    # Above this many CUDA calls in the range, windows are analysed on a slice:
+    # the pass sorts the calls (1 M cost 0.3 s CPU here, 7 M 1.5-1.9 s), and
+    # explain must stay near 1 s over 10 M events (bench/bench_explain.py:
+    # infer took 0.31-0.33 s CPU there with 100 k, 0.46-0.47 s with 250 k, for
+    # the same shares within 0.1 point).
+    max_exact_calls: int = 100_000
+
+
+T = Thresholds()
+
+
+@dataclass(frozen=True)
+class WindowBusy:
+    """One window of one process: the device's busy time inferred, in ns of ``span_ns``."""
+
+    w: int
+    start_ns: int
+    span_ns: int  # analysed time in the window: the process' call span, within the slice
+    low_ns: int
+    point_ns: int
+    high_ns: int
+
+    @property
+    def share(self) -> tuple[float, float, float]:
+        """(low, point, high) as shares of the span."""
+        s = self.span_ns or 1
+        return self.low_ns / s, self.point_ns / s, self.high_ns / s
+
+
+@dataclass(frozen=True)
+class DeviceActivity:
+    """A CUDA process' device activity over the analysed range (shares 0..1)."""
+
+    pid: int
+    busy_share: float  # point estimate
+    low: float  # surely busy
+    high: float  # could have been busy
+    start_ns: int  # the analysed span: the given one, or the process' first device call ...
+    end_ns: int  # ... to the last one's return
+    span_ns: int  # time analysed in it (less than end - start when the calls were sampled)
+    windows: tuple[WindowBusy, ...]
+    submissions: int  # launches and copies analysed
+    drains: int  # calls after which nothing was queued
+    waited_drains: int  # of them, the ones that waited for the device
+    backpressure_launches: int  # launches in runs of long launches (full launch queue)
+    sampled: float = 1.0  # share of each window analysed (1.0: every call)
+    source: str = "inferred"
+
+    def to_dict(self) -> dict:
+        """The `device` object of explain --json."""
+        return {"busy_share": round(self.busy_share, 4), "low": round(self.low, 4),
+                "high": round(self.high, 4), "source": self.source}
+
+
+# The calls, one row per boundary: a submission at its start, a drain at its
+# return (a synchronous copy is both), a non-draining sync at its return.  A
+# running count of drains per process and window numbers the segments.
+SEQ_SQL = """
+CREATE OR REPLACE TEMP TABLE ing_dev_seq AS
+WITH c AS MATERIALIZED (
+    SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream,
+           (timestamp - $t0) // $wns AS w
+    FROM events
+    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
+      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns
+), x AS (
+    -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
+    -- runnable after its wake-up): the device may have finished at any moment of it
+    SELECT pid, tid, (timestamp - $t0) // $wns AS w, op, timestamp AS pos, timestamp AS t,
+           timestamp + duration_ns AS e, duration_ns AS d,
+           CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
+           -- when the device most likely finished, if the sync returned right after this row:
+           -- a sleep ends when the device is done (then waits in the run queue); a spinning
+           -- thread preempted may have missed the end anywhere in the interval
+           CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
+                ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
+    FROM {events}
+    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
+      AND (timestamp - $t0) % $wns < $slice_ns
+), p AS (
+    -- per process: streams in use, quickest launch; per op: the no-wait cost
+    SELECT pid, count(DISTINCT stream) AS streams,
+           -- a launch's own cost: the quickest one (a loop always in back-pressure has a long median)
+           min(d) FILTER (list_contains($launch_ops, op)) AS launch_min
+    FROM c GROUP BY pid
+), o AS (
+    SELECT pid, op, least(min(d), $nowait_cap) AS nowait FROM c GROUP BY ALL
+), k AS (
+    SELECT c.*, greatest(0, d - o.nowait) AS wait,
+           CASE WHEN list_contains($launch_ops, op) OR list_contains($async_copy_ops, op) THEN 'submit'
+                WHEN list_contains($sync_copy_ops, op) THEN 'copy'
+                WHEN list_contains($device_sync_ops, op) THEN 'drain'
+                WHEN list_contains($stream_sync_ops, op) AND p.streams <= 1 THEN 'drain'
+                ELSE 'wait' END AS role,
+           list_contains($launch_ops, op)
+             AND d >= greatest($long_min, $long_factor * p.launch_min) AS long_launch
+    FROM c JOIN p USING (pid) JOIN o USING (pid, op)
+), m AS (
+    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, 0 AS cpu, NULL::BIGINT AS guess, role, 0 AS dr, long_launch
+    FROM k WHERE role IN ('submit', 'copy')
+    UNION ALL
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
+    UNION ALL
+    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 0 AS dr, false FROM k WHERE role = 'wait'
+    UNION ALL
+    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, guess, 'cpu', 0, false FROM x
+)
+SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, guess, role, dr,
+       sum(dr) OVER win - dr AS seg,
+       -- submissions so far: numbers them within their segment
+       sum(CASE WHEN dr = 0 AND role IN ('submit', 'copy') THEN 1 ELSE 0 END) OVER win AS csub,
+       -- back-pressure: a long launch between two long launches
+       long_launch AND coalesce(lag(long_launch) OVER win, false)
+                   AND coalesce(lead(long_launch) OVER win, false) AS bp
+FROM m
+WINDOW win AS (PARTITION BY pid, w ORDER BY pos, dr ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+"""
+
+# Per segment: its submissions, the drain that closed it, the waits in it.
+SEG_SQL = """
+CREATE OR REPLACE TEMP TABLE ing_dev_seg AS
+WITH s AS (
+    SELECT pid, w, seg,
+           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS n,
+           max(csub) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS cmax,
+           min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
+           max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
+           max(pos) FILTER (dr = 1) AS r_call,
+           max(t) FILTER (dr = 1) AS drain_t,
+           coalesce(max(wait) FILTER (dr = 1), 0) AS raw_wait,
+           -- surely busy: the drain's wait less every CPU wait inside the segment's syncs
+           greatest(0, coalesce(max(wait) FILTER (dr = 1), 0) - coalesce(sum(cpu), 0)) AS drain_wait,
+           arg_max(e, pos) FILTER (role = 'cpu') AS cpu_end,
+           arg_max(guess, pos) FILTER (role = 'cpu') AS cpu_guess,
+           coalesce(sum(wait) FILTER (role = 'wait'), 0) AS other_wait,
+           count(*) FILTER (bp) AS bp_n,
+           -- the host sat in these launches beyond a normal launch: the queue was full
+           coalesce(sum(d) FILTER (bp), 0) AS bp_ns
+    FROM ing_dev_seq GROUP BY ALL
+), s2 AS (
+    -- the likely end of the device's work: the drain's return, or, when the host got the
+    -- CPU back only just before returning, the guess of the last off-CPU row inside it
+    SELECT *, CASE WHEN cpu_end > drain_t AND r_call - cpu_end <= $tail THEN least(r_call, cpu_guess)
+                   ELSE r_call END AS r
+    FROM s
+), q AS (
+    -- one queue of equal kernels k that ended at r: each submission i of n started no
+    -- earlier than its call returned (e_i), so the n - i + 1 from it on fit in r - e_i:
+    -- k = min over i of (r - e_i) / (n - i + 1); i = 1 is r - s1 spread evenly, i = n the
+    -- last kernel alone, a middle i the run after the host stalled (preempted, blocked)
+    SELECT d.pid, d.w, d.seg, min((s2.r - d.e) / (s2.cmax - d.csub + 1)) AS k,
+           -- a drain that did not wait found the work done when it started: the kernels
+           -- from i on ran between submission i's call and the drain's start
+           min((s2.drain_t - d.t) / (s2.cmax - d.csub + 1)) AS k_done
+    FROM ing_dev_seq d JOIN s2 USING (pid, w, seg)
+    WHERE d.dr = 0 AND d.role IN ('submit', 'copy') AND s2.r IS NOT NULL
+    GROUP BY ALL
+), span AS (
+    SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
+    FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
+), b AS (
+    SELECT s2.*, q.k, q.k_done, span.pstart, span.pend,
+           -- the first segment of a window may hold work queued before the window
+           CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
+           coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
+    FROM s2 JOIN span USING (pid) LEFT JOIN q USING (pid, w, seg)
+), h AS (
+    SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
+)
+SELECT *, least(high, drain_wait + other_wait + bp_ns) AS low,
+       CASE WHEN bp_n > 0 THEN high
+            WHEN r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min
+                 THEN least(high, greatest(least(high, drain_wait + other_wait + bp_ns),
+                                           least(r - a, n * greatest(0, coalesce(k, 0)))))
+       END AS point
+FROM h
+"""
+
+# Segments the host did not wait on take the per-submission device time of
+# the process' waited segments; the rest, the middle of their bounds.
+WIN_SQL = """
+WITH kk AS (
+    SELECT pid, sum(point) / sum(n) AS k FROM ing_dev_seg
+    WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
+), f AS (
+    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
+           -- least() skips NULLs: the learned k, capped by what fits before the drain's start
+           -- and its return
+           coalesce(s.point, CASE WHEN coalesce(kk.k, s.k, s.k_done) IS NOT NULL
+                                       THEN least(s.high, greatest(s.low, s.n * least(kk.k, s.k, s.k_done)))
+                                  ELSE (s.low + s.high) / 2 END) AS point
+    FROM ing_dev_seg s LEFT JOIN kk USING (pid)
+), span AS (
+    SELECT pid, coalesce($span_a, min(t) FILTER (role <> 'cpu')) AS pstart,
+           coalesce($span_b, max(e) FILTER (role <> 'cpu')) AS pend,
+           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS subs,
+           count(*) FILTER (bp) AS bp_n
+    FROM ing_dev_seq GROUP BY pid
+)
+SELECT f.pid, f.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
+       count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min),
+       any_value(span.pstart), any_value(span.pend), any_value(span.subs), any_value(span.bp_n),
+       -- the window's last segment was not closed by a drain: work may run on into the next
+       arg_max(r IS NULL, seg)
+FROM f JOIN span USING (pid)
+GROUP BY f.pid, f.w ORDER BY f.pid, f.w
+"""
+
+COUNT_SQL = "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE cat IN ('launch', 'sync', 'copy')"
+
+
+def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) -> dict[int, DeviceActivity]:
+    """Device activity of every CUDA process in ``ctx``'s range, by pid (none: no device calls).
+
+    Shares are of ``span`` (e.g. the steps' span) when given, else of each process'
+    span of device calls (first submission or sync to the last one's return).
+    """
+    span_a, span_b = span if span else (None, None)
+    con = ctx.con
+    calls = int(con.execute(COUNT_SQL).fetchone()[0] or 0)
+    sampled = min(1.0, t.max_exact_calls / calls) if calls else 1.0
+    slice_ns = ctx.window_ns if sampled >= 1.0 else max(1, int(ctx.window_ns * sampled))
+    p = ctx.params(
+        slice_ns=slice_ns, device_ops=DEVICE_OPS, launch_ops=LAUNCH_OPS, async_copy_ops=ASYNC_COPY_OPS,
+        sync_copy_ops=SYNC_COPY_OPS, device_sync_ops=DEVICE_SYNC_OPS, stream_sync_ops=STREAM_SYNC_OPS,
+        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS, nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
+    )
+    con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
+    con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
+                          "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns})
+    rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
+    by_pid: dict[int, list[tuple]] = {}
+    for row in rows:
+        by_pid.setdefault(int(row[0]), []).append(row)
+    out = {}
+    for pid, prow in by_pid.items():
+        pstart, pend, subs, bp_n = prow[0][7], prow[0][8], prow[0][9], prow[0][10]
+        wins = _windows(ctx, prow, slice_ns, pstart, pend)
+        total = sum(x.span_ns for x in wins) or 1
+        out[pid] = DeviceActivity(
+            pid=pid,
+            busy_share=sum(x.point_ns for x in wins) / total,
+            low=sum(x.low_ns for x in wins) / total,
+            high=sum(x.high_ns for x in wins) / total,
+            start_ns=int(pstart),
+            end_ns=int(pend),
+            span_ns=sum(x.span_ns for x in wins),
+            windows=tuple(wins),
+            submissions=int(subs),
+            drains=sum(int(r[5]) for r in prow),
+            waited_drains=sum(int(r[6]) for r in prow),
+            backpressure_launches=int(bp_n),
+            sampled=sampled,
+        )
+    return out
+
+
+def _windows(ctx: Context, prow: list[tuple], slice_ns: int, pstart: int, pend: int) -> list[WindowBusy]:
+    """Every window of the process' call span; one without calls may still run work queued before it."""
+    have = {int(r[1]): r for r in prow}
+    out: list[WindowBusy] = []
+    open_before = False  # the previous window ended with work possibly queued
+    for w in range(int((pstart - ctx.start_ns) // ctx.window_ns), int((pend - 1 - ctx.start_ns) // ctx.window_ns) + 1):
+        ws = ctx.start_ns + w * ctx.window_ns
+        span = max(0, min(ws + slice_ns, ctx.end_ns, pend) - max(ws, pstart))
+        cap = max(span, 1)  # a segment can end past the slice (its drain returned later)
+        row = have.get(w)
+        if row is None:
+            # no call at all: nothing is known but what was queued before
+            high = span if open_before else 0
+            out.append(WindowBusy(w, ws, span, 0, high // 2, high))
+            continue
+        low, point, high, open_before = row[2], row[3], row[4], bool(row[11])
+        out.append(WindowBusy(w, ws, span, min(int(low), cap), min(int(point), cap), min(int(high), cap)))
+    return out
+
+
+def main_process(ctx: Context, activity: dict[int, DeviceActivity]) -> DeviceActivity | None:
+    """The activity of the process with most CUDA calls (ing_loop), the one explain reports."""
+    row = ctx.con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC, pid LIMIT 1").fetchone()
+    if row is None:
+        return None
+    return activity.get(int(row[0]))
+
+
+def analyse(con, opts: Options, span: tuple[int, int] | None = None) -> tuple[Context, DeviceActivity | None]:
+    """Resolve ``opts``, build the window tables, infer: the context and the main process' activity."""
+    ctx = resolve(con, opts)
+    windows.build(ctx)
+    return ctx, main_process(ctx, infer(ctx, span=span))

@@ -1,0 +1,240 @@
+"""Training steps from the rhythm of the loop's CUDA calls, and where a step's wall clock goes.
+
+A training loop repeats one pattern per step: a copy, launches, one or more
+syncs.  device.py cuts the process' call stream into segments at its drains
+(syncs and synchronous copies); the pattern shows as the segments' submission
+counts repeating with a period of p segments (p drains per step).  The
+smallest p under which the counts repeat (within a tolerance, for the
+occasional extra call) is the step; steps run from drain return to drain
+return, starting at the drain followed by the longest host gap (data loading
+and optimizer work come between steps).  No repeating pattern (or no drains,
+as in loops that never sync): no steps, and the reason says why.
+
+The breakdown splits the loop thread's wall clock, over the windows that hold
+steps, into parts that add up to it, from the window tables (ing_win,
+ing_sched, ing_cuda: no further pass over the events), and scales them to the
+mean step:
+
+  data_wait     asleep outside CUDA calls (DataLoader queue, a lock, input)
+  host          on CPU outside CUDA calls (Python, inline loading, optimizer)
+  launch        inside kernel launches
+  copy          inside H2D / D2H copy calls
+  device_wait   inside syncs (spinning or sleeping alike)
+  other_cuda    inside other CUDA calls (cudaMalloc, cudaFree, ...)
+  cpu_wait      runnable but off CPU (preempted, or after a wake-up), inside
+                calls or not: taken out of the call it happened in
+  faults_io     page faults and block I/O (D state) outside CUDA calls
+
+``host`` is the remainder, so the parts always sum to the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ingero.analyze.context import Context
+from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Periods tried: up to 8 drains per step (PyTorch loops: 1-4 syncs per step
+    # from .item() / .cpu() / a loss print).
+    max_period: int = 8
+    # Two segments match when their submission counts differ by at most this
+    # share (an extra launch now and then: a logging step, an allocator call).
+    count_tolerance: float = 0.1
+    # The pattern holds when this share of segments matches the one p before.
+    min_match: float = 0.8
+    # Fewer segments than this are no rhythm.
+    min_segments: int = 6
+
+
+T = Thresholds()
+
+PARTS = ("data_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where the mean step's wall clock goes, in ms; the parts sum to ``total_ms``."""
+
+    data_wait_ms: float
+    host_ms: float
+    launch_ms: float
+    copy_ms: float
+    device_wait_ms: float
+    other_cuda_ms: float
+    cpu_wait_ms: float
+    faults_io_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return sum(getattr(self, f"{p}_ms") for p in PARTS)
+
+
+@dataclass(frozen=True)
+class Steps:
+    pid: int
+    tid: int
+    count: int  # steps in the range (its drains / drains per step, less the one that opens the first)
+    median_ms: float
+    p99_ms: float
+    mean_ms: float
+    drains_per_step: int
+    breakdown: StepBreakdown | None
+    source: str = "rhythm"
+
+    def to_dict(self) -> dict:
+        """The `steps` object of explain --json."""
+        out = {"count": self.count, "median_ms": round(self.median_ms, 3), "p99_ms": round(self.p99_ms, 3)}
+        if self.breakdown is not None:
+            out["breakdown_ms"] = {k[:-3]: round(v, 3) for k, v in asdict(self.breakdown).items()}
+        return out
+
+
+SEGMENTS_SQL = """
+SELECT w, seg, n, r_call, s1 FROM ing_dev_seg
+WHERE pid = $pid AND r_call IS NOT NULL
+ORDER BY w, seg
+"""
+
+# The loop thread's time per window, by what it was doing (ns).
+PARTS_SQL = """
+WITH c AS (
+    SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, sum(dur_ns) FILTER (cat = 'copy') AS copy,
+           sum(dur_ns) FILTER (cat = 'sync') AS sync, sum(dur_ns) FILTER (cat IN ('other', 'pinned')) AS other
+    FROM ing_cuda WHERE tid = $tid GROUP BY w
+), s AS (
+    -- CPU wait, by the call it happened in ('none': outside every call)
+    SELECT w,
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END) AS cpu_wait,
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
+               FILTER (inside = 'launch') AS cpu_in_launch,
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
+               FILTER (inside = 'copy') AS cpu_in_copy,
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
+               FILTER (inside = 'sync') AS cpu_in_sync,
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
+               FILTER (inside IN ('other', 'pinned')) AS cpu_in_other,
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS data_wait,
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io
+    FROM ing_sched WHERE tid = $tid GROUP BY w
+), f AS (
+    SELECT w, sum(dur_ns) AS faults FROM ing_faults WHERE tid = $tid AND inside = 'none' GROUP BY w
+)
+SELECT w.w, w.wall_ns,
+       coalesce(s.data_wait, 0), coalesce(c.launch, 0) - coalesce(s.cpu_in_launch, 0),
+       coalesce(c.copy, 0) - coalesce(s.cpu_in_copy, 0), coalesce(c.sync, 0) - coalesce(s.cpu_in_sync, 0),
+       coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0), coalesce(s.cpu_wait, 0),
+       coalesce(s.io, 0) + coalesce(f.faults, 0)
+FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w)
+WHERE w.pid = $pid AND list_contains($ws, w.w)
+ORDER BY w.w
+"""
+
+
+def _matches(a: int, b: int, tol: float) -> bool:
+    return abs(a - b) <= max(1, tol * max(a, b))
+
+
+def period(counts: list[int], t: Thresholds = T) -> int | None:
+    """The smallest p under which the segments' submission counts repeat, or None."""
+    if len(counts) < t.min_segments:
+        return None
+    for p in range(1, min(t.max_period, len(counts) // 3) + 1):
+        pairs = len(counts) - p
+        same = sum(_matches(counts[i], counts[i + p], t.count_tolerance) for i in range(pairs))
+        # a period > 1 must be more than a repeat of a smaller one (which was tried first)
+        if same >= t.min_match * pairs:
+            return p
+    return None
+
+
+def _percentile(sorted_vals: list[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values (q in 0..100)."""
+    k = max(0, min(len(sorted_vals) - 1, -(-len(sorted_vals) * q // 100) - 1))
+    return sorted_vals[int(k)]
+
+
+def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None:
+    """Steps of ``act``'s process (device.infer must have run on ``ctx``), or None without a rhythm."""
+    con = ctx.con
+    rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchall()
+    by_w: dict[int, list[tuple]] = {}
+    for r in rows:
+        by_w.setdefault(int(r[0]), []).append(r)
+    counts = [int(r[2]) for r in rows]
+    p = period(counts, t)
+    if p is None:
+        return None
+    # phase: the boundary drain is the one followed by the longest host gap (next s1 - r)
+    gaps = [0.0] * p
+    for segs in by_w.values():
+        for i in range(len(segs) - 1):
+            if segs[i + 1][4] is not None:
+                gaps[i % p] += segs[i + 1][4] - segs[i][3]
+    phase = max(range(p), key=lambda k: gaps[k])
+    durations: list[float] = []
+    step_windows: set[int] = set()
+    for w, segs in by_w.items():
+        ends = [segs[i][3] for i in range(phase, len(segs), p)]
+        for a, b in zip(ends, ends[1:]):
+            durations.append((b - a) / 1e6)
+        if len(ends) > 1:
+            step_windows.add(w)
+    if not durations:
+        return None
+    durations.sort()
+    mean = sum(durations) / len(durations)
+    tid_row = con.execute("SELECT tid FROM ing_loop WHERE pid = $pid", {"pid": act.pid}).fetchone()
+    tid = int(tid_row[0]) if tid_row else act.pid
+    return Steps(
+        pid=act.pid,
+        tid=tid,
+        # every p-th drain closes a step; the first only opens one (steps crossing a window
+        # boundary are not timed, but counted; so are the steps outside the slices)
+        count=max(0, _drains(ctx, act.pid) // p - 1),
+        median_ms=_percentile(durations, 50),
+        p99_ms=_percentile(durations, 99),
+        mean_ms=mean,
+        drains_per_step=p,
+        breakdown=breakdown(ctx, act.pid, tid, sorted(step_windows), mean),
+    )
+
+
+def _drains(ctx: Context, pid: int) -> int:
+    """Every drain of ``pid`` in the range, sampled or not: the window tables count them all."""
+    # device syncs and synchronous copies always drain; stream syncs when the slices saw them drain
+    row = ctx.con.execute(
+        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND (list_contains($always, op) "
+        "OR op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1))",
+        {"pid": pid, "always": DEVICE_SYNC_OPS + SYNC_COPY_OPS}).fetchone()
+    return int(row[0])
+
+
+def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms: float) -> StepBreakdown | None:
+    """The loop thread's time in ``step_windows`` by part, scaled to a step of ``step_ms``."""
+    # windows the loop only partly covers (its first and last) would count idle time as host work
+    ws = step_windows[1:-1] if len(step_windows) > 2 else step_windows
+    rows = ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
+    wall = sum(float(r[1]) for r in rows)
+    if not wall:
+        return None
+    sums = [sum(max(0.0, float(r[i])) for r in rows) for i in range(2, 9)]
+    data_wait, launch, copy, sync, other, cpu_wait, faults_io = sums
+    known = sum(sums)
+    # host work is the remainder; the parts can only exceed the wall through rounding at
+    # window edges (an interval split across windows): then they are scaled to it
+    host = max(0.0, wall - known)
+    scale = step_ms / max(wall, known)
+    return StepBreakdown(
+        data_wait_ms=data_wait * scale,
+        host_ms=host * scale,
+        launch_ms=launch * scale,
+        copy_ms=copy * scale,
+        device_wait_ms=sync * scale,
+        other_cuda_ms=other * scale,
+        cpu_wait_ms=cpu_wait * scale,
+        faults_io_ms=faults_io * scale,
+    )
