@@ -9,6 +9,8 @@ not waiting for the host.
 
 from __future__ import annotations
 
+from ingero.analyze import device as inferred_device
+from ingero.analyze import steps as rhythm
 from ingero.analyze import timeline
 from ingero.analyze.context import Context
 from ingero.analyze.model import DeviceBusy, StepStats
@@ -21,6 +23,37 @@ CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
 
 
 def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
+    measured, marked = _measured(ctx)
+    if measured is not None:
+        return measured, marked
+    return _inferred(ctx, marked)
+
+
+def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:
+    """From the CUDA call stream: what the device can have done (bounds) and most likely did."""
+    activity = inferred_device.infer(ctx)
+    for pid, act in activity.items():
+        ctx.device_busy[pid] = act.busy_share
+    main = inferred_device.main_process(ctx, activity)
+    if main is None:
+        return None, marked
+    busy = DeviceBusy(round(main.busy_share, 4), round(main.low, 4), round(main.high, 4), "inferred",
+                      main.span_ns)
+    if marked is not None:
+        return busy, marked
+    found = rhythm.detect(ctx, main)
+    if found is None:
+        return busy, None
+    stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), "rhythm")
+    b = found.breakdown
+    if b is not None and b.total_ms > 0:
+        for part in rhythm.PARTS:
+            stats.breakdown[part] = round(getattr(b, f"{part}_ms") / b.total_ms, 4)
+    return busy, stats
+
+
+def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
+    """From an imported profiler trace: its device timeline and ProfilerStep marks."""
     con = ctx.con
     if not con.execute(TIMELINE_TABLES_SQL).fetchone()[0]:
         return None, None

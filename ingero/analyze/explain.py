@@ -58,8 +58,11 @@ ACTIVE_WALL_SQL = "SELECT pid, sum(wall_ns) FROM ing_win GROUP BY pid"
 DEVICE_BUSY_NOT_HIGH = 0.90
 
 
-def _hold_to_the_device(chain: Chain, ctx: context.Context) -> None:
-    """Device busy is the effect a host-side cause must show before it is HIGH."""
+def _hold_to_the_device(chain: Chain, ctx: context.Context, device_side: set[str]) -> None:
+    """Device busy is the effect a host-side cause must show before it is HIGH (a rule whose
+    cause is device time itself, DEVICE_SIDE, is exempt)."""
+    if chain.rule_id in device_side:
+        return
     busy = [ctx.device_busy[p] for p in chain.pids if p in ctx.device_busy]
     if busy and chain.severity == "HIGH" and min(busy) >= DEVICE_BUSY_NOT_HIGH:
         chain.severity = "MEDIUM"
@@ -87,12 +90,14 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
-    for rule in registry():
+    rules = registry()
+    for rule in rules:
         chains.extend(rule.evaluate(con, ctx))
+    device_side = {rule.ID for rule in rules if getattr(rule, "DEVICE_SIDE", False)}
     active_wall = {int(p): float(w) for p, w in con.execute(ACTIVE_WALL_SQL).fetchall()}
     for chain in chains:
         _rank(chain, active_wall)
-        _hold_to_the_device(chain, ctx)
+        _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
     if ctx.imported_from:

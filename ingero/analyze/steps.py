@@ -113,8 +113,10 @@ WITH c AS (
                FILTER (inside = 'launch') AS cpu_in_launch,
            sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
                FILTER (inside = 'copy') AS cpu_in_copy,
-           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
-               FILTER (inside = 'sync') AS cpu_in_sync,
+           -- inside syncs: the run-queue wait after a sleeping sync's wake-up delays it; a
+           -- spinning one's preemptions only in part (ing_late: the part after the device finished)
+           sum(least(off_ns, runq_ns)) FILTER (inside = 'sync' AND kind <> 'preempted') AS cpu_in_sync,
+           sum(off_ns) FILTER (inside = 'sync' AND kind = 'preempted') AS preempt_in_sync,
            sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
                FILTER (inside IN ('other', 'pinned')) AS cpu_in_other,
            sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS data_wait,
@@ -122,13 +124,17 @@ WITH c AS (
     FROM ing_sched WHERE tid = $tid GROUP BY w
 ), f AS (
     SELECT w, sum(dur_ns) AS faults FROM ing_faults WHERE tid = $tid AND inside = 'none' GROUP BY w
+), lt AS (
+    SELECT w, sum(late_ns) AS late FROM ing_late WHERE tid = $tid GROUP BY w
 )
 SELECT w.w, w.wall_ns,
        coalesce(s.data_wait, 0), coalesce(c.launch, 0) - coalesce(s.cpu_in_launch, 0),
-       coalesce(c.copy, 0) - coalesce(s.cpu_in_copy, 0), coalesce(c.sync, 0) - coalesce(s.cpu_in_sync, 0),
-       coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0), coalesce(s.cpu_wait, 0),
+       coalesce(c.copy, 0) - coalesce(s.cpu_in_copy, 0),
+       coalesce(c.sync, 0) - coalesce(s.cpu_in_sync, 0) - coalesce(lt.late, 0),
+       coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0),
+       coalesce(s.cpu_wait, 0) - coalesce(s.preempt_in_sync, 0) + coalesce(lt.late, 0),
        coalesce(s.io, 0) + coalesce(f.faults, 0)
-FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w)
+FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w) LEFT JOIN lt USING (w)
 WHERE w.pid = $pid AND list_contains($ws, w.w)
 ORDER BY w.w
 """

@@ -22,6 +22,9 @@ from ingero.analyze.model import Chain
 from ingero.analyze.windows import PINNED_OPS
 
 ID = "transfer-bound"
+# Its cause is device time (the copy engine, staged pageable copies): a busy
+# device is this chain's effect, not evidence against it (explain's device gate).
+DEVICE_SIDE = True
 TITLE = "Host↔device copies block the training loop"
 
 
