@@ -26,7 +26,7 @@ from ingero.errors import IngeroError, first_line
 # re-exported: callers imported them from here before they moved to ingero.host
 from ingero.host import group_gid, invoking_user, pid_alive, private_umask, sched_autogroup_enabled  # noqa: F401
 from ingero.store import derive
-from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_full, open_error
+from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_full, open_error, write_error
 
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
@@ -445,17 +445,22 @@ class Store:
         batch = pa.Table.from_pylist([{"ppid": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
-            self.con.execute(
-                """INSERT INTO process_names
-                       (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
-                       SELECT pid, name, comm, cmdline, ppid::INTEGER, session_id, seen_ns, seen_ns FROM _ingero_names
-                   ON CONFLICT (pid) DO UPDATE SET
-                       name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
-                       ppid = coalesce(excluded.ppid, process_names.ppid),
-                       session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
-            )
+            self._upsert_names()
+        except STORAGE_ERRORS as exc:  # called from the poll loop too, outside the flush's handling
+            raise write_error(exc, self.path) from None
         finally:
             self.con.unregister("_ingero_names")
+
+    def _upsert_names(self) -> None:
+        self.con.execute(
+            """INSERT INTO process_names
+                   (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
+                   SELECT pid, name, comm, cmdline, ppid::INTEGER, session_id, seen_ns, seen_ns FROM _ingero_names
+               ON CONFLICT (pid) DO UPDATE SET
+                   name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
+                   ppid = coalesce(excluded.ppid, process_names.ppid),
+                   session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
+        )
 
 
 TABLES = (
