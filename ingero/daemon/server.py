@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import grp
 import hashlib
-import io
 import os
 import pwd
 import socket

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ingero.daemon import client, protocol
+from ingero.daemon import client
 from ingero.errors import IngeroError
 
 pytestmark = pytest.mark.live
@@ -70,32 +70,21 @@ def tracer(short_dir):
         sleeper.wait()
 
 
-def _raw(sock: Path, body: bytes) -> dict:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(120)
-    s.connect(str(sock))
-    try:
-        s.sendall(struct.pack(">I", len(body)) + body)
-        return protocol.recv(s, protocol.MAX_RESPONSE_BYTES)
-    finally:
-        s.close()
-
-
 def _events(sock: Path) -> int:
     return client.query("SELECT count(*) FROM events", socket_path=sock)[1][0][0]
 
 
-def test_hostile_clients_get_one_bounded_reply_and_the_tracer_still_records(tracer):
+def test_hostile_clients_get_one_bounded_reply_and_the_tracer_still_records(tracer, raw_request):
     proc, db, sock, _ = tracer
     # 1. NaN timeout: refused by field, not a query without a time limit
-    r = _raw(sock, b'{"sql": "%s", "timeout_s": NaN}' % RUNAWAY.encode())
+    r = raw_request(sock, b'{"sql": "%s", "timeout_s": NaN}' % RUNAWAY.encode())
     assert r["ok"] is False and "timeout_s" in r["fields"]
     # 2. a huge value: refused inside DuckDB before Python holds it
     with pytest.raises(IngeroError, match="a row of the result is larger than 1 MiB"):
         client.query("SELECT repeat('x', 100000000)", socket_path=sock)
     # 3. NaN max_rows and 100,000 nested arrays: one error reply each
-    assert "max_rows" in _raw(sock, b'{"sql": "SELECT 1", "max_rows": NaN}')["fields"]
-    assert "nested deeper" in _raw(sock, b"[" * 100_000 + b"]" * 100_000)["error"]
+    assert "max_rows" in raw_request(sock, b'{"sql": "SELECT 1", "max_rows": NaN}')["fields"]
+    assert "nested deeper" in raw_request(sock, b"[" * 100_000 + b"]" * 100_000)["error"]
     # 4. 200 clients at once: every one answered (busy replies are retried by the client)
     results: list[object] = []
     lock = threading.Lock()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import struct
 import tempfile
 import threading
 import time
@@ -13,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingero.daemon import client, protocol, server
+from ingero.daemon import client, server
 from ingero.daemon.server import QueryServer
 from ingero.daemon.synthetic import event_batch
 from ingero.errors import IngeroError
@@ -39,44 +36,24 @@ def served(monkeypatch):
     d.rmdir()
 
 
-def _raw(sock: Path, body: bytes) -> dict:
-    """Send raw bytes as one framed message; return the one reply."""
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(60)
-    s.connect(str(sock))
-    try:
-        try:
-            s.sendall(struct.pack(">I", len(body)) + body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # answered early (busy) and closed: the answer is still there to read
-        reply = protocol.recv(s, protocol.MAX_RESPONSE_BYTES)
-        try:  # exactly one reply, then the connection closes
-            assert s.recv(1) == b""
-        except ConnectionResetError:
-            pass
-        return reply
-    finally:
-        s.close()
-
-
-def test_nan_timeout_is_refused_not_unlimited(served):
+def test_nan_timeout_is_refused_not_unlimited(served, raw_request):
     # finding 1: "timeout_s": NaN lifted the time limit off a query that never ends
     _, _, sock = served
-    reply = _raw(sock, b'{"sql": "%s", "timeout_s": NaN}' % RUNAWAY.encode())
+    reply = raw_request(sock, b'{"sql": "%s", "timeout_s": NaN}' % RUNAWAY.encode())
     assert reply["ok"] is False and set(reply["fields"]) == {"timeout_s"}
     assert "not a finite number" in reply["fields"]["timeout_s"]
 
 
-def test_nan_max_rows_and_deep_nesting_get_one_reply_each(served):
+def test_nan_max_rows_and_deep_nesting_get_one_reply_each(served, raw_request):
     # finding 3: both got no reply at all (a thread traceback on the tracer's stderr)
     _, _, sock = served
-    reply = _raw(sock, b'{"sql": "SELECT 1", "max_rows": NaN}')
+    reply = raw_request(sock, b'{"sql": "SELECT 1", "max_rows": NaN}')
     assert reply["ok"] is False and set(reply["fields"]) == {"max_rows"}
     deep = b"[" * 100_000 + b"]" * 100_000
-    reply = _raw(sock, deep)
+    reply = raw_request(sock, deep)
     assert reply["ok"] is False and "nested deeper" in reply["error"]
     for junk in (b"\xff\xfe", b"[]", b'{"sql": 5}', b'{"op": "explain", "args": {"window_s": 1e-9}}', b"{" * 5):
-        assert _raw(sock, junk)["ok"] is False
+        assert raw_request(sock, junk)["ok"] is False
 
 
 def test_a_huge_value_is_refused_inside_duckdb(served, monkeypatch):
@@ -124,12 +101,12 @@ def test_two_hundred_clients_at_once_all_get_an_answer(served):
     assert results == [2000] * 200
 
 
-def test_past_the_pending_limit_the_reply_is_busy_and_the_client_retries(served, monkeypatch):
+def test_past_the_pending_limit_the_reply_is_busy_and_the_client_retries(served, monkeypatch, raw_request):
     _, srv, sock = served
     monkeypatch.setattr(server, "MAX_PENDING", 1)
     srv._pending = threading.BoundedSemaphore(1)
     assert srv._pending.acquire()  # the one pending place is taken
-    assert _raw(sock, b'{"op": "status"}')["busy"] is True
+    assert raw_request(sock, b'{"op": "status"}')["busy"] is True
     with pytest.raises(IngeroError, match="busy.*still busy after 0 s"):
         client.request({"op": "status"}, socket_path=sock, retry_s=0)
     threading.Timer(0.5, srv._pending.release).start()
