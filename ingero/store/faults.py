@@ -63,9 +63,9 @@ def open_error(exc: BaseException, db_path: Path | str) -> StorageFault:
 
 
 # A session starts only with this much free space: its row, the probe and name rows and
-# the first flushes must fit (a 1 s flush at 1 M events/s is ~10 MB of WAL).  Below it
-# the start would write a session row and then die on the next write, every try.
-MIN_FREE_START_BYTES = 32 << 20
+# the WAL of its first flushes must fit.  Below it a start on a full disk wrote a session
+# row and died on the next write, leaving a dead row on every try.
+MIN_FREE_START_BYTES = 4 << 20
 
 
 def check_room_to_start(db_path: Path | str) -> None:
