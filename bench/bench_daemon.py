@@ -1,7 +1,7 @@
 """Daemon mode over a sustained run: memory stays bounded, the DB stays under
 --max-db, and live queries over the socket stay fast while the writer writes.
 
-Uses the BPF-free synthetic tracer (ingero.daemon.synthetic), which writes
+Uses the BPF-free synthetic tracer (bench/synthetic_writer.py), which writes
 through the same Store.append / Retention / QueryServer code as `ingero trace`.
 """
 
@@ -18,6 +18,9 @@ from pathlib import Path
 
 from ingero.daemon import client
 
+# the BPF-free writer process (not part of the package: run by path)
+WRITER = Path(__file__).resolve().with_name("synthetic_writer.py")
+
 DURATION_S = 60
 RATE = 30_000            # events/s: a busy training host
 MAX_DB = 64_000_000      # the smallest bound retention accepts
@@ -29,7 +32,7 @@ def main() -> None:
     sock = d / "q.sock"
     env = {**os.environ, "INGERO_SOCKET": str(sock)}
     writer = subprocess.Popen(
-        [sys.executable, "-m", "ingero.daemon.synthetic", "--db", str(d / "d.duckdb"), "--rate", str(RATE),
+        [sys.executable, str(WRITER), "--db", str(d / "d.duckdb"), "--rate", str(RATE),
          "--flush-s", "0.5", "--duration", str(DURATION_S), "--max-db", str(MAX_DB), "--retention-every", "5",
          "--serve"],
         stdout=subprocess.PIPE, text=True, env=env)

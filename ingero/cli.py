@@ -17,7 +17,8 @@ from ingero import __version__
 from ingero.errors import IngeroError
 
 # name -> module in ingero.commands exposing a click command called `command`.
-COMMANDS = ("trace", "explain", "query", "check", "demo", "status")
+COMMANDS = ("trace", "explain", "query", "check", "demo", "status", "import")
+MODULES = {"import": "import_cmd"}  # a command whose name is a Python keyword
 
 
 class LazyGroup(click.Group):
@@ -30,9 +31,9 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         try:
-            module = importlib.import_module(f"ingero.commands.{name}")
+            module = importlib.import_module(f"ingero.commands.{MODULES.get(name, name)}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"ingero.commands.{name}":
+            if exc.name == f"ingero.commands.{MODULES.get(name, name)}":
                 return None  # not built yet
             raise
         return module.command

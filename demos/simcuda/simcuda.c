@@ -36,23 +36,31 @@
  *     which is what CUDA does with pageable memory;
  *   - pinned cudaMemcpyAsync only queues the DMA and returns.
  *
- * Waiting (syncs, synchronous copies) follows cudaSetDeviceFlags:
- * cudaDeviceScheduleBlockingSync (the default here, also chosen with
- * SIMCUDA_SCHEDULE=block) sleeps with clock_nanosleep until the device is
- * done, so a waiting thread shows as a voluntary sleep to the scheduler and
- * a late wake-up (run-queue delay under contention) lengthens the sync, as
- * it does with CUDA's blocking sync.  cudaDeviceScheduleSpin (=spin) burns
- * CPU until done; cudaDeviceScheduleYield (=yield) calls sched_yield in a
- * loop.  cudaDeviceScheduleAuto picks spin when the host has more cores
- * than active host threads, like CUDA; we treat it as block (documented
- * choice: the demos want syncs to read as sleeps, not CPU).
+ * Waiting follows CUDA's wait policies, for every wait: syncs, synchronous
+ * copies, cudaEventSynchronize and a launch facing a full queue.  The policy
+ * is cudaSetDeviceFlags' (or SIMCUDA_SCHEDULE=auto|spin|yield|block):
+ *   - cudaDeviceScheduleAuto (the default, as in CUDA): CUDA's heuristic -
+ *     spin while the process has no more active contexts than the host has
+ *     logical CPUs, else yield.  This runtime has one context per process,
+ *     so Auto spins on any host with a CPU: what every ordinary
+ *     one-GPU-per-process job does;
+ *   - cudaDeviceScheduleSpin burns CPU until the device is done: the waiting
+ *     thread is on CPU (or runnable) the whole time, never asleep;
+ *   - cudaDeviceScheduleYield calls sched_yield in a loop: on CPU too, but a
+ *     runnable neighbour gets the core at every turn (switch-outs while
+ *     runnable);
+ *   - cudaDeviceScheduleBlockingSync sleeps with clock_nanosleep until the
+ *     device is done: a voluntary sleep to the scheduler.
+ * Under every policy a thread kept off CPU when the device finishes returns
+ * late; simcudaWaitLateNs() sums how late (the truth a rule about CPU
+ * contention inside waits is checked against).
  *
  * Knobs (environment, read once at load; setters below at run time):
  *   SIMCUDA_KERNEL_US      default kernel duration (100)
  *   SIMCUDA_LAUNCH_US      host CPU per launch (5; real launches cost ~3-8 us)
  *   SIMCUDA_H2D_GBPS       DMA bandwidth both directions (12; PCIe 3 x16 ~12 GB/s)
  *   SIMCUDA_COPY_LATENCY_US fixed DMA setup per copy (8)
- *   SIMCUDA_SCHEDULE       block | spin | yield
+ *   SIMCUDA_SCHEDULE       auto (default) | spin | yield | block
  *   SIMCUDA_DEVICE_MEM_MB  device memory for cudaMalloc (16384)
  *   SIMCUDA_QUEUE_DEPTH    pending operations before launches block (1024)
  *
@@ -70,6 +78,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -140,7 +149,7 @@ static uint64_t kernel_ns = 100 * NS_PER_US;
 static uint64_t launch_ns = 5 * NS_PER_US;
 static double dma_bytes_per_ns = 12.0; /* 12 GB/s */
 static uint64_t copy_latency_ns = 8 * NS_PER_US;
-static int schedule = cudaDeviceScheduleBlockingSync;
+static int schedule = cudaDeviceScheduleAuto;
 static uint64_t device_mem = 16384ull << 20;
 static unsigned queue_depth = 1024;
 
@@ -212,10 +221,29 @@ static void spin_for(uint64_t ns)
 		sink++;
 }
 
+/* Active contexts of this process: the runtime models one device with its
+ * primary context, created at the first call. */
+#define ACTIVE_CONTEXTS 1
+
+/* The policy a wait follows: Auto resolved the way CUDA documents it (spin
+ * when contexts <= logical CPUs, else yield). */
+static long host_cpus = 1; /* logical CPUs online, read once at init */
+
+static int effective_schedule(void)
+{
+	if (schedule != cudaDeviceScheduleAuto)
+		return schedule;
+	return ACTIVE_CONTEXTS <= host_cpus ? cudaDeviceScheduleSpin : cudaDeviceScheduleYield;
+}
+
+static _Atomic uint64_t waits_late_ns; /* sum of (return - device done) over waits that waited */
+
 /* Wait for the device to reach time t, the way the schedule flag says. */
 static void wait_until(uint64_t t)
 {
-	switch (schedule) {
+	if (now_ns() >= t)
+		return;
+	switch (effective_schedule()) {
 	case cudaDeviceScheduleSpin:
 		while (now_ns() < t)
 			;
@@ -225,9 +253,9 @@ static void wait_until(uint64_t t)
 			sched_yield();
 		break;
 	default:
-		if (now_ns() < t)
-			sleep_until(t);
+		sleep_until(t);
 	}
+	waits_late_ns += now_ns() - t;
 }
 
 static uint64_t env_u64(const char *name, uint64_t dflt)
@@ -297,11 +325,14 @@ static void init(void)
 	const char *bw = getenv("SIMCUDA_H2D_GBPS");
 	if (bw && atof(bw) > 0)
 		dma_bytes_per_ns = atof(bw);
+	host_cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	const char *sch = getenv("SIMCUDA_SCHEDULE");
 	if (sch && !strcmp(sch, "spin"))
 		schedule = cudaDeviceScheduleSpin;
 	else if (sch && !strcmp(sch, "yield"))
 		schedule = cudaDeviceScheduleYield;
+	else if (sch && !strcmp(sch, "block"))
+		schedule = cudaDeviceScheduleBlockingSync;
 	queue = calloc(queue_depth, sizeof(*queue));
 	start_ns = now_ns();
 	stream_used[0] = 1;
@@ -1007,9 +1038,7 @@ EXPORT cudaError_t cudaSetDeviceFlags(unsigned int flags)
 {
 	ensure_init();
 	int s = (int)(flags & cudaDeviceScheduleMask);
-	if (s == cudaDeviceScheduleAuto)
-		s = cudaDeviceScheduleBlockingSync; /* see the header comment */
-	if (s != cudaDeviceScheduleSpin && s != cudaDeviceScheduleYield && s != cudaDeviceScheduleBlockingSync)
+	if (s != cudaDeviceScheduleAuto && s != cudaDeviceScheduleSpin && s != cudaDeviceScheduleYield && s != cudaDeviceScheduleBlockingSync)
 		return ret(cudaErrorInvalidValue);
 	schedule = s;
 	return cudaSuccess;
@@ -1089,6 +1118,20 @@ EXPORT uint64_t simcudaDeviceBusyNs(void)
 EXPORT uint64_t simcudaCopyBusyNs(void)
 {
 	return busy_ns(ENGINE_COPY);
+}
+
+/* How late waits returned past the moment the device was done, summed over
+ * every wait that had to wait (0 for one entered after the device was done). */
+EXPORT uint64_t simcudaWaitLateNs(void)
+{
+	return waits_late_ns;
+}
+
+/* The wait policy in force, Auto resolved: 1 spin, 2 yield, 4 blocking sync. */
+EXPORT int simcudaSchedule(void)
+{
+	ensure_init();
+	return effective_schedule();
 }
 
 /* ns since the library initialised: busy / uptime = utilisation */

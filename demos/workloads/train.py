@@ -78,7 +78,7 @@ def load_cudart(path: str) -> ctypes.CDLL:
     lib.cudaEventCreate.argtypes = [ctypes.POINTER(p)]
     lib.cudaEventRecord.argtypes = [p, p]
     lib.cudaEventSynchronize.argtypes = [p]
-    for name in ("simcudaDeviceBusyNs", "simcudaUptimeNs"):
+    for name in ("simcudaDeviceBusyNs", "simcudaUptimeNs", "simcudaWaitLateNs"):
         if hasattr(lib, name):
             getattr(lib, name).restype = ctypes.c_uint64
     return lib
@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     sync_ms: list[float] = []
     device_busy_ns = getattr(lib, "simcudaDeviceBusyNs", None)  # only the simulated runtime has it
     busy0 = device_busy_ns() if device_busy_ns else 0
+    # how late waits returned past the device's finish (CPU wait inside waits), simulated runtime only
+    wait_late_ns = getattr(lib, "simcudaWaitLateNs", None)
+    late0 = wait_late_ns() if wait_late_ns else 0
     t_start = time.perf_counter()
     deadline = t_start + args.duration
     step = 0
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                     samples.clear()
                 measured_from_step, t_start = step, t0
                 busy0 = device_busy_ns() if device_busy_ns else 0
+                late0 = wait_late_ns() if wait_late_ns else 0
             # -- data: from the workers, or loaded inline
             if args.workers:
                 while not stop_signal.flag:
@@ -354,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             os.close(mfd)
     wall = time.perf_counter() - t_start
     busy = (device_busy_ns() - busy0) / 1e9 if device_busy_ns else None
+    late = (wait_late_ns() - late0) / 1e9 if wait_late_ns else None
+    schedule = lib.simcudaSchedule() if hasattr(lib, "simcudaSchedule") else None
     measured = step - measured_from_step
     summary = {
         "steps": measured,
@@ -366,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         "data_wait_ms_mean": round(sum(wait_ms) / len(wait_ms), 3) if wait_ms else 0.0,
         "sync_ms_p99": round(percentile(sync_ms, 99), 3),
         "device_busy_pct": round(100 * busy / wall, 1) if busy is not None and wall else None,
+        # share of wall clock the loop's waits returned after the device was done (off CPU then)
+        "wait_late_pct": round(100 * late / wall, 2) if late is not None and wall else None,
+        "wait_policy": {1: "spin", 2: "yield", 4: "block"}.get(schedule) if schedule is not None else None,
         "pid": os.getpid(),
     }
     print(json.dumps(summary), flush=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ingero.analyze.context import Context
-from ingero.analyze.model import Window
+from ingero.analyze.model import Chain, Culprit, Window
 
 Row = dict[str, Any]
 
@@ -214,6 +214,37 @@ def throughput(s: Split) -> tuple[float, float, float]:
 
 def evidence_windows(ctx: Context, rows: list[Row]) -> list[Window]:
     return [Window(*ctx.window_bounds(int(r["w"]))) for r in rows]
+
+
+def chain(rule_id: str, title: str, ctx: Context, pid: int, s: Split, *, severity: str, root: list[str],
+          effect: list[str], fix: list[str], impact: float, numbers: dict[str, float],
+          contributing: Sequence[str] = (), culprits: Sequence[Culprit] = (),
+          corr: float | None = None, corr_note: str = "") -> Chain:
+    """The chain of rule ``rule_id`` for process ``pid`` from its split windows: the tail every
+    rule that splits its windows (cpu-contention, input-bound, io-stall, memory-pressure,
+    transfer-bound) shares.
+
+    ``impact`` is the share of the evidence windows' wall clock the cause took:
+    explain turns it into the share of the whole run every chain is ranked by.
+    ``corr_note`` says what was correlated; it is kept only with a correlation.
+    """
+    return Chain(
+        rule_id=rule_id,
+        severity=severity,
+        title=title,
+        root=root,
+        effect=effect,
+        contributing=list(contributing),
+        fix=fix,
+        pids=[pid],
+        culprits=list(culprits),
+        evidence_windows=evidence_windows(ctx, s.evidence),
+        windows_total=len(s.all),
+        correlation=corr,
+        correlation_note=corr_note if corr is not None else "",
+        impact=impact,
+        numbers=numbers,
+    )
 
 
 # Per-window p99 of each op (from ing_cuda), summarised over evidence and

@@ -54,6 +54,17 @@ class Context:
     # the traced host grouped CPU time per session (renice does not reach across sessions);
     # None: not recorded (a database older than schema 4)
     sched_autogroup: bool | None = None
+    # the session was imported from a profiler trace (sessions.imported_from): it has no
+    # scheduler, fault or block-I/O rows, so rules that need them cannot judge it
+    imported_from: str | None = None
+    # device-busy share per CUDA process over the analysed span (measured or inferred),
+    # filled by explain before the rules run; a process missing here is unknown
+    device_busy: dict[int, float] = field(default_factory=dict)
+    # the steps a profiler trace marked (ProfilerStep#N), filled by explain; None: unmarked
+    marked_steps: Any = None  # timeline.Steps | None (typed loosely: context stays import-free)
+    # the range is the whole session (no --since / --from / --to): spans that end after the
+    # last event (a step, a kernel) are whole
+    whole_session: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -141,6 +152,8 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         stale_calls=int(srow.get("stale_calls") or 0),
         probe_misses=int(srow.get("probe_misses") or 0),
         sched_autogroup=None if srow.get("sched_autogroup") is None else bool(srow["sched_autogroup"]),
+        imported_from=srow.get("imported_from"),  # schema 7
+        whole_session=opts.since_s is None and opts.from_ns is None and opts.to_ns is None,
     )
 
 

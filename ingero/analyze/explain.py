@@ -11,7 +11,7 @@ import importlib
 
 import duckdb
 
-from ingero.analyze import context, procs, windows
+from ingero.analyze import activity, context, procs, windows
 from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext
 from ingero.analyze.rules import registry
@@ -25,10 +25,12 @@ SELECT (SELECT coalesce(sum(n), 0) FROM ing_cuda)
        (SELECT coalesce(sum(n), 0) FROM ing_cuda) AS cuda_events
 """
 
-TRACED_SQL = """
-SELECT pid, count(*) AS n FROM (
-    SELECT pid FROM ing_loop UNION ALL SELECT DISTINCT pid FROM ing_sched
-) GROUP BY pid ORDER BY n DESC, pid
+# Traced processes are those that made CUDA calls; the others the tracer
+# followed (a launcher's helpers, DataLoader workers) are only counted.
+TRACED_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC, pid"
+FOLLOWED_SQL = """
+SELECT count(DISTINCT pid) FROM (SELECT pid FROM ing_sched UNION ALL SELECT pid FROM ing_faults)
+WHERE pid NOT IN (SELECT pid FROM ing_loop)
 """
 
 SYSTEM_SQL = """
@@ -40,32 +42,65 @@ GPU_SQL = "SELECT avg(util_pct), count(*) FROM ing_gpu"
 
 # A cause seen in less than this share of the affected process' active
 # windows is a burst: its chain drops one severity level (HIGH -> MEDIUM ->
-# LOW), however strong it is inside the burst.  Impact (the ordering key)
-# is scaled by the same coverage, so a steady cause outranks a short one.
+# LOW), however strong it is inside the burst.
 MIN_COVERAGE_FOR_SEVERITY = 0.25
 _DOWNGRADE = {"HIGH": "MEDIUM", "MEDIUM": "LOW", "LOW": "LOW"}
 
+# Wall clock of each CUDA process' loop over its active windows: the
+# denominator of every chain's share, so shares compare across rules.
+ACTIVE_WALL_SQL = "SELECT pid, sum(wall_ns) FROM ing_win GROUP BY pid"
 
-def _weigh_by_coverage(chain: Chain) -> None:
-    if not chain.windows_total or not chain.evidence_windows:
-        return
-    coverage = min(1.0, len(chain.evidence_windows) / chain.windows_total)
-    chain.numbers["coverage"] = round(coverage, 4)
-    chain.impact = round(chain.impact * coverage, 4)
-    if coverage < MIN_COVERAGE_FOR_SEVERITY:
-        chain.severity = _DOWNGRADE[chain.severity]
+
+# A device busy at least this share of the analysed span is not waiting for
+# the host: a host-side chain there is real but not what limits the job, so it
+# is at most MEDIUM.  A fed training job keeps its GPU 80-95% busy; the real
+# GPU-bound V100 trace in shared/traces is 97.4% busy.
+DEVICE_BUSY_NOT_HIGH = 0.90
+
+
+def _hold_to_the_device(chain: Chain, ctx: context.Context) -> None:
+    """Device busy is the effect a host-side cause must show before it is HIGH."""
+    busy = [ctx.device_busy[p] for p in chain.pids if p in ctx.device_busy]
+    if busy and chain.severity == "HIGH" and min(busy) >= DEVICE_BUSY_NOT_HIGH:
+        chain.severity = "MEDIUM"
+        chain.numbers["device_busy_share"] = round(min(busy), 4)
+
+
+def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
+    """One accounting for every rule: the time the cause took in its evidence
+    windows (impact x their wall clock) over the loop's whole active wall clock
+    (a process without CUDA calls, e.g. a CPU-only profiler trace: the evidence's)."""
+    ev_wall = sum(w.end_ns - w.start_ns for w in chain.evidence_windows)
+    total = sum(active_wall.get(p, 0.0) for p in chain.pids) or ev_wall
+    if total > 0 and ev_wall > 0:
+        chain.share = round(min(1.0, chain.impact * min(ev_wall, total) / total), 4)
+    if chain.windows_total and chain.evidence_windows:
+        coverage = min(1.0, len(chain.evidence_windows) / chain.windows_total)
+        chain.numbers["coverage"] = round(coverage, 4)
+        if coverage < MIN_COVERAGE_FOR_SEVERITY:
+            chain.severity = _DOWNGRADE[chain.severity]
 
 
 def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
     ctx = context.resolve(con, opts)
     windows.build(ctx)
+    procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
+    device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
     for rule in registry():
         chains.extend(rule.evaluate(con, ctx))
+    active_wall = {int(p): float(w) for p, w in con.execute(ACTIVE_WALL_SQL).fetchall()}
     for chain in chains:
-        _weigh_by_coverage(chain)
+        _rank(chain, active_wall)
+        _hold_to_the_device(chain, ctx)
     chains.sort(key=Chain.sort_key)
-    report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains)
+    report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
+    if ctx.imported_from:
+        report.notes.append(
+            "imported from a profiler trace: it holds no scheduler, page-fault or block-I/O events, so "
+            "cpu-contention, launch-bound, io-stall and memory-pressure cannot be judged here (trace the "
+            "job with `ingero trace` for them)"
+        )
     if not report.analysed.cuda_events:
         report.notes.append("no CUDA calls in this range: only host events were analysed")
     if ctx.drops_kernel or ctx.drops_user:
@@ -90,6 +125,7 @@ def _analysed(ctx: Context) -> Analysed:
         events=int(events or 0),
         cuda_events=int(cuda or 0),
         processes=[names[p].label for p in pids if p in names],
+        followed=int(ctx.con.execute(FOLLOWED_SQL).fetchone()[0]),
         drops_kernel=ctx.drops_kernel,
         drops_user=ctx.drops_user,
         stale_calls=ctx.stale_calls,

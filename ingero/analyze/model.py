@@ -53,13 +53,18 @@ class Chain:
     # correlated and which way, e.g. "CUDA ops/s fall as CPU wait rises".
     correlation: float | None = None
     correlation_note: str = ""
-    # Share of the affected thread's wall clock (in evidence windows) the cause
-    # accounts for, 0-1: orders chains of equal severity.
+    # Share of the affected loop's wall clock in the evidence windows that the
+    # cause took (time lost to it over those windows' time), 0-1.  Every rule
+    # measures it the same way; explain turns it into ``share``.
     impact: float = 0.0
+    # Share of the affected loop's whole analysed wall clock (every window it
+    # was active in) that the cause explains, 0-1: the ranking key, printed
+    # as "explains N% of wall clock".  Set by explain from impact.
+    share: float = 0.0
     numbers: dict[str, float] = field(default_factory=dict)  # key numbers, machine readable
 
-    def sort_key(self) -> tuple[int, float]:
-        return (SEVERITY_RANK.get(self.severity, 9), -self.impact)
+    def sort_key(self) -> tuple[float, int]:
+        return (-self.share, SEVERITY_RANK.get(self.severity, 9))
 
 
 @dataclass
@@ -84,11 +89,38 @@ class Analysed:
     windows: int
     events: int
     cuda_events: int
-    processes: list[str]  # "python3 (train.py) (PID 4242)"
+    processes: list[str]  # "python3 (train.py) (PID 4242)": the processes that made CUDA calls
     drops_kernel: int = 0
     drops_user: int = 0
     stale_calls: int = 0  # CUDA calls that never returned: counted, never stored as rows
     probe_misses: int = 0  # BPF program runs the kernel skipped: each may have lost a row
+    followed: int = 0  # other traced processes (no CUDA calls: launcher helpers, DataLoader workers)
+
+
+@dataclass
+class DeviceBusy:
+    """How busy the device was over the analysed span (the steps' span when steps are known,
+    else the span of the CUDA calls): measured from a device timeline (an imported profiler
+    trace), or inferred from the CUDA call stream, with the bounds the calls allow."""
+
+    busy_share: float  # 0..1, the point estimate (= low = high when measured)
+    low: float
+    high: float
+    source: str  # 'measured' | 'inferred'
+    span_ns: int = 0
+
+
+@dataclass
+class StepStats:
+    """The loop's steps: ProfilerStep#N marks where a trace has them, else the rhythm of the calls."""
+
+    count: int
+    median_ms: float
+    p99_ms: float
+    source: str = ""  # 'marked' | 'rhythm'
+    # share of the mean step spent in each part (data wait, host work, launches, copies,
+    # device wait, CPU wait, faults and I/O, ...): adds up to 1 where known
+    breakdown: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +130,8 @@ class Report:
     chains: list[Chain]
     notes: list[str] = field(default_factory=list)
     stack: dict[str, Any] | None = None  # explain --stack: top callers / preempted lines
+    device: DeviceBusy | None = None  # None: neither measured nor inferable (no CUDA calls)
+    steps: StepStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

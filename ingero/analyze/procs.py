@@ -54,13 +54,56 @@ class Proc:
 # Longer command lines are shortened in fix text (the PID is given too).
 MAX_COMMAND_CHARS = 100
 
+# A pid's name as of a time: its process_history row in effect then (the
+# latest from_ns at or before it; the earliest row when the time comes before
+# them all), else process_names (databases before schema 10, or a pid never
+# named by a tracer that kept history), else the comm process_cpu saw.
 NAMES_SQL = """
-SELECT p.pid, n.name, coalesce(n.comm, c.comm) AS comm, n.cmdline, n.pid IS NOT NULL AS known, {ppid} AS ppid
-FROM (SELECT unnest($pids) AS pid) p
+WITH p AS (SELECT unnest($pids) AS pid),
+t AS (SELECT p.pid, {at} AS at_ns FROM p),
+h AS (
+    SELECT h.pid, coalesce(
+        arg_max({{'name': h.name, 'comm': h.comm, 'cmdline': h.cmdline, 'ppid': h.ppid}}, h.from_ns)
+            FILTER (WHERE h.from_ns <= t.at_ns),
+        arg_min({{'name': h.name, 'comm': h.comm, 'cmdline': h.cmdline, 'ppid': h.ppid}}, h.from_ns)) AS r
+    FROM {history} h JOIN t ON h.pid = t.pid
+    GROUP BY h.pid
+)
+SELECT p.pid,
+       CASE WHEN h.pid IS NULL THEN n.name ELSE h.r.name END AS name,
+       coalesce(CASE WHEN h.pid IS NULL THEN n.comm ELSE h.r.comm END, c.comm) AS comm,
+       CASE WHEN h.pid IS NULL THEN n.cmdline ELSE h.r.cmdline END AS cmdline,
+       h.pid IS NOT NULL OR n.pid IS NOT NULL AS known,
+       CASE WHEN h.pid IS NULL THEN {ppid} ELSE coalesce(h.r.ppid, {ppid}) END AS ppid
+FROM p
+LEFT JOIN h ON h.pid = p.pid
 LEFT JOIN process_names n ON n.pid = p.pid
 LEFT JOIN (SELECT pid, any_value(comm) AS comm FROM process_cpu
            WHERE list_contains($pids, pid) GROUP BY pid) c ON c.pid = p.pid
 """
+# No history table (a database older than schema 10, opened read-only): no rows.
+NO_HISTORY = ("(SELECT NULL::INTEGER AS pid, NULL::BIGINT AS from_ns, NULL AS name, NULL AS comm, "
+              "NULL AS cmdline, NULL::INTEGER AS ppid)")
+
+# explain names each process as of the end of its last window with CUDA
+# calls in the range (the image that made them: a pyenv shim's python3, not
+# its bash), and every other process as of the range's end (a pid reused
+# after the range is not named after its later owner).  The row with a NULL
+# pid holds the range's end.
+AS_OF_SQL = """
+CREATE OR REPLACE TEMP TABLE ing_asof AS
+SELECT pid, least($t0 + (max(w) + 1) * $wns, $t1) AS at_ns FROM ing_cuda GROUP BY pid
+UNION ALL SELECT NULL, $t1
+"""
+AT_FROM_ASOF = ("coalesce((SELECT a.at_ns FROM ing_asof a WHERE a.pid = p.pid), "
+                "(SELECT a.at_ns FROM ing_asof a WHERE a.pid IS NULL))")
+
+
+def name_as_of_cuda_calls(con: duckdb.DuckDBPyConnection, params: dict) -> None:
+    """From now on ``lookup`` on ``con`` names pids as they were when they made CUDA calls.
+
+    ``params``: the window parameters (t0, t1, wns) of the range ing_cuda was built over."""
+    con.execute(AS_OF_SQL, {k: params[k] for k in ("t0", "t1", "wns")})
 
 
 # duckdb_columns() lists every column of every table (the window tables
@@ -74,20 +117,37 @@ HAS_COLUMN_SQL = "SELECT count(*) FROM pragma_table_info($table) WHERE name = $c
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
     """Older databases lack newer columns/tables: rules degrade instead of failing."""
-    if not con.execute(HAS_TABLE_SQL, {"table": table}).fetchone()[0]:
+    if not _has_table(con, table):
         return False
     return bool(con.execute(HAS_COLUMN_SQL, {"table": table, "column": column}).fetchone()[0])
 
 
-def lookup(con: duckdb.DuckDBPyConnection, pids: list[int]) -> dict[int, Proc]:
+def lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None = None) -> dict[int, Proc]:
+    """Each pid's name, command line and parent as of ``at_ns`` (default: as explain set with
+    ``name_as_of_cuda_calls``, else the latest)."""
     pids = sorted({int(p) for p in pids})
     if not pids:
         return {}
-    sql = NAMES_SQL.format(ppid="n.ppid" if has_column(con, "process_names", "ppid") else "NULL::INTEGER")
+    params: dict = {"pids": pids}
+    if at_ns is not None:
+        at, params["at"] = "$at", int(at_ns)
+    elif _has_table(con, "ing_asof"):
+        at = AT_FROM_ASOF
+    else:
+        at = "9223372036854775807::BIGINT"  # the latest row
+    sql = NAMES_SQL.format(
+        at=at,
+        history="process_history" if _has_table(con, "process_history") else NO_HISTORY,
+        ppid="n.ppid" if has_column(con, "process_names", "ppid") else "NULL::INTEGER",
+    )
     out: dict[int, Proc] = {}
-    for pid, name, comm, cmdline, known, ppid in con.execute(sql, {"pids": pids}).fetchall():
+    for pid, name, comm, cmdline, known, ppid in con.execute(sql, params).fetchall():
         comm = (comm or "").strip()
         label = name or comm or (f"pid {pid}" if pid else "idle")
         out[int(pid)] = Proc(int(pid), label, comm, (cmdline or "").strip(), bool(known),
                              int(ppid) if ppid is not None else None)
     return out
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(con.execute(HAS_TABLE_SQL, {"table": table}).fetchone()[0])

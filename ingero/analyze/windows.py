@@ -9,6 +9,9 @@ explain stays linear in the number of events.
                thread was in when switched out; 'none' outside any call), queued (events.queued),
                other_pid (who preempted, 0 for sleeps): count, off-CPU ns, runq ns
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
+  ing_late     pid, tid, w: preempted time inside device waits (syncs), the part of it that
+               ended right before the wait returned (the only part that can delay it), and
+               the estimated delay
   ing_faults   pid, tid, w, inside (as ing_sched): page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
   ing_sys      w: host metrics;  ing_gpu  w: NVML metrics
@@ -141,6 +144,43 @@ FROM ing_sched WHERE kind = 'preempted' AND n > 0
 GROUP BY ALL
 """
 
+# A thread waiting in a sync is off CPU, preempted, only when it spins or
+# yields (CUDA's default, cudaDeviceScheduleAuto, spins with one context per
+# process).  While the device is still busy that costs nothing: the sync
+# would have waited anyway.  It delays the return only when the device
+# finished during the interval, and then the sync returns right after the
+# thread is back on CPU (a spin or yield loop checks at once).  So per
+# preempted interval [a, b] inside a sync [s0, s1]: s1 within $late_eps_ns of
+# b marks the last one (late_hi: the delay is at most b - a), else the device
+# was still busy after it.  When the device finished inside [a, b] is not in
+# the trace: the estimate takes the thread's own undisturbed wait, the 25th
+# percentile of its sync times (most syncs are not preempted), so the device
+# finished at s0 + that, clamped to [a, b], and the delay is b minus it.
+# Checked against the simulated runtime's own lateness (simcudaWaitLateNs,
+# docs/rules.md).  Blocking syncs sleep instead; their delay is the
+# run-queue wait after the wakeup, counted with every wakeup's.
+LATE_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_late AS
+WITH p AS (
+    SELECT pid, tid, timestamp AS a, timestamp + duration_ns AS b, duration_ns
+    FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND kind = 'preempted'
+      AND list_contains($sync_ops, in_call)
+), s AS (
+    SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1, duration_ns
+    FROM events WHERE {_FILTER} AND {_PID_FILTER} AND list_contains($sync_ops, op)
+      AND tid IN (SELECT tid FROM p)
+), q AS (
+    SELECT tid, quantile_cont(duration_ns, 0.25) AS undisturbed_ns FROM s GROUP BY tid
+)
+SELECT p.pid, p.tid, (p.a - $t0) // $wns AS w,
+       sum(p.duration_ns)::DOUBLE AS wait_preempt_ns,
+       coalesce(sum(p.duration_ns) FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_hi_ns,
+       coalesce(sum(p.b - greatest(p.a, least(p.b, s.s0 + q.undisturbed_ns)))
+                FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_ns
+FROM p ASOF JOIN s ON p.tid = s.tid AND p.a >= s.s0 JOIN q ON q.tid = p.tid
+GROUP BY ALL
+"""
+
 # Faults carry the call they happened in, like off-CPU intervals: a copy
 # whose source pages fault in is slow because of memory, not the bus.
 FAULTS_SQL = f"""
@@ -249,6 +289,11 @@ WITH c AS (
         sum(runq_ns) FILTER (kind <> 'preempted' AND inside = 'copy') AS copy_runq_ns
     FROM ing_sched s JOIN ing_loop l ON s.pid = l.pid AND s.tid = l.tid
     GROUP BY ALL
+), lt AS (
+    SELECT lt.pid, lt.w, sum(wait_preempt_ns) AS wait_preempt_ns, sum(late_hi_ns) AS late_hi_ns,
+           sum(late_ns) AS late_ns
+    FROM ing_late lt JOIN ing_loop l ON lt.pid = l.pid AND lt.tid = l.tid
+    GROUP BY ALL
 )
 SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     c.ops_n, coalesce(c.launch_n, 0) AS launch_n, coalesce(c.launch_ns, 0) AS launch_ns,
@@ -261,7 +306,12 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     least(coalesce(s.off_ns, 0), $wns) AS off_ns,
     coalesce(s.preempt_ns, 0) AS preempt_ns, coalesce(s.preempt_n, 0) AS preempt_n,
     coalesce(s.wake_runq_ns, 0) AS wake_runq_ns,
-    least(coalesce(s.preempt_ns, 0) + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
+    -- CPU wait that cost the loop time: preemptions outside device waits, the part of
+    -- those inside them that delayed the return (LATE_SQL), run-queue waits after wakeups
+    least(greatest(0, coalesce(s.preempt_ns, 0) - coalesce(lt.wait_preempt_ns, 0))
+          + coalesce(lt.late_ns, 0) + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
+    coalesce(lt.wait_preempt_ns, 0) AS wait_preempt_ns, coalesce(lt.late_hi_ns, 0) AS late_hi_ns,
+    coalesce(lt.late_ns, 0) AS late_ns,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
     coalesce(s.sleep_out_idle_ns, 0) AS sleep_out_idle_ns, coalesce(s.sleep_out_queued_ns, 0) AS sleep_out_queued_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
@@ -270,6 +320,7 @@ SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
     coalesce(f.n, 0) AS faults_n, coalesce(f.dur_ns, 0) AS faults_ns,
     coalesce(f.copy_n, 0) AS copy_faults_n, coalesce(f.copy_ns, 0) AS copy_faults_ns
 FROM c LEFT JOIN s USING (pid, w)
+       LEFT JOIN lt USING (pid, w)
        LEFT JOIN (SELECT pid, w, sum(n) AS n, sum(dur_ns) AS dur_ns,
                          sum(n) FILTER (inside = 'copy') AS copy_n,
                          sum(dur_ns) FILTER (inside = 'copy') AS copy_ns
@@ -297,6 +348,11 @@ SELECT h.pid, s.w, coalesce(s.preempt_ns, 0) + coalesce(s.wake_runq_ns, 0) AS cp
 FROM helpers h JOIN s USING (pid) LEFT JOIN ing_pcpu p ON p.pid = h.pid AND p.w = s.w
 """
 
+# A sync that returns within this long after its thread got the CPU back
+# was waiting for that CPU: a spin or yield loop sees the device done at its
+# first check (~1 µs), plus the uretprobe (~5 µs here).  50 µs leaves room for
+# a slow VM without taking in a sync that spun on for a kernel's worth.
+LATE_EPS_NS = 50_000
 # Below this many bytes a device-to-host copy is a scalar read-back
 # (`tensor.item()`, a loss print): 1 KiB covers any scalar or tiny vector.
 SMALL_COPY_BYTES = 1024
@@ -311,6 +367,7 @@ def build(ctx: Context) -> None:
         pinned_ops=PINNED_OPS,
         host_ops=HOST_OPS,
         small_copy_bytes=SMALL_COPY_BYTES,
+        late_eps_ns=LATE_EPS_NS,
     )
     con = ctx.con
 
@@ -325,6 +382,7 @@ def build(ctx: Context) -> None:
     events = events_relation(con, ctx.session_id)
     run(SCHED_SQL.format(events=events), *base, *cats)
     con.execute(PREEMPT_SQL)
+    run(LATE_SQL.format(events=events), *base, "sync_ops", "late_eps_ns")
     run(FAULTS_SQL.format(events=events), *base, *cats)
     run(BIO_SQL, "sid", "t0", "t1", "wns")
     run(SYS_SQL, "sid", "t0", "t1", "wns")

@@ -4,7 +4,9 @@ The kernel's comm is 15 characters and often useless for ML jobs (PyTorch
 renames its main thread ``pt_main_thread``; every interpreter is just
 ``python3``), so the name is built from the command line: the program's base
 name, plus, for an interpreter, what it runs (script, ``-m module``, ``-c``,
-``-jar x.jar``, main class).
+``-jar x.jar``, main class).  Launchers are seen through (collect/launchers.py):
+``env taskset -c 0 python3 train.py`` and a pyenv shim are ``python3 (train.py)``
+before they exec it, ``conda run -n x python train.py`` is ``conda run (train.py)``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from ingero.collect import launchers
+
 PROC = Path("/proc")
+
+# Exec wrappers followed in a row (env nice taskset python3 ...): naming always ends.
+MAX_LAUNCHERS = 8
 
 # A stored command line is capped: some launchers pass megabytes of arguments.
 MAX_CMDLINE_CHARS = 4096
@@ -29,13 +36,6 @@ _SCRIPT_INTERPRETERS = re.compile(
 _PYTHON_OPTS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
 _JAVA_OPTS_WITH_VALUE = {"-cp", "-classpath", "--class-path", "-p", "--module-path", "--add-modules", "-d"}
 _SCRIPT_OPTS_WITH_VALUE = {"-r", "--require", "--import", "--loader", "-o", "-O", "-I", "-e", "-E"}
-
-
-def _script_name(arg: str) -> str:
-    # A script fed through a descriptor (bash /dev/fd/3) has no useful base name.
-    if arg.startswith(("/dev/fd/", "/proc/")):
-        return arg
-    return os.path.basename(arg)
 
 
 def read_proc_file(path: Path) -> bytes | None:
@@ -61,23 +61,38 @@ def split_cmdline(raw: bytes) -> list[str]:
     return args
 
 
-def _python_target(args: list[str]) -> str | None:
+def _python_split(args: list[str]) -> tuple[str, int] | None:
+    """What a python argv runs: ('-m', i) module at args[i], ('-c', i), ('-', i) stdin, ('script', i)."""
     i = 0
     while i < len(args):
         a = args[i]
         if a == "-m" and i + 1 < len(args):
-            return f"-m {args[i + 1]}"
+            return "-m", i + 1
         if a.startswith("-m") and len(a) > 2:
-            return f"-m {a[2:]}"
+            return "-m", i
         if a == "-c" or (a.startswith("-c") and len(a) > 2):
-            return "-c"
+            return "-c", i
         if a in _PYTHON_OPTS_WITH_VALUE:
             i += 2
             continue
-        if a == "-" or not a.startswith("-"):
-            return "stdin" if a == "-" else _script_name(a)
+        if a == "-":
+            return "-", i
+        if not a.startswith("-"):
+            return "script", i
         i += 1
     return None
+
+
+def _python_target(args: list[str]) -> str | None:
+    split = _python_split(args)
+    if split is None:
+        return None
+    kind, i = split
+    if kind == "-m":
+        return f"-m {args[i][2:] if args[i].startswith('-m') else args[i]}"
+    if kind == "-c":
+        return "-c"
+    return "stdin" if kind == "-" else launchers.script_path_name(args[i])
 
 
 def _java_target(args: list[str]) -> str | None:
@@ -95,35 +110,92 @@ def _java_target(args: list[str]) -> str | None:
     return None
 
 
-def _script_target(args: list[str]) -> str | None:
+def _script_split(args: list[str]) -> tuple[str, int] | None:
+    """('-c' / '-e' / '--eval', i) for inline code, ('script', i) for a script file."""
     i = 0
     while i < len(args):
         a = args[i]
         if a in ("-c", "-e", "--eval"):
-            return a
+            return a, i
         if a in _SCRIPT_OPTS_WITH_VALUE:
             i += 2
             continue
         if not a.startswith("-"):
-            return _script_name(a)
+            return "script", i
         i += 1
     return None
 
 
-def readable_name(argv: list[str], comm: str) -> str:
-    """``python3 (train.py)`` for an interpreter, the program's base name otherwise."""
-    if not argv:  # kernel thread, or a zombie whose memory is gone
-        return comm
-    program = os.path.basename(argv[0]) or comm
-    rest = argv[1:]
+def _script_target(args: list[str]) -> str | None:
+    split = _script_split(args)
+    if split is None:
+        return None
+    kind, i = split
+    return launchers.script_path_name(args[i]) if kind == "script" else kind
+
+
+def _runs(program: str, args: list[str]) -> tuple[str, str, list[str]] | None:
+    """(name, path, its arguments) of the script or module an interpreter runs, else None."""
     if _PYTHON.match(program):
-        target = _python_target(rest)
-    elif program == "java":
-        target = _java_target(rest)
-    elif _SCRIPT_INTERPRETERS.match(program):
-        target = _script_target(rest)
-    else:
-        target = None
+        split = _python_split(args)
+        if split is None or split[0] in ("-c", "-"):
+            return None
+        kind, i = split
+        if kind == "-m":
+            module = args[i][2:] if args[i].startswith("-m") else args[i]
+            return module, "", args[i + 1:]
+        return os.path.basename(args[i]), args[i], args[i + 1:]
+    if _SCRIPT_INTERPRETERS.match(program):
+        split = _script_split(args)
+        if split is None or split[0] != "script":
+            return None
+        i = split[1]
+        return os.path.basename(args[i]), args[i], args[i + 1:]
+    return None
+
+
+def _target(program: str, args: list[str]) -> str | None:
+    if _PYTHON.match(program):
+        return _python_target(args)
+    if program == "java":
+        return _java_target(args)
+    if _SCRIPT_INTERPRETERS.match(program):
+        return _script_target(args)
+    return None
+
+
+def identify(argv: list[str], comm: str, depth: int = 0) -> tuple[str, str | None]:
+    """(program, what it runs) of the job ``argv`` stands for, launchers seen through.
+
+    An exec wrapper (``env``, ``taskset``, a pyenv shim, ``sh -c CMD``) is
+    named after the command it becomes; a spawning launcher (``conda run``,
+    ``uv run``, ``torchrun``) is named ``conda run`` with what it runs."""
+    if not argv:  # kernel thread, or a zombie whose memory is gone
+        return comm, None
+    for _ in range(MAX_LAUNCHERS):
+        program = os.path.basename(argv[0]) or comm
+        rest = argv[1:]
+        runs = _runs(program, rest)
+        inner = launchers.exec_target(program, rest)
+        if inner is None and runs is not None:
+            name, path, args = runs
+            inner = launchers.exec_target(name, args, path=path)
+        if not inner:
+            break
+        argv = inner
+    spawn = launchers.spawned_command(program, rest)
+    if spawn is None and runs is not None:
+        spawn = launchers.spawned_command(runs[0], runs[2])
+    if spawn is not None and depth < MAX_LAUNCHERS:
+        label, child = spawn
+        child_program, child_target = identify(child, "", depth + 1)
+        return label, child_target or child_program or None
+    return program, _target(program, rest)
+
+
+def readable_name(argv: list[str], comm: str) -> str:
+    """``python3 (train.py)`` for an interpreter, the program's base name otherwise (launchers seen through)."""
+    program, target = identify(argv, comm)
     return f"{program} ({target})" if target else program
 
 

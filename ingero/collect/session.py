@@ -236,7 +236,9 @@ class TraceSession:
         self.drops_user = 0
         self.pct = _Percentiles()
         self.seen_pids: set[int] = set()
-        self.nameless: set[int] = set()
+        # pids /proc could not be read for -> when their image started (exec time; None: unknown)
+        self.nameless: dict[int, int | None] = {}
+        self.identities: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline) last stored
         self.notes: list[str] = []
         self.stacks: Any = None
         self.stack_failures = 0  # flushes stored without stacks because resolving them failed
@@ -260,6 +262,7 @@ class TraceSession:
             recs = self.pending_buf[start : start + n]
             self.pending_rows += n
             self.pct.add(recs)
+            self._note_execs(recs)  # first: a process seen at its exec is named once, as of the exec
             self._note_pids(recs)  # now, while short-lived processes still exist
         return n
 
@@ -329,27 +332,56 @@ class TraceSession:
     def _note_pids(self, recs: np.ndarray) -> None:
         # Unique pids from the heads of runs of one pid: a thread's records come
         # in long runs, so np.unique sorts a handful instead of every record.
+        # A pid's first record dates its first name (process_history.from_ns).
         pid = recs["pid"]
-        heads = np.flatnonzero(pid[1:] != pid[:-1]) + 1
-        pids = np.unique(np.concatenate((pid[:1], pid[heads])))
+        heads = np.concatenate(([0], np.flatnonzero(pid[1:] != pid[:-1]) + 1))
+        pids, first = np.unique(pid[heads], return_index=True)
+        first_ns = recs["ts_ns"][heads[first]].astype(np.int64) + self.offset_ns
+        since: dict[int, int | None] = dict(zip(pids.tolist(), first_ns.tolist()))
         switch = recs["op"] == int(Op.SCHED_SWITCH)
         if switch.any():
-            pids = np.union1d(pids, np.unique(recs["other_pid"][switch]))
-        self.upsert_names(int(p) for p in pids)
+            for p in np.unique(recs["other_pid"][switch]).tolist():
+                since.setdefault(p, None)
+        self.upsert_names(since)
 
     def upsert_names(self, pids: Any) -> None:
-        new = [p for p in pids if p > 0 and p not in self.seen_pids]
+        """Name the pids not named yet; ``pids`` may map each to its first record's time (else: now)."""
+        since = pids if isinstance(pids, dict) else dict.fromkeys(pids)
+        new = {p: t for p, t in since.items() if p > 0 and p not in self.seen_pids}
         if not new:
             return
+        self._name_now(new)
+
+    def _note_execs(self, recs: np.ndarray) -> None:
+        """Processes that exec'd are named again (a pyenv shim's bash becomes python3).
+
+        /proc is read when the record is, a few ms after the exec: a process
+        that exec'd again meanwhile is named after its newest image (the one
+        that runs on), and one that is gone by then keeps the comm BPF gave
+        it at the exec (named at the next harvest)."""
+        execs = recs[recs["op"] == int(Op.PROC_EXEC)]
+        if not len(execs):
+            return
+        last: dict[int, int] = {}
+        for pid, ts in zip(execs["pid"].tolist(), (execs["ts_ns"].astype(np.int64) + self.offset_ns).tolist()):
+            last[pid] = max(ts, last.get(pid, 0))
+        self._name_now(last)
+
+    def _name_now(self, from_ns: dict[int, int | None]) -> None:
+        """Name pids from /proc: process_names (latest) and a process_history row from ``from_ns`` (None: now)."""
         rows = []
         now = time.time_ns()
-        for pid in new:
+        for pid, since in from_ns.items():
             info = _process_info(pid)
             if info is None:
-                self.nameless.add(pid)  # already gone: named from its kernel comm at the next harvest
+                self.nameless[pid] = since  # already gone: named from its kernel comm at the next harvest
                 continue
+            self.nameless.pop(pid, None)  # a later image was read: the comm of an earlier one must not win
             self.seen_pids.add(pid)
-            rows.append({**info, "session_id": self.session_id, "seen_ns": now})
+            if self.identities.get(pid) == (info["name"], info["cmdline"]):
+                continue  # the same image seen again (an exec read after the next one)
+            self.identities[pid] = (info["name"], info["cmdline"])
+            rows.append({**info, "session_id": self.session_id, "seen_ns": now, "from_ns": since})
         self.store.upsert_process_names(rows)
 
     def _name_from_comm(self, pids: np.ndarray, stats: np.ndarray) -> None:
@@ -361,9 +393,9 @@ class TraceSession:
             if pid in self.nameless:
                 name = bytes(comm).split(b"\0", 1)[0].decode("utf-8", "replace")
                 rows.append({"pid": pid, "name": name, "comm": name, "cmdline": None,
-                             "session_id": self.session_id, "seen_ns": now})
-                self.nameless.discard(pid)
+                             "session_id": self.session_id, "seen_ns": now, "from_ns": self.nameless.pop(pid)})
                 self.seen_pids.add(pid)
+                self.identities[pid] = (name, None)
         self.store.upsert_process_names(rows)
 
     # -- once a second ---------------------------------------------------------

@@ -86,7 +86,8 @@ def _render(result: Any, keep_db: Path | None) -> None:
         out.write(f"synthetic replay (why: {result.reason})\n")
     else:
         out.write("live: real eBPF trace of the workload on the simulated CUDA runtime\n")
-    out.write(f"Scenario {s.name}: {s.story}\n\n")
+    out.write(f"Scenario {s.name}: {s.story}\n")
+    out.write(f"CUDA wait policy: {result.policy}\n\n")
     terminal.write(result.before.report, out)
     out.write("\n")
     if s.expected_rule is not None:

@@ -83,6 +83,12 @@ class DemoResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def policy(self) -> str:
+        """The CUDA wait policy the runs used, as stated by the scenario and resolved ('auto -> spin')."""
+        how = scn.wait_policy(self.scenario.policy)
+        return self.scenario.policy if how == self.scenario.policy else f"{self.scenario.policy} -> {how}"
+
+    @property
     def chains(self) -> list[dict[str, Any]]:
         return (self.before.report_dict or {}).get("chains", [])
 
@@ -107,6 +113,7 @@ class DemoResult:
             "title": self.scenario.title,
             "mode": self.mode,
             "reason": self.reason,
+            "wait_policy": self.policy,
             "expected_rule": self.scenario.expected_rule,
             "top_rule": self.top_rule,
             "diagnosed": self.diagnosed,
@@ -247,9 +254,11 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     procs: list[subprocess.Popen] = []
     # the tracer's output goes to files: a pipe nobody reads while we wait would fill and stall it
     log_path = workdir / f"{label}.trace.log"
+    # the workload inherits the tracer's environment: the simulated runtime waits by the scenario's policy
+    env = {**os.environ, "SIMCUDA_SCHEDULE": s.policy}
     with open(log_path, "w") as log:
         tracer = subprocess.Popen(tracer_cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+                                  start_new_session=True, env=env)
     _keep_off_loop_core(tracer.pid, flags)
     try:
         if items:
@@ -352,6 +361,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
         raise IngeroError("--duration must be positive")
     say = progress or (lambda _msg: None)
     reason = "asked with --synthetic" if synthetic_only else live_unavailable()
+    say(f"CUDA wait policy: {s.policy} (SIMCUDA_SCHEDULE={s.policy})")
     tmp = Path(tempfile.mkdtemp(prefix=f"ingero-demo-{s.name}-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
     try:
         before_db = keep_db if keep_db is not None else tmp / "before.duckdb"

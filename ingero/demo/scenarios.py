@@ -3,7 +3,8 @@
 A scenario is data: the workload's flags (demos/workloads/train.py) for the
 slow run and for the run with the fix applied, the interference processes
 that run beside it, the explain rule expected to name the cause, and the
-physics the synthetic replay reproduces when eBPF is not available.
+physics the synthetic replay reproduces when eBPF is not available, and the
+wait policy of its CUDA runtime (how a sync waits for the device).
 
 Both cores of these machines are used deliberately: the training loop is
 pinned to LOOP_CPU, hogs to the same core when contention is the point, and
@@ -12,6 +13,7 @@ the fix moves the loop to FIX_CPU (or removes the cause).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ingero.errors import IngeroError
@@ -27,6 +29,22 @@ DEFAULT_DURATION_S = 40.0
 # The slow run starts clean and the cause arrives after this share of it, so
 # explain has baseline windows from the same session to compare against.
 BASELINE_SHARE = 0.3
+
+# How a thread waits for the device (cudaSetDeviceFlags' cudaDeviceSchedule*;
+# SIMCUDA_SCHEDULE for the simulated runtime).  auto is CUDA's default: spin
+# while the process has no more active contexts than the host has logical
+# CPUs, else yield.  spin and yield stay on the CPU; block sleeps.
+POLICIES = ("auto", "spin", "yield", "block")
+DEFAULT_POLICY = "auto"
+
+
+def wait_policy(policy: str, *, contexts: int = 1, ncpu: int | None = None) -> str:
+    """The policy a wait follows: spin, yield or block (``auto`` resolved by CUDA's rule)."""
+    if policy not in POLICIES:
+        raise IngeroError(f"unknown wait policy {policy!r}", "choose one of: " + ", ".join(POLICIES))
+    if policy != "auto":
+        return policy
+    return "spin" if contexts <= (ncpu or os.cpu_count() or 1) else "yield"
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,9 @@ class Scenario:
     needs_dataset: bool = False
     physics: Physics = field(default_factory=Physics)
     fix_physics: Physics = field(default_factory=Physics)
+    # the wait policy of the CUDA runtime it runs on (SIMCUDA_SCHEDULE); every scenario runs
+    # under CUDA's default, and its diagnosis must hold under each (tests/unit/test_policy_matrix.py)
+    policy: str = DEFAULT_POLICY
 
 
 _LOOP = ("--cpu", str(LOOP_CPU), "--worker-cpus", str(FIX_CPU))

@@ -1,12 +1,19 @@
-"""Synthetic replay: a scenario's events generated with numpy, when eBPF is not available.
+"""Synthetic replay: a scenario's events generated step by step, when eBPF is not available.
 
-Same tables and columns a live trace writes (events, process_names,
-process_cpu, system_metrics, a closed session), generated step by step
-with the physics the live run has: launches cost host time, kernels queue
-on a device timeline, a sync returns when the device drains (plus the
-thread's wake-up delay), pageable copies are synchronous and slow, a
-starved loop sleeps on its queue, a preempted loop waits runnable while a
-hog runs, faults and block I/O take time on the thread that suffers them.
+The one synthetic trace generator of the project.  It writes the same
+tables and columns a live trace writes (events, process_names,
+process_cpu, system_metrics, a closed session), with the physics the live
+run has: launches cost host time, kernels queue on a device timeline, a
+sync returns when the device drains, pageable copies are staged chunk by
+chunk on the calling thread and synchronous, a starved loop sleeps on its
+queue, a contended loop waits runnable while a hog runs, faults and block
+I/O take time on the thread that suffers them.  How the loop waits for the
+device follows the scenario's wait policy (ingero.demo.timeline: spin,
+yield or block; ``auto`` resolves as CUDA does).  ``event_batch`` gives
+bulk rows of a random mix, for load and retention tests.
+
+Not modelled: a full launch queue (no scenario issues ~1000 launches ahead
+of the device), event syncs, more than one loop thread.
 
 As in the live demo, the cause starts after a clean baseline share of the
 run (``BASELINE_SHARE``), so rules compare windows of the same session.
@@ -14,91 +21,35 @@ run (``BASELINE_SHARE``), so rules compare windows of the same session.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario
+from ingero.demo import scenarios
+from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario, wait_policy
+from ingero.demo.timeline import HOG_PID0, LOOP_PID, US, WAKE_NS, WORKER_PID0, Columns, LoopThread
 from ingero.store.db import Store
 from ingero.store.derive import fill_call_state
 
+__all__ = ["NS", "US", "LOOP_PID", "WORKER_PID0", "HOG_PID0", "Columns", "Replay", "generate", "write",
+           "event_batch"]
+
 NS = 1_000_000_000
-US = 1_000
-# Fake PIDs of the replay (clearly not live processes of this host).
-LOOP_PID = 424_242
-WORKER_PID0 = 424_250
-HOG_PID0 = 424_300
-# A blocked thread wakes ~30 us after its event on an idle host (measured
-# wake-up latency of clock_nanosleep here: 20-60 us).
-WAKE_NS = 30 * US
 # cudaMemcpyAsync from pinned memory returns after ~10 us (queues the DMA).
 ASYNC_COPY_CALL_NS = 10 * US
-# A preempting hog keeps the CPU for about one scheduler slice (~3 ms with
-# EEVDF's default base slice on a 2-CPU box).
-PREEMPT_SLICE_NS = 3_000 * US
+# Pageable copies are staged through a pinned bounce buffer in chunks of this
+# size, each chunk's DMA waited for (demos/simcuda STAGE_CHUNK), at the DMA
+# bandwidth and setup latency of the simulated runtime's defaults.
+STAGE_CHUNK = 2 << 20
+DMA_GBPS = 12.0
+COPY_LATENCY_NS = 8 * US
 # Samplers write one row a second.
 SAMPLE_NS = NS
-
-
-@dataclass
-class Columns:
-    """Growing event columns (plain lists; converted once at the end)."""
-
-    timestamp: list[int]
-    duration_ns: list[int]
-    pid: list[int]
-    tid: list[int]
-    op: list[str]
-    kind: list[str | None]
-    bytes: list[int | None]
-    preempted: list[bool | None]
-    other_pid: list[int | None]
-    runq_ns: list[int | None]
-    ret: list[int | None]
-    cpu: list[int]
-
-    @classmethod
-    def empty(cls) -> "Columns":
-        return cls(*([] for _ in range(12)))
-
-    def add(self, ts: int, dur: int, op: str, *, pid: int = LOOP_PID, tid: int | None = None,
-            kind: str | None = None, nbytes: int | None = None, preempted: bool | None = None,
-            other_pid: int | None = None, runq_ns: int | None = None, cpu: int = 0) -> None:
-        is_cuda = op.startswith("cuda")
-        self.timestamp.append(int(ts))
-        self.duration_ns.append(int(dur))
-        self.pid.append(pid)
-        self.tid.append(tid if tid is not None else pid)
-        self.op.append(op)
-        self.kind.append(kind)
-        self.bytes.append(nbytes)
-        self.preempted.append(preempted)
-        self.other_pid.append(other_pid)
-        self.runq_ns.append(runq_ns)
-        self.ret.append(0 if is_cuda else None)
-        self.cpu.append(cpu)
-
-    def table(self, session_id: int) -> pa.Table:
-        n = len(self.timestamp)
-        return pa.table({
-            "session_id": pa.array([session_id] * n, pa.int32()),
-            "timestamp": pa.array(self.timestamp, pa.int64()),
-            "duration_ns": pa.array(self.duration_ns, pa.int64()),
-            "pid": pa.array(self.pid, pa.int32()),
-            "tid": pa.array(self.tid, pa.int32()),
-            "op": pa.array(self.op, pa.string()),
-            "kind": pa.array(self.kind, pa.string()),
-            "bytes": pa.array(self.bytes, pa.int64()),
-            "preempted": pa.array(self.preempted, pa.bool_()),
-            "other_pid": pa.array(self.other_pid, pa.int32()),
-            "runq_ns": pa.array(self.runq_ns, pa.int64()),
-            "ret": pa.array(self.ret, pa.int32()),
-            "cpu": pa.array(self.cpu, pa.int16()),
-        })
 
 
 @dataclass
@@ -115,6 +66,9 @@ class Replay:
     hogs: int
     process_cpu: list[dict]
     system: list[dict]
+    policy: str = "block"
+    # per sync: when the device finished the work it waited for (the simulated timeline knows)
+    sync_device_done_ns: list[int] = field(default_factory=list)
 
     def summary(self) -> dict:
         wall = (self.end_ns - self.start_ns) / NS
@@ -131,137 +85,138 @@ class Replay:
             "device_busy_pct": round(100 * self.device_busy_ns / (self.end_ns - self.start_ns), 1)
             if self.end_ns > self.start_ns else 0.0,
             "pid": LOOP_PID,
+            "wait_policy": self.policy,
         }
 
 
-def _step(c: Columns, rng: np.random.Generator, p: Physics, t: int, dev_free: int,
-          step_index: int) -> tuple[int, int, int, list[int]]:
-    """One training step starting at host time t; returns (end, device free time, busy ns, sync durations)."""
-    busy = 0
-    syncs: list[int] = []
-    stretch = 1.0 / (1.0 - p.preempt_share) if p.preempt_share else 1.0
-    host_cpu_ns = 0  # CPU the loop used this step (preemptions are spread over it)
+class _Device:
+    """The device timeline: when the work queued so far ends, and how long kernels ran."""
 
-    def jit(ns: float) -> int:
-        return max(1, int(ns * rng.uniform(0.95, 1.05)))
+    def __init__(self, t: int) -> None:
+        self.free = t
+        self.busy = 0
 
-    # -- data: the loop sleeps on the DataLoader queue
+    def queue(self, at: int, ns: int, *, kernel: bool = False) -> int:
+        self.free = max(self.free, at) + ns
+        if kernel:
+            self.busy += ns
+        return self.free
+
+
+def _data_wait(th: LoopThread, rng: np.random.Generator, p: Physics, worker_free: list[int]) -> None:
+    """The loop sleeps on the DataLoader queue while the workers read (block I/O on their threads)."""
+    d = th.jit(p.data_wait_us * US)
+    spacing = d // max(1, p.block_ios_per_step)
+    for i in range(p.block_ios_per_step):
+        w = i % len(worker_free)
+        bd = th.jit(p.block_io_us * US)
+        # one worker reads one request at a time: its I/O waits never overlap
+        bt = max(th.t + i * spacing, worker_free[w])
+        wpid = WORKER_PID0 + w
+        th.c.add(bt, bd, "block_io", pid=wpid, kind="read", nbytes=256 * 1024, other_pid=0x00FD0000, cpu=1)
+        th.c.add(bt, bd + WAKE_NS, "sched_switch", pid=wpid, kind="io", preempted=False, runq_ns=WAKE_NS, cpu=1)
+        worker_free[w] = bt + bd + WAKE_NS
+    th.sleep(d)
+
+
+def _sync_copy(th: LoopThread, dev: _Device, p: Physics) -> None:
+    """Body of a pageable cudaMemcpy: after the queued work, chunk by chunk: a CPU copy into the
+    bounce buffer, then that chunk's DMA, waited for."""
+    th.wait_device(dev.free)
+    host_ns_per_byte = max(0.0, 1.0 / p.copy_gbps - 1.0 / DMA_GBPS)
+    left = p.copy_bytes
+    while left > 0:
+        n = min(left, STAGE_CHUNK)
+        th.run(th.jit(n * host_ns_per_byte + 1))
+        th.wait_device(dev.queue(th.t, th.jit(n / DMA_GBPS + COPY_LATENCY_NS)))
+        left -= n
+
+
+def _step(th: LoopThread, rng: np.random.Generator, p: Physics, dev: _Device,
+          worker_free: list[int]) -> list[tuple[int, int]]:
+    """One training step from the thread's clock; returns (duration, device done) of its syncs."""
+    th.contend(p.preempt_share, p.hogs)
+    syncs: list[tuple[int, int]] = []
     if p.data_wait_us:
-        d = jit(p.data_wait_us * US)
-        c.add(t, d, "sched_switch", kind="sleep", preempted=False, runq_ns=WAKE_NS)
-        for i in range(p.block_ios_per_step):
-            wpid = WORKER_PID0 + step_index % 2
-            bd = jit(p.block_io_us * US)
-            bt = t + i * max(1, d // max(1, p.block_ios_per_step))
-            c.add(bt, bd, "block_io", pid=wpid, kind="read", nbytes=256 * 1024, other_pid=0x00FD0000, cpu=1)
-            c.add(bt, bd, "sched_switch", pid=wpid, kind="io", preempted=False, runq_ns=WAKE_NS, cpu=1)
-        t += d + WAKE_NS
+        _data_wait(th, rng, p, worker_free)
     # -- collate the batch: faults on the loop thread (pages reclaimed since the last
     # touch).  The live run shows them as mostly minor faults (readahead has the
     # page in flight: ~110k faults/s against ~70 major faults host-wide), so the
-    # cost is the fault handling itself, not D-state waits.
+    # cost is the fault handling itself, on the CPU, not D-state waits.
     if p.faults_per_step:
-        fd = int(p.fault_us * US)
-        for _ in range(p.faults_per_step):
-            c.add(t, fd, "page_fault", nbytes=None)
-            t += fd
+        th.faults(p.faults_per_step, int(p.fault_us * US))
     # -- host -> device copy
     if p.copy_sync:
-        d = jit(p.copy_bytes / p.copy_gbps + 8 * US)
-        start = max(t, dev_free)
-        c.add(t, start - t + d, "cudaMemcpy", kind="H2D", nbytes=p.copy_bytes)
-        host_cpu_ns += d
-        t = start + d
-        copy_end = t
+        th.call_op("cudaMemcpy", lambda: _sync_copy(th, dev, p), kind="H2D", nbytes=p.copy_bytes)
     else:
-        c.add(t, ASYNC_COPY_CALL_NS, "cudaMemcpyAsync", kind="H2D", nbytes=p.copy_bytes)
-        copy_end = max(t, dev_free) + int(p.copy_bytes / p.copy_gbps) + 8 * US
-        host_cpu_ns += ASYNC_COPY_CALL_NS
-        t += ASYNC_COPY_CALL_NS
-    dev = max(dev_free, copy_end)
+        th.call_op("cudaMemcpyAsync", lambda: th.run(ASYNC_COPY_CALL_NS), kind="H2D", nbytes=p.copy_bytes)
+        dev.queue(th.t, int(p.copy_bytes / p.copy_gbps) + COPY_LATENCY_NS)
     # -- kernels, syncs spread among them
     sync_every = max(1, p.kernels // p.syncs) if p.syncs else 0
     for k in range(p.kernels):
-        d = int(jit(p.launch_us * US) * stretch)
-        c.add(t, d, "cudaLaunchKernel", nbytes=None)
-        host_cpu_ns += d
-        t += d
-        kd = jit(p.kernel_us * US)
-        dev = max(dev, t) + kd
-        busy += kd
+        th.call_op("cudaLaunchKernel", lambda: th.run(th.jit(p.launch_us * US)))
+        dev.queue(th.t, th.jit(p.kernel_us * US), kernel=True)
         if sync_every and (k + 1) % sync_every == 0 and (k + 1) // sync_every <= p.syncs:
-            wait = max(0, dev - t)
-            late = WAKE_NS
-            if p.preempt_share and rng.uniform() < p.preempt_share:
-                late += jit(PREEMPT_SLICE_NS * rng.uniform(0.2, 1.0))  # woke behind a hog
-            d = wait + late
-            c.add(t, d, "cudaStreamSync")
-            if wait:
-                c.add(t, wait + late - WAKE_NS, "sched_switch", kind="sleep", preempted=False,
-                      runq_ns=late)
-            syncs.append(d)
-            t += d
-    # -- host work (optimizer bookkeeping), stretched by preemption
-    hw = jit(p.host_us * US)
-    host_cpu_ns += hw
-    t += int(hw * stretch)
-    # -- the preemptions that the stretch stands for, spread over the step
-    if p.preempt_share:
-        off = int(host_cpu_ns * (stretch - 1.0))
-        n = max(1, math.ceil(off / PREEMPT_SLICE_NS))
-        for i in range(n):
-            d = off // n
-            c.add(t - off + i * d, d, "sched_switch", kind="preempted", preempted=True,
-                  other_pid=HOG_PID0 + i % max(1, p.hogs), runq_ns=d)
-    return t, dev, busy, syncs
+            syncs.append((th.call_op("cudaStreamSync", lambda: th.wait_device(dev.free)), dev.free))
+    # -- host work (optimizer bookkeeping)
+    th.run(th.jit(p.host_us * US))
+    return syncs
 
 
 def generate(scenario: Scenario, *, duration_s: float | None = None, steps: int | None = None,
-             fixed: bool = False, start_ns: int | None = None, seed: int = 0) -> Replay:
+             fixed: bool = False, start_ns: int | None = None, seed: int = 0,
+             policy: str | None = None) -> Replay:
     """Events of one run of ``scenario`` (``fixed``: the run with the fix applied).
 
     Runs ``steps`` steps, or as many as fit in ``duration_s``.  The slow run's
-    first BASELINE_SHARE of steps (or of time) use the fixed physics.
+    first BASELINE_SHARE of steps (or of time) use the fixed physics.  The
+    loop waits for the device by ``policy`` (auto, spin, yield, block;
+    default: the scenario's).
     """
     if steps is None and duration_s is None:
         raise ValueError("give steps or duration_s")
+    how = wait_policy(policy or scenario.policy)
     rng = np.random.default_rng(seed)
     c = Columns.empty()
     t0 = start_ns if start_ns is not None else time.time_ns()
-    t = t0
-    dev = t0
-    busy = 0
+    th = LoopThread(c, rng, how, t0)
+    dev = _Device(t0)
+    worker_free = [t0, t0]
     step_ns: list[int] = []
     sync_ns: list[int] = []
+    sync_done: list[int] = []
     physics = scenario.fix_physics if fixed else scenario.physics
     base_steps = int(steps * BASELINE_SHARE) if steps is not None else 0
     base_until = t0 + int((duration_s or 0) * BASELINE_SHARE * NS)
     end_by = t0 + int((duration_s or 0) * NS)
     i = 0
-    while (steps is not None and i < steps) or (steps is None and t < end_by):
-        clean = i < base_steps if steps is not None else t < base_until
+    while (steps is not None and i < steps) or (steps is None and th.t < end_by):
+        clean = i < base_steps if steps is not None else th.t < base_until
         p = scenario.fix_physics if clean and not fixed else physics
-        end, dev, b, s = _step(c, rng, p, t, dev, i)
-        step_ns.append(end - t)
-        sync_ns.extend(s)
-        busy += b
-        t = end
+        begin = th.t
+        for d, done in _step(th, rng, p, dev, worker_free):
+            sync_ns.append(d)
+            sync_done.append(done)
+        step_ns.append(th.t - begin)
         i += 1
     cause_from = t0 + sum(step_ns[:base_steps]) if steps is not None else base_until
     hogs = physics.hogs
-    pcpu = _process_cpu(t0, t, hogs, cause_from if not fixed else t0, physics)
-    system = _system(t0, t, hogs)
-    return Replay(c, i, step_ns, sync_ns, busy, t0, t, hogs, pcpu, system)
+    pcpu = _process_cpu(t0, th.t, hogs, cause_from if not fixed else t0, c)
+    system = _system(t0, th.t, hogs)
+    return Replay(c, i, step_ns, sync_ns, dev.busy, t0, th.t, hogs, pcpu, system, how, sync_done)
 
 
-def _process_cpu(t0: int, t1: int, hogs: int, hogs_from: int, p: Physics) -> list[dict]:
+def _process_cpu(t0: int, t1: int, hogs: int, hogs_from: int, c: Columns) -> list[dict]:
+    """The hogs' per-second rows; preempted_traced counts the loop's switch-outs to each one."""
+    took = Counter((o, (ts - t0) // SAMPLE_NS) for ts, op, o, k in zip(c.timestamp, c.op, c.other_pid, c.kind)
+                   if op == "sched_switch" and k == "preempted")
     rows = []
     for ts in range(t0 + SAMPLE_NS, t1 + SAMPLE_NS, SAMPLE_NS):
         for h in range(hogs if ts > hogs_from else 0):
             rows.append({
                 "timestamp": ts, "interval_ns": SAMPLE_NS, "pid": HOG_PID0 + h, "comm": "cpu-hog",
                 "oncpu_ns": int(SAMPLE_NS * 0.5), "involuntary": 300, "voluntary": 0,
-                "preempted_traced": int(100 * p.preempt_share),
+                "preempted_traced": took[(HOG_PID0 + h, (ts - t0) // SAMPLE_NS - 1)],
             })
     return rows
 
@@ -276,7 +231,8 @@ def _system(t0: int, t1: int, hogs: int) -> list[dict]:
 
 def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> int:
     """Store a replay as one closed session; returns its id."""
-    sid = store.begin_session(command=f"ingero demo {scenario.name} ({label}, synthetic replay)",
+    sid = store.begin_session(command=f"ingero demo {scenario.name} ({label}, synthetic replay, "
+                                      f"{replay.policy} waits)",
                               targets="python3 (train.py) [synthetic]")
     store.append("events", replay.events.table(sid))
     # what BPF tags at each switch and fault (the thread's CUDA call state), derived from the calls
@@ -302,3 +258,28 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
         {"s": replay.start_ns, "e": replay.end_ns, "sid": sid},
     )
     return sid
+
+
+@functools.lru_cache(maxsize=1)
+def _bulk_template() -> pa.Table:
+    """Ten seconds of a contended loop with blocking waits: launches, syncs, copies, sleeps and
+    preemptions in the proportions of a replayed run (~7,000 rows), in time order."""
+    r = generate(scenarios.get("cpu-contention"), duration_s=10, start_ns=0, policy="block")
+    t = r.events.table(0)
+    return t.take(pa.array(np.argsort(np.asarray(r.events.timestamp), kind="stable")))
+
+
+def event_batch(session_id: int, start_ns: int, end_ns: int, n: int, rng: np.random.Generator) -> pa.Table:
+    """``n`` rows of a replayed run, from a random point of it, evenly spread over [start_ns, end_ns).
+
+    Bulk rows for load, retention and live-query tests, where the row count and
+    the time span are what matters: ops, kinds, durations and PIDs are a real
+    replay's, but re-timed, so one thread's intervals may overlap.
+    """
+    tpl = _bulk_template()
+    idx = (int(rng.integers(0, tpl.num_rows)) + np.arange(n)) % tpl.num_rows
+    out = tpl.take(pa.array(idx))
+    ts = start_ns + np.arange(n, dtype=np.int64) * max(1, end_ns - start_ns) // max(1, n)
+    out = out.set_column(out.schema.get_field_index("timestamp"), "timestamp", pa.array(ts, pa.int64()))
+    return out.set_column(out.schema.get_field_index("session_id"), "session_id",
+                          pa.array(np.full(n, session_id, dtype=np.int32)))

@@ -41,13 +41,41 @@ def system_line(report: Report) -> str:
     return "System Context: " + " | ".join(parts)
 
 
+# The parts of a step, in the order a step spends them, as printed.
+STEP_PARTS = (("data_wait", "data wait"), ("host", "host work"), ("launch", "launches"), ("copy", "copies"),
+              ("device_wait", "device wait"), ("cuda_other", "other CUDA"), ("cpu_wait", "CPU wait"),
+              ("faults_io", "faults/I-O"))
+
+
+def device_lines(report: Report) -> list[str]:
+    """What the device did and how the loop stepped, when known."""
+    lines = []
+    d = report.device
+    if d is not None:
+        if d.source == "measured":
+            lines.append(f"Device: busy {units.pct(d.busy_share)} (measured: the trace's device timeline)")
+        else:
+            lines.append(f"Device: busy ~{units.pct(d.busy_share)} (inferred from the CUDA calls: "
+                         f"{units.pct(d.low)}-{units.pct(d.high)})")
+    st = report.steps
+    if st is not None:
+        how = "ProfilerStep marks" if st.source == "marked" else "the rhythm of the calls"
+        line = f"Steps: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, p99 {st.p99_ms:.2f} ms"
+        parts = [f"{label} {units.pct(st.breakdown[key])}" for key, label in STEP_PARTS if key in st.breakdown]
+        lines.append(line)
+        if parts:
+            lines.append(INDENT + "a step: " + " | ".join(parts))
+    return lines
+
+
 def analysed_line(report: Report) -> str:
     a = report.analysed
     span = (a.end_ns - a.start_ns) / 1e9
     procs = len(a.processes)
+    followed = f" (+{a.followed:,} followed without CUDA calls)" if a.followed else ""  # no CUDA call: counted
     text = (
         f"Analysed: {a.events:,} events ({a.cuda_events:,} CUDA calls) from {procs} traced "
-        f"process{'es' if procs != 1 else ''} over {span_text(span)} "
+        f"process{'es' if procs != 1 else ''}{followed} over {span_text(span)} "
         f"({a.windows} window{'s' if a.windows != 1 else ''} of {span_text(a.window_s)}), session {a.session_id}; "
         f"drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user"
     )
@@ -69,7 +97,7 @@ def _block(out: IO[str], label: str, lines: list[str]) -> None:
 
 
 def write_chain(chain: Chain, out: IO[str]) -> None:
-    out.write(f"[{chain.severity}] {chain.title}\n")
+    out.write(f"[{chain.severity}] {chain.title}   (explains {units.pct(chain.share)} of wall clock)\n")
     _block(out, "Root", chain.root)
     _block(out, "Effect", chain.effect)
     _block(out, "Contributing", chain.contributing)
@@ -118,6 +146,8 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
 
 def write(report: Report, out: IO[str]) -> None:
     out.write(system_line(report) + "\n")
+    for line in device_lines(report):
+        out.write(line + "\n")
     span = (report.analysed.end_ns - report.analysed.start_ns) / 1e9
     if report.chains:
         out.write(f"Causal Chains (last {span_text(span)}):\n")

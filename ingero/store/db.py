@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 10
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -54,6 +54,11 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      file it reads without migrating).
 #   6: sessions.probe_misses (runs of our BPF programs the kernel skipped:
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
+#   7: device_activity and spans (imported profiler traces), sessions.imported_from,
+#      rank, world_size, device_properties, import_unused, clock_offset_ns.
+#  10: process_history (a process's names over time, one row per exec'd
+#      image); older sessions have none, and analyze names them from
+#      process_names as before.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -75,6 +80,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS probe_misses BIGINT",
         "ALTER TABLE sessions ALTER COLUMN probe_misses SET DEFAULT 0",
     ],
+    7: [REAPPLY_SCHEMA] + [f"ALTER TABLE sessions ADD COLUMN IF NOT EXISTS {c}" for c in (
+        "imported_from VARCHAR", "rank INTEGER", "world_size INTEGER", "device_properties VARCHAR",
+        "import_unused VARCHAR", "clock_offset_ns BIGINT")],
+    10: [REAPPLY_SCHEMA],  # creates process_history
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -437,12 +446,15 @@ class Store:
         return len(crashed)
 
     def upsert_process_names(self, rows: list[dict[str, Any]]) -> None:
-        """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid when known."""
+        """rows: pid, name, comm, cmdline, session_id, seen_ns, and ppid and from_ns when known.
+
+        process_names keeps the latest row per pid; each row is also added to
+        process_history from ``from_ns`` (the exec time; seen_ns by default)."""
         if not rows:
             return
         import pyarrow as pa
 
-        batch = pa.Table.from_pylist([{"ppid": None, **r} for r in rows])
+        batch = pa.Table.from_pylist([{"ppid": None, "from_ns": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
             self._upsert_names()
@@ -452,6 +464,11 @@ class Store:
             self.con.unregister("_ingero_names")
 
     def _upsert_names(self) -> None:
+        self.con.execute(
+            """INSERT INTO process_history (session_id, pid, from_ns, name, comm, cmdline, ppid)
+               SELECT session_id, pid, coalesce(from_ns, seen_ns), name, comm, cmdline, ppid::INTEGER
+               FROM _ingero_names"""
+        )
         self.con.execute(
             """INSERT INTO process_names
                    (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
@@ -468,12 +485,15 @@ TABLES = (
     "sessions",
     "events",
     "process_names",
+    "process_history",
     "process_cpu",
     "process_memory",
     "stacks",
     "system_metrics",
     "gpu_metrics",
     "probes",
+    "device_activity",
+    "spans",
 )
 
 

@@ -33,7 +33,13 @@ CREATE TABLE IF NOT EXISTS sessions (
     ncpu INTEGER,                    -- CPUs on the host
     stale_calls BIGINT DEFAULT 0,    -- CUDA calls whose return was never seen (longjmp, exception), counted when the thread's next call replaced them; no row was stored for them; NULL: before schema 2
     sched_autogroup BOOLEAN,         -- the kernel's sched_autogroup_enabled at start: when true, nice orders processes only within one session (setsid), so a fix for CPU contention must lower the competitor's autogroup; NULL: before schema 4
-    probe_misses BIGINT DEFAULT 0    -- runs of ingero's BPF programs the kernel skipped because another BPF program or a bpf() map syscall held the CPU (recursion_misses of each program); each may have lost a row (an off-CPU interval, a call); NULL: before schema 6
+    probe_misses BIGINT DEFAULT 0,   -- runs of ingero's BPF programs the kernel skipped because another BPF program or a bpf() map syscall held the CPU (recursion_misses of each program); each may have lost a row (an off-CPU interval, a call); NULL: before schema 6
+    imported_from VARCHAR,           -- `ingero import`: the trace file the session came from (or was joined with); NULL for a traced session
+    rank INTEGER,                    -- imported: distributedInfo.rank of the traced process
+    world_size INTEGER,              -- imported: distributedInfo.world_size
+    device_properties VARCHAR,       -- imported: the trace's deviceProperties (JSON text: name, memory, SMs per GPU)
+    import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
+    clock_offset_ns BIGINT           -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
@@ -156,4 +162,52 @@ CREATE TABLE IF NOT EXISTS probes (
     probe_kind VARCHAR,          -- 'uprobe' | 'uretprobe' | 'tracepoint'
     attached BOOLEAN,
     error VARCHAR
+);
+
+-- ---- Imported traces (schema 7): `ingero import` of PyTorch-profiler (Kineto) traces.
+-- An imported session's sessions row has imported_from set; its CUDA calls go
+-- into events (same op names as the tracer), the device's own timeline into
+-- device_activity, CPU operators and annotations into spans.
+
+-- What the device ran, as the trace measured it (CUPTI): one row per kernel, copy or memset.
+CREATE TABLE IF NOT EXISTS device_activity (
+    session_id INTEGER,
+    device INTEGER,              -- GPU index in the traced process
+    stream BIGINT,               -- the profiler's stream id (a small number, not a cudaStream_t)
+    kind VARCHAR NOT NULL,       -- 'kernel' | 'memcpy' | 'memset'
+    copy_kind VARCHAR,           -- memcpy: H2D / D2H / D2D / H2H (PtoP is D2D); NULL otherwise
+    bytes BIGINT,                -- memcpy, memset: bytes moved / set
+    start_ns BIGINT NOT NULL,    -- on the host's clock (ns since the Unix epoch), like events.timestamp
+    end_ns BIGINT NOT NULL,
+    name VARCHAR,                -- kernel name, or 'Memcpy HtoD (Pageable -> Device)' etc. (pageable/pinned shows here)
+    correlation BIGINT,          -- the profiler's id linking it to the call that submitted it
+    call_tid INTEGER,            -- thread of that call (NULL when the trace lacks it)
+    call_ns BIGINT               -- start of that call: JOIN events ON tid = call_tid AND timestamp = call_ns
+);
+
+-- CPU operators and user annotations of an imported trace (torch.profiler's
+-- record_function): ProfilerStep#N marks training steps, enumerate(DataLoader)... data loading.
+CREATE TABLE IF NOT EXISTS spans (
+    session_id INTEGER,
+    pid INTEGER,
+    tid INTEGER,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    name VARCHAR NOT NULL,       -- aten::conv2d, ProfilerStep#12, enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ ...
+    category VARCHAR             -- the trace's cat: 'cpu_op' | 'user_annotation' | 'python_function'
+);
+
+-- What each process was called over time: a row per image it ran, from the
+-- moment it was first seen or exec'd (a pyenv shim's bash, then python3).
+-- process_names holds the latest row; analyze names a pid as of the time it
+-- made its CUDA calls:
+--   SELECT arg_max(name, from_ns) FROM process_history WHERE pid = $p AND from_ns <= $t
+CREATE TABLE IF NOT EXISTS process_history (
+    session_id INTEGER,
+    pid INTEGER NOT NULL,
+    from_ns BIGINT NOT NULL,     -- exec time; first-seen time for the image it had when tracing began
+    name VARCHAR,                -- readable, as process_names.name
+    comm VARCHAR,
+    cmdline VARCHAR,             -- NULL when it exited before /proc could be read (name = its comm)
+    ppid INTEGER
 );

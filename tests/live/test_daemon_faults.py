@@ -13,6 +13,9 @@ import pytest
 
 from ingero.store.db import Store
 
+# the BPF-free writer process (not part of the package: run by path)
+WRITER = Path(__file__).resolve().parents[2] / "bench" / "synthetic_writer.py"
+
 pytestmark = pytest.mark.live
 
 TMPFS_SIZE = "8m"  # small enough to fill in a second at 100k events/s
@@ -33,7 +36,7 @@ def small_disk():
 def _fill(db: Path) -> int:
     """Write until the disk is full; returns how many events the writer acknowledged."""
     proc = subprocess.run(
-        [sys.executable, "-m", "ingero.daemon.synthetic", "--db", str(db), "--rate", "100000",
+        [sys.executable, str(WRITER), "--db", str(db), "--rate", "100000",
          "--flush-s", "0.1", "--duration", "60"],
         capture_output=True, text=True, timeout=120,
     )

@@ -115,6 +115,15 @@ class Step:
     preempt_by: int = 0
     preempt_slices: int = 4
     wake_runq_ms: float = 0.01  # run-queue wait after waking from the sync
+    # how syncs wait (CUDA's policies): "block" sleeps (a switch-out of kind sleep inside
+    # the sync); "spin" and "yield" stay on CPU, so the sync is only a long call
+    policy: str = "block"
+    # spin/yield under contention: runnable but off CPU inside each sync.  sync_preempt_ms
+    # falls while the device is still busy (the sync spins on after it: no delay);
+    # sync_late_ms ends right before the sync returns (the device finished during it:
+    # the return is late by up to that much)
+    sync_preempt_ms: float = 0.0
+    sync_late_ms: float = 0.0
     io_ms: float = 0.0  # uninterruptible (D) outside CUDA calls
     faults: int = 0  # page faults per step
 
@@ -200,11 +209,24 @@ class Trace:
                 t += 8 * US
             share = st.device_ms * MS / st.syncs
             left = max(0.0, first_launch + share * (k + 1) - t)
-            runq = st.wake_runq_ms * MS
-            dur = left + runq + 15 * US
+            if st.policy == "block":
+                runq = st.wake_runq_ms * MS
+                dur = left + runq + 15 * US
+                self.ev(t, "cudaStreamSync", pid, tid, dur)
+                if left > 50 * US:
+                    self.switch(t + 5 * US, pid, tid, left + runq, "sleep", runq=runq)
+                t += int(dur)
+                continue
+            # spinning / yielding: on CPU until the device is done, except where preempted
+            late = st.sync_late_ms * MS
+            dur = max(left, st.sync_preempt_ms * MS + 1 * MS if st.sync_preempt_ms else 0.0) + late + 5 * US
             self.ev(t, "cudaStreamSync", pid, tid, dur)
-            if left > 50 * US:
-                self.switch(t + 5 * US, pid, tid, left + runq, "sleep", runq=runq)
+            if st.sync_preempt_ms:
+                self.switch(t + 100 * US, pid, tid, st.sync_preempt_ms * MS, "preempted",
+                            runq=st.sync_preempt_ms * MS, other=st.preempt_by)
+            if late:
+                self.switch(t + dur - late - 3 * US, pid, tid, late, "preempted", runq=late,
+                            other=st.preempt_by)
             t += int(dur)
         return t
 

@@ -12,6 +12,7 @@ import duckdb
 
 from ingero.store.db import schema_sql
 
+IMPORT_V7 = "-- ---- Imported traces (schema 7)"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -30,8 +31,15 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 5), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 6), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 7 added device_activity, spans (appended at the end) and six sessions columns
+    assert sql.count(IMPORT_V7) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(IMPORT_V7)]
+    sql = _drop_trailing_columns(sql, ("imported_from", "rank", "world_size", "device_properties", "import_unused",
+                                       "clock_offset_ns"), last="probe_misses BIGINT DEFAULT 0")
+    if version >= 6:
+        return sql
     # 6 added sessions.probe_misses
     sql = _drop_trailing_columns(sql, ("probe_misses",), last="sched_autogroup BOOLEAN")
     if version >= 5:

@@ -10,7 +10,7 @@ import pytest
 
 from ingero.daemon import client
 from ingero.daemon.runtime import Daemon
-from ingero.daemon.synthetic import event_batch
+from ingero.demo.synthetic import event_batch
 from ingero.errors import IngeroError
 from ingero.store.db import Store
 

@@ -19,7 +19,7 @@ import pytest
 
 from ingero.daemon import client
 from ingero.daemon.server import QueryServer, lock_down
-from ingero.daemon.synthetic import event_batch
+from ingero.demo.synthetic import event_batch
 from ingero.errors import IngeroError
 from ingero.store.db import DatabaseLocked, Store, open_for_user_sql
 

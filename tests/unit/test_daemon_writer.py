@@ -22,6 +22,9 @@ from ingero.store.db import DatabaseLocked
 from ingero.render.status import lines as format_status
 from ingero.store.db import Store
 
+# the BPF-free writer process (not part of the package: run by path)
+WRITER = Path(__file__).resolve().parents[2] / "bench" / "synthetic_writer.py"
+
 RATE = 20_000          # events/s the synthetic writer produces
 FLUSH_S = 0.2          # its flush interval (the tracer's is <= 1 s)
 BATCH = int(RATE * FLUSH_S)
@@ -40,7 +43,7 @@ class Writer:
     def __init__(self, db: Path, sock: Path, *extra: str) -> None:
         env = {**os.environ, "INGERO_SOCKET": str(sock)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ingero.daemon.synthetic", "--db", str(db), "--rate", str(RATE),
+            [sys.executable, str(WRITER), "--db", str(db), "--rate", str(RATE),
              "--flush-s", str(FLUSH_S), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )

@@ -212,26 +212,32 @@ def test_live_unavailable_gives_a_reason_when_not_root(monkeypatch):
     assert runner.live_unavailable().startswith("not root")
 
 
-@pytest.mark.parametrize("name", scenarios.names())
-def test_synthetic_replay_is_explained_as_its_scenario(name):
-    """The replay has the physics of its failure: explain ranks the expected rule first, and
-    the fixed run's replay has no HIGH/MEDIUM chain."""
-    from ingero.analyze.context import Options
-    from ingero.analyze.explain import explain
+# Whether each scenario's replay is explained as its scenario, under every wait policy, and
+# its fixed run stays healthy: tests/unit/test_policy_matrix.py.
 
-    s = scenarios.get(name)
-    strong = {}
-    for fixed in (False, True):
-        store = Store.memory()
-        r = synthetic.generate(s, duration_s=8, fixed=fixed, start_ns=10**18)
-        synthetic.write(store, s, r, label="t")
-        report = explain(store.con, Options())
-        strong[fixed] = [c.rule_id for c in report.chains if c.severity in ("HIGH", "MEDIUM")]
-    if s.expected_rule is None:
-        assert strong[False] == []
-    else:
-        assert strong[False][:1] == [s.expected_rule]
-    assert strong[True] == []
+
+def test_cli_prints_the_wait_policy():
+    result = CliRunner().invoke(cli, ["demo", "healthy", "--synthetic", "--duration", "2s"])
+    assert result.exit_code == 0, result.output
+    assert "CUDA wait policy: auto -> spin" in result.output.splitlines()
+
+
+def test_live_run_gives_the_workload_the_scenarios_wait_policy(monkeypatch, tmp_path):
+    """The workload runs under the tracer (--cmd) and inherits its environment."""
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        seen.update(kw["env"])
+        raise Started
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    with pytest.raises(Started):
+        runner._live_run(scenarios.get("healthy"), "before", False, 1.0, tmp_path / "x.duckdb", tmp_path, {},
+                         lambda _m: None)
+    assert seen["SIMCUDA_SCHEDULE"] == "auto"
 
 
 def test_live_unavailable_without_a_compiler_when_the_library_is_not_built(monkeypatch, tmp_path):

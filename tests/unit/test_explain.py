@@ -42,7 +42,9 @@ def test_healthy_run_has_no_high_or_medium_chain_and_says_what_was_analysed():
     terminal.write(report, out)
     text = out.getvalue()
     assert "No causal chains" in text
-    assert "from 3 traced processes over 30 s" in text
+    # the two DataLoader workers made no CUDA call: counted, not listed
+    assert "from 1 traced process (+2 followed without CUDA calls) over 30 s" in text
+    assert report.analysed.processes == ["python3 (train.py) (PID 4242)"]
     assert "drops: 0 kernel, 0 user" in text
     assert report.analysed.cuda_events == sum(1 for e in healthy(30).events if e["op"].startswith("cuda"))
 
@@ -118,11 +120,11 @@ def test_cli_text_and_json(db: Path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["format_version"] == render_json.FORMAT_VERSION
-    assert set(doc) == {"format_version", "analysed", "system", "chains", "notes", "stack"}
+    assert set(doc) == {"format_version", "analysed", "system", "chains", "notes", "stack", "device", "steps"}
     chain = doc["chains"][0]
     assert set(chain) == {
         "rule_id", "severity", "title", "root", "effect", "contributing", "fix", "pids", "culprits",
-        "evidence_windows", "windows_total", "correlation", "correlation_note", "impact", "numbers",
+        "evidence_windows", "windows_total", "correlation", "correlation_note", "impact", "share", "numbers",
     }
     assert chain["rule_id"] == "cpu-contention" and chain["culprits"][0]["pid"] == STRESS
     assert set(chain["evidence_windows"][0]) == {"start_ns", "end_ns"}

@@ -12,7 +12,7 @@ import pytest
 
 from ingero.daemon import client, server
 from ingero.daemon.server import QueryServer
-from ingero.daemon.synthetic import event_batch
+from ingero.demo.synthetic import event_batch
 from ingero.errors import IngeroError
 from ingero.store.db import Store
 

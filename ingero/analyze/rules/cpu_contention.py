@@ -5,7 +5,10 @@ clock; a CUDA sync that completes while its thread waits in the run queue
 returns late.  The cause metric is the loop thread's CPU wait per window:
 time switched out while still runnable (kind='preempted') plus run-queue
 latency after its wakeups.  Voluntary sleeps (waiting in a sync, on a queue)
-are not contention and are not counted.
+are not contention and are not counted.  Nor is a preemption inside a sync
+that spins or yields (CUDA's default) while the GPU still works: the sync
+would have waited anyway; only the interval the sync returned right after
+counts, from when the device finished in it (windows.LATE_SQL).
 """
 
 from __future__ import annotations
@@ -181,21 +184,27 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         contributing.append("kernel threads: " + ", ".join(names[p].name for p in kernel[:4]))
     if wake_ns > 0:
         contributing.append(f"run-queue wait after wakeups {units.ns(wake_ns)}")
+    in_waits = sum(r["wait_preempt_ns"] for r in s.evidence)
+    if in_waits > 0:
+        # spinning / yielding syncs (CUDA's default) are preempted while the GPU works
+        late_hi = sum(r["late_hi_ns"] for r in s.evidence)
+        late = sum(r["late_ns"] for r in s.evidence)
+        contributing.append(
+            f"preempted {units.ns(in_waits)} inside syncs that spin or yield: {units.ns(in_waits - late_hi)} "
+            f"while the GPU was still busy (no delay, not counted), {units.ns(late_hi)} right before the sync "
+            f"returned (the GPU finished meanwhile: the return came {units.ns(late)} late)"
+        )
     fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
-    return Chain(
-        rule_id=ID,
+    return baseline.chain(
+        ID, TITLE, ctx, pid, s,
         severity=severity,
-        title=TITLE,
         root=root,
         effect=effect,
         contributing=contributing,
         fix=fix,
-        pids=[pid],
         culprits=culprits,
-        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-        windows_total=len(rows),
-        correlation=corr,
-        correlation_note="CUDA ops/s fall as CPU wait rises" if corr is not None else "",
+        corr=corr,
+        corr_note="CUDA ops/s fall as CPU wait rises",
         impact=wait_share,
         numbers={
             "cpu_wait_share": round(wait_share, 4),

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
-from ingero.analyze.model import Chain, Culprit
+from ingero.analyze.model import Chain, Culprit, Window
 
 ID = "input-bound"
 TITLE = "Input pipeline starvation → training loop waits for data, GPU idles"
@@ -73,7 +73,8 @@ GROUP BY pid ORDER BY oncpu_ns DESC
 def _queued_wait_ns(r: baseline.Row) -> float:
     """The window's waits with device work queued, when the syncs show the device ran dry in them."""
     queued = r["sleep_out_queued_ns"]
-    return queued if queued and r["sleep_sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
+    # the syncs' call time, not their sleeps: a spinning sync waits on CPU
+    return queued if queued and r["sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
 
 
 def wait_ns(r: baseline.Row) -> float:
@@ -86,6 +87,9 @@ def _share(r: baseline.Row) -> float:
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
+    if ctx.marked_steps is not None:
+        # a profiler trace marks its steps and its DataLoader waits: measured, not inferred
+        return _from_marked_steps(con, ctx, ctx.marked_steps)
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
         s = baseline.split(rows, _share, T.min_wait_share)
@@ -97,7 +101,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         queued_ns = sum(_queued_wait_ns(r) for r in s.evidence)
         wait = waited / wall if wall else 0.0
         queued_share = queued_ns / wall if wall else 0.0
-        sync_share = baseline.mean_share(s.evidence, "sleep_sync_ns")
+        sync_share = baseline.mean_share(s.evidence, "sync_ns")
         workers = con.execute(WORKERS_SQL, {"ws": ws}).fetchall()
         names = procs.lookup(con, [pid] + [w[0] for w in workers])
         me = names[pid]
@@ -136,7 +140,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             q_rows = [r for r in s.evidence if _queued_wait_ns(r)]
             dry = (f"the kernels queued before the wait finished before the batch came "
                    f"({units.pct(queued_share)} of wall clock; the syncs of those windows waited "
-                   f"{units.pct(baseline.mean_share(q_rows, 'sleep_sync_ns'))})")
+                   f"{units.pct(baseline.mean_share(q_rows, 'sync_ns'))})")
             effect = [f"GPU idle while the loop waits: nothing queued for {units.pct(idle_share)} of wall clock; "
                       f"{dry}" if round(idle_share, 3) > 0 else f"GPU idle while the loop waits: {dry}"]
         else:
@@ -166,20 +170,16 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             for w in workers[:4]
         ]
         chains.append(
-            Chain(
-                rule_id=ID,
+            baseline.chain(
+                ID, TITLE, ctx, pid, s,
                 severity=severity,
-                title=TITLE,
                 root=root,
                 effect=effect,
                 contributing=contributing,
                 fix=fix,
-                pids=[pid],
                 culprits=culprits,
-                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-                windows_total=len(rows),
-                correlation=corr,
-                correlation_note='CUDA ops/s fall as the wait for data grows' if corr is not None else "",
+                corr=corr,
+                corr_note='CUDA ops/s fall as the wait for data grows',
                 impact=wait,
                 numbers={
                     "input_wait_share": round(wait, 4),
@@ -227,3 +227,76 @@ def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker
     else:
         fix.append(f"py-spy top --pid {me.pid}   (see what the loop waits on between steps)")
     return fix
+
+
+# The loop thread of a profiler trace: who ran the marked steps.
+STEP_PID_SQL = """
+SELECT pid FROM spans WHERE session_id = $sid AND starts_with(name, 'ProfilerStep#')
+GROUP BY pid ORDER BY count(*) DESC LIMIT 1
+"""
+# What the DataLoader spans say of the loader: the single-process iterator builds
+# every batch on the loop thread (num_workers=0).
+INLINE_LOADER_SQL = """
+SELECT count(*) > 0 FROM spans
+WHERE session_id = $sid AND starts_with(name, 'enumerate(DataLoader)') AND contains(name, 'SingleProcess')
+"""
+
+
+# More workers than this rarely help one GPU's loop: they compete for the host's cores.
+MAX_SUGGESTED_WORKERS = 8
+
+
+def _from_marked_steps(con, ctx: Context, steps) -> list[Chain]:
+    """input-bound from ProfilerStep#N and enumerate(DataLoader) spans (an imported torch.profiler trace)."""
+    total = sum(st.end_ns - st.start_ns for st in steps.steps)
+    waited = sum(st.dataloader_ns for st in steps.steps)
+    share = waited / total if total else 0.0
+    ev = [st for st in steps.steps if st.dataloader_share >= T.min_wait_share]
+    if share < T.min_wait_share or len(ev) * 2 < steps.count:
+        return []
+    pid_row = con.execute(STEP_PID_SQL, {"sid": ctx.session_id}).fetchone()
+    pid = int(pid_row[0]) if pid_row and pid_row[0] is not None else 0
+    me = procs.lookup(con, [pid]).get(pid)
+    label = me.label if me else f"PID {pid}"
+    inline = bool(con.execute(INLINE_LOADER_SQL, {"sid": ctx.session_id}).fetchone()[0])
+    step_ms = total / steps.count / 1e6
+    data_ms = waited / steps.count / 1e6
+    busy = ctx.device_busy.get(pid)
+    effect = [f"each step waits {data_ms:.1f} ms for its batch: {units.pct(share)} of the step time "
+              f"({step_ms:.1f} ms mean over {steps.count} steps)"]
+    effect.append(f"the device was busy {units.pct(busy)} of the steps (measured)" if busy is not None else
+                  "the trace has no device timeline (CPU only): that wait is time a GPU would idle")
+    # workers needed so that batches come as fast as the rest of the step uses them
+    # (one more for jitter), within what a host gives a DataLoader
+    rest_ms = max(step_ms - data_ms, 0.1)
+    needed = math.ceil(data_ms / rest_ms) + 1
+    workers = min(max(2, needed), MAX_SUGGESTED_WORKERS)
+    fix = []
+    if inline:
+        fix.append(f"DataLoader(num_workers={workers}, persistent_workers=True, pin_memory=True)   "
+                   f"(num_workers=0: the loop builds every batch itself, {data_ms:.1f} ms of each step)")
+    else:
+        fix.append(f"DataLoader(num_workers={workers}, prefetch_factor=4, persistent_workers=True, pin_memory=True)   "
+                   f"(the workers deliver a batch every {data_ms + rest_ms:.1f} ms; the step needs one every "
+                   f"{rest_ms:.1f} ms)")
+    if needed > MAX_SUGGESTED_WORKERS:
+        fix.append(f"a batch takes {data_ms:.1f} ms to build against {rest_ms:.1f} ms of the rest of the step: "
+                   f"{needed} workers would be needed")
+    fix.append("make items cheaper: decode / augment on the GPU (DALI, torchvision.transforms.v2 on tensors), "
+               "or cache preprocessed samples")
+    return [Chain(
+        rule_id=ID,
+        severity="HIGH" if share >= T.high_wait_share else "MEDIUM",
+        title=TITLE,
+        root=[f"{label}: enumerate(DataLoader) spans cover {units.pct(share)} of its steps "
+              f"({len(ev)} of {steps.count} steps at or above {units.pct(T.min_wait_share)})"
+              + (", the batches built inline (num_workers=0)" if inline else "")],
+        effect=effect,
+        fix=fix,
+        pids=[pid],
+        evidence_windows=[Window(st.start_ns, st.end_ns) for st in ev],
+        windows_total=steps.count,
+        impact=share,
+        numbers={"input_wait_share": round(share, 4), "input_wait_ns": waited,
+                 "step_ms_mean": round(step_ms, 3), "inline_loading": float(inline)},
+    )]

@@ -170,21 +170,17 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     if not fix:
         fix.append("put the dataset / checkpoints on local NVMe; DataLoader prefetch_factor=4 hides read latency")
     culprits = [Culprit(i[0], names[i[0]].name, f"{units.size(i[1])} block I/O") for i in issuers[:3]]
-    return Chain(
-        rule_id=ID,
+    return baseline.chain(
+        ID, TITLE, ctx, pid, s,
         severity=severity,
-        title=TITLE,
         root=root,
         effect=effect,
         contributing=contributing,
         fix=fix,
-        pids=[pid],
         culprits=culprits,
-        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-        windows_total=len(rows),
-        correlation=corr,
-        correlation_note='CUDA ops/s fall as disk latency grows' if corr is not None else "",
-        impact=max(blocked, drop),
+        corr=corr,
+        corr_note='CUDA ops/s fall as disk latency grows',
+        impact=blocked,
         numbers={
             "io_wait_share": round(io_share, 4),
             "input_wait_share": round(starve_share, 4),

@@ -3,9 +3,14 @@
 Physics: each launch costs the host microseconds of API and Python time; if
 the kernels run for less than that, the device drains faster than the host
 fills it.  Signs, per window of the loop thread: a high launch rate, the
-thread on CPU nearly all the time, and syncs that return at once (the
-device was already idle).  Not this rule when syncs are frequent
-(sync-heavy) or the thread is off CPU (contention, input, I/O).
+thread running nearly all the time, and syncs that return at once (the
+device was already idle).  Time inside a sync is waiting for the device
+whatever the wait policy: a sleeping sync is off CPU, but a spinning or
+yielding one (CUDA's default with one GPU per process) is on CPU the whole
+time, so the sync's call time is what counts, never the thread's sleeps.
+Not this rule when syncs are frequent (sync-heavy), when the thread is
+runnable but waiting for a CPU (contention: the premise of a host that
+cannot launch fast enough is that it runs), or when it sleeps (input, I/O).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
+from ingero.analyze.rules import cpu_contention
 
 ID = "launch-bound"
 TITLE = "Launch-bound: many tiny kernels, the GPU waits for the host"
@@ -27,20 +33,30 @@ class Thresholds:
     # plus framework time.  Real launch-bound loops run 10k-50k/s.
     min_launch_rate_per_s: float = 2000.0
     high_launch_rate_per_s: float = 8000.0
-    # The loop thread running or runnable (not sleeping, not in D state) at
-    # least this share of the window: it never waits for anything, so it is
-    # the bottleneck.  Runnable time counts, so other load on the host
-    # (cpu-contention reports it) does not hide the pattern.
+    # The loop thread running (not sleeping, not in D state, not waiting for
+    # a CPU) at least this share of the window: it never waits for anything,
+    # so it is the bottleneck.
     min_busy_share: float = 0.80
-    # Waiting in syncs at most this share: the device finished before the host asked.
+    # Inside syncs at most this share (call time: spinning, yielding or
+    # sleeping alike): the device finished before the host asked.
     max_sync_wait_share: float = 0.10
     # At or above one sync per 5 launches the pattern is sync-heavy instead.
     max_syncs_per_launch: float = 0.2
     # Steady-state property: at least this share of active windows must show it.
     min_window_share: float = 0.5
+    # The effect is a starved device: one measured or inferred busy at least this
+    # share of the span is not waiting for launches.  Long launch calls on a busy
+    # device are back-pressure from a full launch queue, not a slow host (real
+    # V100 trace: 60 µs launches, device 97.4% busy).
+    max_device_busy_share: float = 0.80
 
 
 T = Thresholds()
+
+
+def _running_share(r: baseline.Row) -> float:
+    """Share of the window the loop thread ran: not asleep, not in D state, not waiting for a CPU."""
+    return 1.0 - (r["sleep_ns"] + r["io_ns"] + r["cpu_wait_ns"]) / r["wall_ns"]
 
 
 def _is_launch_bound(r: baseline.Row) -> bool:
@@ -48,18 +64,23 @@ def _is_launch_bound(r: baseline.Row) -> bool:
     if not wall or not r["launch_n"]:
         return False
     rate = r["launch_n"] / (wall / 1e9)
-    busy = 1.0 - (r["sleep_ns"] + r["io_ns"]) / wall
     return (
         rate >= T.min_launch_rate_per_s
-        and busy >= T.min_busy_share
-        and r["sleep_sync_ns"] / wall <= T.max_sync_wait_share
+        and _running_share(r) >= T.min_busy_share
+        # what cpu-contention measures on the same window contradicts a host that runs flat out
+        and r["cpu_wait_ns"] / wall < cpu_contention.T.min_wait_share
+        and r["sync_ns"] / wall <= T.max_sync_wait_share
         and r["sync_n"] / r["launch_n"] < T.max_syncs_per_launch
     )
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
+    if ctx.imported_from:
+        return []  # no scheduler rows: whether the loop ran or waited is unknown (explain notes it)
     for pid, rows in baseline.windows_by_pid(ctx).items():
+        if ctx.device_busy.get(pid, 0.0) >= T.max_device_busy_share:
+            continue
         ev = [r for r in rows if _is_launch_bound(r)]
         if not ev or len(ev) < T.min_window_share * len(rows):
             continue
@@ -68,8 +89,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         launch_ns = sum(r["launch_ns"] for r in ev)
         rate = launches / (wall / 1e9)
         oncpu = 1.0 - sum(r["off_ns"] for r in ev) / wall
-        busy = 1.0 - sum(r["sleep_ns"] + r["io_ns"] for r in ev) / wall
-        sync_wait = baseline.mean_share(ev, "sleep_sync_ns")
+        busy = 1.0 - sum(r["sleep_ns"] + r["io_ns"] + r["cpu_wait_ns"] for r in ev) / wall
+        sync_wait = baseline.mean_share(ev, "sync_ns")
+        # on CPU outside syncs: the host work the device waited for
+        host = busy - (sync_wait - baseline.mean_share(ev, "sleep_sync_ns"))
         mean_ns = launch_ns / launches
         me = procs.lookup(con, [pid])[pid]
         severity = "HIGH" if rate >= T.high_launch_rate_per_s else "MEDIUM"
@@ -84,10 +107,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     f"{len(ev)} of {len(rows)} windows), one every {units.ns(1e9 / rate)}",
                     f"launch calls take {units.ns(mean_ns)} each on average, {units.pct(launch_share)} of wall clock; "
                     f"the thread is on CPU {units.pct(oncpu)} of the time and never waits "
-                    f"(running or runnable {units.pct(busy)})",
+                    f"(running {units.pct(busy)})",
                 ],
                 effect=[
-                    f"GPU starved: the loop waited for the GPU only {units.pct(sync_wait)} of wall clock",
+                    f"GPU starved: the loop waited for the GPU (in syncs) only {units.pct(sync_wait)} of wall clock",
                     f"throughput capped by the host at {units.count(rate)} kernels/s",
                 ],
                 contributing=[f"{units.count(sum(r['sync_n'] for r in ev))} syncs in the same windows"],
@@ -100,7 +123,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 evidence_windows=baseline.evidence_windows(ctx, ev),
                 windows_total=len(rows),
                 correlation=None,
-                impact=1.0 - sync_wait,
+                impact=max(0.0, host),
                 numbers={
                     "launches_per_s": round(rate, 1),
                     "launch_mean_ns": round(mean_ns, 1),

@@ -200,21 +200,17 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
             "systemd-run --scope -p MemoryMax=...)"
         )
     fix.append(f"reuse buffers instead of allocating per step in {me.command}; pre-allocate pinned buffers once")
-    return Chain(
-        rule_id=ID,
+    return baseline.chain(
+        ID, TITLE, ctx, pid, s,
         severity=severity,
-        title=TITLE,
         root=root,
         effect=effect,
         contributing=[f"{names[f[0]].name} (PID {f[0]}): {units.count(f[1])} page faults" for f in faulters[1:3]],
         fix=fix,
-        pids=[pid],
         culprits=culprits,
-        evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-        windows_total=len(rows),
-        correlation=corr,
-        correlation_note='CUDA ops/s fall as memory pressure rises' if corr is not None else "",
-        impact=max(lost, drop),
+        corr=corr,
+        corr_note='CUDA ops/s fall as memory pressure rises',
+        impact=lost,
         numbers={
             "io_wait_share": round(io_share, 4),
             "fault_share": round(fault_share, 4),

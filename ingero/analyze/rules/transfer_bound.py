@@ -147,19 +147,15 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         if any(kind == "D2H" for kind, *_ in dirs[:1]):
             fix.append("keep results on the GPU; copy back to the host less often")
         chains.append(
-            Chain(
-                rule_id=ID,
+            baseline.chain(
+                ID, TITLE + (" (pageable memory)" if pageable else ""), ctx, pid, s,
                 severity=severity,
-                title=TITLE + (" (pageable memory)" if pageable else ""),
                 root=root,
                 effect=effect,
                 contributing=contributing,
                 fix=fix,
-                pids=[pid],
-                evidence_windows=baseline.evidence_windows(ctx, s.evidence),
-                windows_total=len(rows),
-                correlation=corr,
-                correlation_note='CUDA ops/s fall as copy time grows' if corr is not None else "",
+                corr=corr,
+                corr_note='CUDA ops/s fall as copy time grows',
                 impact=share,
                 numbers={
                     "copy_share": round(share, 4),

@@ -1,12 +1,14 @@
-"""A synthetic tracer: writes event batches like `ingero trace` does, without BPF.
+"""A synthetic tracer process: writes event batches like `ingero trace` does, without BPF.
 
 For the daemon's tests and measurements (retention, memory, kill -9, disk
 full, live queries): it holds the DB as the only writer, flushes Arrow
 batches through Store.append every FLUSH interval, keeps its session row's
 heartbeat, optionally applies Retention and serves a QueryServer.  One JSON
 line per flush on stdout tells the parent what was acknowledged (committed).
+The rows come from the synthetic trace generator (ingero.demo.synthetic.event_batch).
+Not part of the package: run it by path.
 
-    python -m ingero.daemon.synthetic --db /tmp/x.duckdb --rate 50000 --serve
+    python bench/synthetic_writer.py --db /tmp/x.duckdb --rate 50000 --serve
 """
 
 from __future__ import annotations
@@ -23,28 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.daemon.retention import Retention
+from ingero.demo.synthetic import event_batch
 from ingero.store.db import Store
-
-_OPS = np.array(["cudaLaunchKernel", "cudaMemcpy", "cudaStreamSync", "sched_switch", "page_fault"])
-_KINDS = np.array(["H2D", "D2H", "preempted", "sleep", None], dtype=object)
-
-
-def event_batch(session_id: int, start_ns: int, end_ns: int, n: int, rng: np.random.Generator) -> pa.Table:
-    """n events spread evenly over [start_ns, end_ns), columns named as in the events table."""
-    ts = start_ns + (np.arange(n, dtype=np.int64) * max(1, (end_ns - start_ns)) // max(1, n))
-    op_idx = rng.integers(0, len(_OPS), n)
-    return pa.table({
-        "session_id": pa.array(np.full(n, session_id, dtype=np.int32)),
-        "timestamp": pa.array(ts),
-        "duration_ns": pa.array(rng.integers(1_000, 5_000_000, n, dtype=np.int64)),
-        "pid": pa.array(rng.integers(1000, 1016, n, dtype=np.int32)),
-        "tid": pa.array(rng.integers(1000, 1064, n, dtype=np.int32)),
-        "op": pa.array(_OPS[op_idx]),
-        "kind": pa.array(_KINDS[rng.integers(0, len(_KINDS), n)], type=pa.string()),
-        "bytes": pa.array(rng.integers(0, 1 << 26, n, dtype=np.int64)),
-        "cpu": pa.array(rng.integers(0, 2, n, dtype=np.int16)),
-        "preempted": pa.array(op_idx == 3),
-    })
 
 
 def metrics_row(session_id: int, ts_ns: int) -> pa.Table:

@@ -1,0 +1,60 @@
+"""explain on imported profiler traces: the measured device timeline, marked steps, the
+DataLoader, and what a trace without the scheduler cannot tell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingero.analyze.context import Options
+from ingero.analyze.explain import DEVICE_BUSY_NOT_HIGH, explain
+from ingero.importer import import_trace
+from ingero.render import json as render_json
+from ingero.store.db import Store
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+KINETO = DATA / "kineto"
+
+
+def _report(*files: Path, calls_only: bool = False):
+    store = Store.memory()
+    sessions = [import_trace(store, f, calls_only=calls_only).session_id for f in files]
+    return [explain(store.con, Options(session=sid)) for sid in sessions]
+
+
+def _shared(name: str) -> Path:
+    found = sorted(KINETO.glob(name + "*"))
+    assert found, f"{name} missing under {KINETO}"
+    return found[0]
+
+
+def test_gpu_bound_v100_trace_is_measured_busy_and_gets_no_chain():
+    # 97.4% busy over the 5 steps' span: a full launch queue, not a launch-bound host
+    [report] = _report(_shared("v100_rank0"))
+    assert report.device.source == "measured"
+    assert report.device.busy_share == pytest.approx(0.974, abs=0.01)
+    assert report.device.busy_share >= DEVICE_BUSY_NOT_HIGH
+    assert (report.steps.count, report.steps.source) == (5, "marked")
+    assert [c.rule_id for c in report.chains] == []
+    d = render_json.to_dict(report)
+    assert set(d["device"]) >= {"busy_share", "low", "high", "source"}
+    assert set(d["steps"]) >= {"count", "median_ms", "p99_ms"}
+
+
+def test_imported_sessions_say_once_what_they_cannot_judge():
+    [report] = _report(_shared("a100_nccl_rank0"))
+    lacking = [n for n in report.notes if "cannot be judged" in n]
+    assert len(lacking) == 1 and "cpu-contention" in lacking[0] and "launch-bound" in lacking[0]
+    assert "launch-bound" not in [c.rule_id for c in report.chains]
+
+
+def test_inline_data_loading_in_a_torch_trace_is_input_bound_and_names_the_dataloader():
+    w0, w2 = _report(DATA / "torch_cpu_workers0.json.gz", DATA / "torch_cpu_workers2.json.gz")
+    [chain] = [c for c in w0.chains if c.rule_id == "input-bound"]
+    assert "enumerate(DataLoader)" in chain.root[0] and "num_workers=0" in chain.root[0]
+    assert chain.fix[0].startswith("DataLoader(num_workers=")
+    assert chain.numbers["inline_loading"] == 1.0
+    assert chain.share == pytest.approx(w0.steps.breakdown["data_wait"], abs=1e-3)
+    # the same loop with two workers keeps up: no input-bound
+    assert [c.rule_id for c in w2.chains if c.rule_id == "input-bound"] == []
