@@ -139,6 +139,22 @@ def check_cuda_libs() -> Check:
     return Check("CUDA libraries", True, "; ".join(libs.describe(lib) for lib in found), required=False)
 
 
+def check_process(pid: int) -> Check:
+    """`check --pid`: what of CUDA one process maps, and whether its calls can be traced."""
+    from ingero.collect import libs, targets
+
+    targets.check_pids([pid])
+    found, stripped = libs.process_runtimes(pid)
+    name = f"process {pid}"
+    if stripped:
+        return Check(name, False, " | ".join(stripped), required=False)  # each line says its fix
+    if not found:
+        return Check(name, False, "maps no CUDA runtime or driver (libcudart, libcuda, or a runtime linked in)",
+                     "if it uses CUDA later (dlopen), `ingero trace --pid` attaches then; "
+                     "reading another user's maps needs root", required=False)
+    return Check(name, True, "; ".join(libs.describe(lib) for lib in found), required=False)
+
+
 def check_nvidia() -> Check:
     try:
         from ingero.sample import gpu
@@ -173,7 +189,9 @@ CHECKS: tuple[Callable[[], Check], ...] = (
 )
 
 
-def run_checks(db_path: Path) -> list[Check]:
+def run_checks(db_path: Path, pid: int | None = None) -> list[Check]:
+    if pid is not None:
+        process = check_process(pid)  # first: a pid that does not exist is the user's error (exit 2)
     results = []
     for fn in CHECKS:
         try:
@@ -181,6 +199,8 @@ def run_checks(db_path: Path) -> list[Check]:
         except Exception as exc:  # a check that crashes is reported, never hides the others
             results.append(Check(fn.__name__.removeprefix("check_"), False, f"check failed: {exc!r}"))
     results.append(check_db(db_path))
+    if pid is not None:
+        results.append(process)
     return results
 
 

@@ -15,7 +15,7 @@ say() { echo "setup: $*"; }
 arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 . /etc/os-release
 if [ "${ID:-}" = "ubuntu" ]; then headers="linux-headers-$(uname -r)"; else headers="linux-headers-$arch"; fi
-want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make "$headers")
+want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make chromium "$headers")
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,6 +57,19 @@ fi
 # --- simulated CUDA runtime for the demos ---------------------------------------
 if [ -f demos/Makefile ]; then
     make -s -C demos
+fi
+
+# --- CUDA toolkit (optional): the static-runtime live tests build with its nvcc -------
+# The same search as tests/live/test_static_runtime.py: $NVCC, nvcc on PATH, else the newest
+# /usr/local/cuda*/bin/nvcc.  Not installed here (several GB); under CI those tests fail without it.
+nvcc_path=${NVCC:-$(command -v nvcc || true)}
+if [ -z "$nvcc_path" ]; then
+    nvcc_path=$(ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null | sort -V | tail -1 || true)
+fi
+if [ -n "$nvcc_path" ] && [ -x "$nvcc_path" ]; then
+    say "CUDA toolkit: $nvcc_path ($("$nvcc_path" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'))"
+else
+    say "no CUDA toolkit (nvcc) found: tests/live/test_static_runtime.py needs one (skipped locally, failed under CI)"
 fi
 
 # --- launcher so that `sudo ingero ...` finds it (sudo's secure_path has /usr/local/bin)

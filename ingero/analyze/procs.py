@@ -56,7 +56,7 @@ MAX_COMMAND_CHARS = 100
 
 # A pid's name as of a time: its process_history row in effect then (the
 # latest from_ns at or before it; the earliest row when the time comes before
-# them all), else process_names (databases before schema 10, or a pid never
+# them all), else process_names (databases before schema 9, or a pid never
 # named by a tracer that kept history), else the comm process_cpu saw.
 NAMES_SQL = """
 WITH p AS (SELECT unnest($pids) AS pid),
@@ -81,7 +81,7 @@ LEFT JOIN process_names n ON n.pid = p.pid
 LEFT JOIN (SELECT pid, any_value(comm) AS comm FROM process_cpu
            WHERE list_contains($pids, pid) GROUP BY pid) c ON c.pid = p.pid
 """
-# No history table (a database older than schema 10, opened read-only): no rows.
+# No history table (a database older than schema 9, opened read-only): no rows.
 NO_HISTORY = ("(SELECT NULL::INTEGER AS pid, NULL::BIGINT AS from_ns, NULL AS name, NULL AS comm, "
               "NULL AS cmdline, NULL::INTEGER AS ppid)")
 

@@ -28,11 +28,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from ingero.collect import static_runtime
 from ingero.collect.procnames import stat_fields
 from ingero.errors import IngeroError
 
@@ -65,6 +66,13 @@ class CudaLib:
     kind: str  # RUNTIME ('runtime', libcudart) | DRIVER ('driver', libcuda)
     identity: tuple[int, int]  # (st_dev, st_ino) of the file
     symbols: frozenset[str] = field(repr=False)  # exported dynamic function names, no @version
+    # The runtime linked into a program (static_runtime.py): function -> address
+    # in the file, probed by address.  None for libcudart.so / libcuda.so.
+    addresses: Mapping[str, int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def linked_in(self) -> bool:
+        return self.addresses is not None
 
     def variants(self, base: str) -> list[str]:
         """``base`` and its exported variants (``base_ptsz``, ``base_v2_ptds`` ...), base first."""
@@ -90,8 +98,9 @@ def describe(lib: CudaLib, bases: Iterable[str] | None = None) -> str:
     bases = list(dict.fromkeys(bases))
     present = sum(1 for b in bases if lib.variants(b))
     symbols = sum(len(lib.variants(b)) for b in bases)
+    kind = f"{lib.kind} linked in (probed by address)" if lib.linked_in else lib.kind
     return (
-        f"{lib.path}  {lib.kind}  {present}/{len(bases)} probed functions exported, "
+        f"{lib.path}  {kind}  {present}/{len(bases)} probed functions {'found' if lib.linked_in else 'exported'}, "
         f"{symbols} symbols with variants ({len(lib.api_functions())} API functions)"
     )
 
@@ -347,6 +356,7 @@ class _Mapped:
     path: str  # as the process sees it (its own mount namespace)
     deleted: bool
     addr: str  # "start-end" of one mapping, for /proc/PID/map_files
+    node: str = ""  # "dev inode" as the maps line gives them: one file, without a stat
 
 
 def _pids(proc: Path) -> list[int]:
@@ -356,12 +366,17 @@ def _pids(proc: Path) -> list[int]:
         return []
 
 
-def _mapped_cuda(proc: Path, pid: int) -> list[_Mapped]:
+def _read_maps(proc: Path, pid: int) -> bytes:
     try:
         with open(proc / str(pid) / "maps", "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError:  # gone, or not ours to read
-        return []
+        return b""
+
+
+def _mapped_cuda(proc: Path, pid: int, data: bytes | None = None) -> list[_Mapped]:
+    if data is None:
+        data = _read_maps(proc, pid)
     if b"/libcuda" not in data:
         return []
     seen, out = set(), []
@@ -380,6 +395,38 @@ def _mapped_cuda(proc: Path, pid: int) -> list[_Mapped]:
         seen.add(path)
         out.append(_Mapped(pid, path, deleted, parts[0]))
     return out
+
+
+def _mapped_code(data: bytes, pid: int, skip: set[str]) -> list[_Mapped]:
+    """Executable mappings of files other than libcudart/libcuda: where a runtime may be linked in.
+
+    ``skip``: "dev inode" of files already examined (read from the line, no stat)."""
+    out = []
+    for raw in data.splitlines():
+        if b"xp " not in raw and b"xs " not in raw:
+            continue
+        parts = raw.decode("utf-8", "replace").split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        node = f"{parts[3]} {parts[4]}"
+        if node in skip:
+            continue
+        skip.add(node)
+        path = parts[5]
+        deleted = path.endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        if _LIB_NAME.match(os.path.basename(path)):
+            continue
+        out.append(_Mapped(pid, path, deleted, parts[0], node))
+    return out
+
+
+def _who(proc: Path, pid: int) -> str:
+    try:
+        return f"pid {pid}, {(proc / str(pid) / 'comm').read_text().strip()}"
+    except OSError:
+        return f"pid {pid}"
 
 
 def _resolve_mapped(proc: Path, m: _Mapped) -> tuple[Path, os.stat_result] | None:
@@ -411,6 +458,33 @@ class _Registry:
     def __init__(self) -> None:
         self.libs: dict[tuple[int, int], CudaLib] = {}
         self.rejected: set[tuple[int, int]] = set()
+        self.code_seen: set[str] = set()  # maps "dev inode" of every executable mapping examined
+        self.stripped: dict[tuple[int, int], str] = {}  # identity -> the one line saying so
+
+    def add_linked_in(self, path: Path, st: os.stat_result, who: str) -> CudaLib | None:
+        """A program or library with the runtime linked in; a stripped one is noted in ``stripped``."""
+        ident = (st.st_dev, st.st_ino)
+        if ident in self.libs or ident in self.stripped:
+            return self.libs.get(ident)
+        found = static_runtime.examine(path, st)
+        if found is None:
+            return None
+        if found.stripped:
+            self.stripped[ident] = static_runtime.stripped_message(path, who)
+            return None
+        lib = CudaLib(path=path, kind=RUNTIME, identity=ident, symbols=frozenset(found.addresses),
+                      addresses=found.addresses)
+        self.libs[ident] = lib
+        return lib
+
+    def add_code(self, proc: Path, data: bytes, pid: int) -> None:
+        """Every file ``pid`` maps executable (its maps are ``data``), examined once per file."""
+        who = None
+        for m in _mapped_code(data, pid, self.code_seen):
+            found = _resolve_mapped(proc, m)
+            if found is not None:
+                who = who or _who(proc, pid)
+                self.add_linked_in(found[0], found[1], who)
 
     def add_path(self, path: Path, st: os.stat_result | None = None, resolve: bool = True) -> CudaLib | None:
         try:
@@ -477,8 +551,10 @@ def _gather(registry: _Registry, extra: list[Path], places: SearchPlaces, proc: 
         registry.add_path(path)
     if proc is not None:
         for pid in _pids(proc):
-            for m in _mapped_cuda(proc, pid):
+            data = _read_maps(proc, pid)
+            for m in _mapped_cuda(proc, pid, data):
                 registry.add_mapped(proc, m)
+            registry.add_code(proc, data, pid)
 
 
 def find_cuda_libraries(
@@ -493,6 +569,17 @@ def find_cuda_libraries(
     extra_files = [f for p in extra for f in _check_extra(Path(p))]
     _gather(registry, extra_files, places or default_places(proc), proc)
     return sorted(registry.libs.values(), key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+
+def process_runtimes(pid: int, proc: Path = PROC) -> tuple[list[CudaLib], list[str]]:
+    """What ``pid`` maps of CUDA right now: libraries and linked-in runtimes, and a line per stripped one."""
+    registry = _Registry()
+    data = _read_maps(proc, pid)
+    for m in _mapped_cuda(proc, pid, data):
+        registry.add_mapped(proc, m)
+    registry.add_code(proc, data, pid)
+    libs = sorted(registry.libs.values(), key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+    return libs, list(registry.stripped.values())
 
 
 def pids_mapping_cuda(proc: Path = PROC) -> dict[int, list[CudaLib]]:
@@ -538,8 +625,13 @@ class LibraryWatcher:
     Kernel threads (virtual size 0) are never read.
     """
 
-    def __init__(self, extra: Iterable[Path] = (), *, places: SearchPlaces | None = None, proc: Path = PROC):
+    def __init__(self, extra: Iterable[Path] = (), *, places: SearchPlaces | None = None, proc: Path = PROC,
+                 executables: Iterable[tuple[Path, str]] = ()):
         self._extra = [f for p in extra for f in _check_extra(Path(p))]  # a bad --cuda-lib fails here, early
+        # (program, who): examined at the first poll, before it runs (--cmd's program: its
+        # first CUDA call may come before any poll could see it in a process's maps)
+        self._executables = list(executables)
+        self._noted: set[tuple[int, int]] = set()
         self._places = places
         self._proc = proc
         self._registry = _Registry()
@@ -551,11 +643,22 @@ class LibraryWatcher:
     def poll(self) -> list[CudaLib]:
         if not self._started:
             _gather(self._registry, self._extra, self._places or default_places(self._proc), None)
+            for exe, who in self._executables:
+                try:
+                    self._registry.add_linked_in(Path(os.path.realpath(exe)), os.stat(exe), who)
+                except OSError:
+                    pass
             self._started = True
         self._scan_processes()
         new = [lib for ident, lib in self._registry.libs.items() if ident not in self._reported]
         self._reported.update(lib.identity for lib in new)
         return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+    def take_notes(self) -> list[str]:
+        """Lines about programs with a stripped runtime linked in, each once, new since the last call."""
+        new = [ident for ident in self._registry.stripped if ident not in self._noted]
+        self._noted.update(new)
+        return [self._registry.stripped[ident] for ident in new]
 
     def _scan_processes(self) -> None:
         alive: dict[tuple[int, int], int] = {}
@@ -571,6 +674,8 @@ class LibraryWatcher:
             if vsize == 0 or self._vsize.get(key) == vsize:
                 continue
             self.maps_read += 1
-            for m in _mapped_cuda(self._proc, pid):
+            data = _read_maps(self._proc, pid)
+            for m in _mapped_cuda(self._proc, pid, data):
                 self._registry.add_mapped(self._proc, m)
+            self._registry.add_code(self._proc, data, pid)
         self._vsize = alive

@@ -17,7 +17,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -219,8 +219,12 @@ class Program:
 
     # -- attaching ---------------------------------------------------------
 
-    def attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str]) -> tuple[int, int]:
-        """Attach every probe of the table to one library file; (ok, failed).  Once per identity."""
+    def attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str],
+                       addresses: Mapping[str, int] | None = None) -> tuple[int, int]:
+        """Attach every probe of the table to one library file; (ok, failed).  Once per identity.
+
+        ``addresses``: a runtime linked into a program, whose functions are local
+        symbols (static_runtime.py): attached at these addresses, not by name."""
         if identity in self._attached_ids:
             return 0, 0
         self._attached_ids.add(identity)
@@ -236,7 +240,10 @@ class Program:
                 continue
             attach = self.bpf.attach_uprobe if a.probe_kind == "uprobe" else self.bpf.attach_uretprobe
             try:
-                attach(name=a.path.encode(), sym=a.symbol.encode(), fn_name=a.fn.encode())
+                if addresses is not None:  # BCC turns the address into the file offset it probes
+                    attach(name=a.path.encode(), addr=addresses[a.symbol], fn_name=a.fn.encode())
+                else:
+                    attach(name=a.path.encode(), sym=a.symbol.encode(), fn_name=a.fn.encode())
             except Exception as exc:  # BCC raises bare Exception for every attach failure
                 failed += 1
                 if a.probe_kind == "uretprobe":

@@ -240,6 +240,7 @@ class TraceSession:
         self.nameless: dict[int, int | None] = {}
         self.identities: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline) last stored
         self.notes: list[str] = []
+        self.runtime_notes: list[str] = []  # stripped runtimes linked in (sessions.notes)
         self.stacks: Any = None
         self.stack_failures = 0  # flushes stored without stacks because resolving them failed
         self._stack_errors: set[str] = set()
@@ -516,18 +517,25 @@ def _process_info(pid: int) -> dict | None:
     return process_info(pid)
 
 
-def _find_libraries(extra: list[Path]) -> tuple[list[Any], Any]:
+def _find_libraries(extra: list[Path], executables: list[tuple[str, str]]) -> tuple[list[Any], Any]:
     from ingero.collect.libs import LibraryWatcher
 
-    watcher = LibraryWatcher(extra=extra)
+    watcher = LibraryWatcher(extra=extra, executables=executables)
     return watcher.poll(), watcher
+
+
+def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:
+    """Programs with a stripped CUDA runtime linked in: said once each, kept in sessions.notes."""
+    if new:
+        sess.runtime_notes += new
+        sess.store.update_session(sess.session_id, notes="\n".join(sess.runtime_notes))
 
 
 def _attach_line(lib: Any, ok: int, failed: int) -> str:
     what = f"{ok // 2} functions ({ok} probes)"
     if failed:
         what += f", {failed} failed"
-    return f"attached {what} to {lib.path} ({lib.kind})"
+    return f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
 
 
 class _Samplers:
@@ -602,7 +610,8 @@ def run_trace(
         launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None,
                                     stdout_to_stderr=opts.cmd_stdout_to_stderr)
     settings = settings_for(opts)
-    libs, watcher = _find_libraries(list(opts.cuda_libs))
+    libs, watcher = _find_libraries(list(opts.cuda_libs),
+                                    [(launcher.executable, "the --cmd program")] if launcher else [])
     store = Store.open(opts.db_path)
     try:
         store.mark_crashed_sessions()
@@ -618,8 +627,10 @@ def run_trace(
     try:
         lines: list[str] = []
         for lib in libs:
-            ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             lines.append(_attach_line(lib, ok, failed))
+        runtime_notes = watcher.take_notes()
+        lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
         initial: list[int] = list(spec.pids)
         if spec.comm:
@@ -645,6 +656,7 @@ def run_trace(
         stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
         session_id = store.begin_session(command=opts.command_line, targets=described)  # StorageFault: no row
         sess = TraceSession(opts, store, program, session_id)
+        _note_runtimes(sess, runtime_notes)
         if opts.stack:
             from ingero.collect.stacks import StackResolver
 
@@ -826,8 +838,11 @@ def _write_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
     samplers.sample(sess.store, sess.session_id, traced)
     if watcher is not None:
         for lib in watcher.poll():
-            ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols)
+            ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             sess.notes.append(_attach_line(lib, ok, failed))
+        new = watcher.take_notes()
+        sess.notes += new
+        _note_runtimes(sess, new)
         sess.write_probe_rows()
     if spec.comm:
         found = targets.pids_with_comm(spec.comm)

@@ -12,6 +12,7 @@ libcudart).
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -164,7 +165,15 @@ def _load_cached(path: str, _mtime_ns: int, _size: int) -> ElfSymbols | None:
         return _load_pyelftools(path)
 
 
-def _parse_elf64le(path: str, data: bytes) -> ElfSymbols:
+def parse_elf(path: str, data: bytes | mmap.mmap) -> ElfSymbols:
+    """Symbols of an ELF64 little-endian file already read (or mapped), locals included.
+
+    static_runtime.py reads a CUDA runtime linked into a program this way: its
+    functions are local symbols of .symtab."""
+    return _parse_elf64le(path, data)
+
+
+def _parse_elf64le(path: str, data: bytes | mmap.mmap) -> ElfSymbols:
     (_, _, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _EHDR.unpack_from(data, 0)
     segments = []
     for i in range(phnum):

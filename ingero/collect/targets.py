@@ -108,6 +108,11 @@ class Launcher:
         self.returncode: int | None = None
         self._gate_w: int | None = None
 
+    @property
+    def executable(self) -> str:
+        """The program the command runs (its path, resolved through PATH)."""
+        return self._exe
+
     def spawn(self) -> int:
         """Fork the child; it waits until ``release()``.  Returns its pid."""
         r, w = os.pipe()

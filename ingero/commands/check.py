@@ -15,7 +15,10 @@ from ingero.commands.options import db_option, json_option, resolve_db
 @click.command()
 @db_option
 @json_option
-def command(db_path: Path | None, as_json: bool) -> None:
+@click.option("--pid", "pid", type=int, default=None,
+              help="Also say what of CUDA this process maps and whether its calls can be traced "
+                   "(e.g. a runtime linked in without symbols).")
+def command(db_path: Path | None, as_json: bool, pid: int | None) -> None:
     """Report what tracing needs and what is missing, with a fix per line.
 
     Exit code 0 when `ingero trace` can run here, 2 when it cannot.
@@ -23,9 +26,10 @@ def command(db_path: Path | None, as_json: bool) -> None:
     \b
     Example:
       sudo ingero check
+      sudo ingero check --pid 4242
       ingero check --json | jq .ready
     """
-    results = run_checks(resolve_db(db_path))
+    results = run_checks(resolve_db(db_path), pid)
     if as_json:
         json.dump(as_dict(results), sys.stdout, indent=2)
         sys.stdout.write("\n")

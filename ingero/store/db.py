@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 9
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -56,7 +56,9 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      losses no ring-buffer counter sees).  NULL for sessions before it.
 #   7: device_activity and spans (imported profiler traces), sessions.imported_from,
 #      rank, world_size, device_properties, import_unused, clock_offset_ns.
-#  10: process_history (a process's names over time, one row per exec'd
+#   8: sessions.notes (what the trace could not see and why, one line each:
+#      programs with a stripped CUDA runtime linked in).
+#   9: process_history (a process's names over time, one row per exec'd
 #      image); older sessions have none, and analyze names them from
 #      process_names as before.
 MIGRATIONS: dict[int, list[str]] = {
@@ -83,7 +85,8 @@ MIGRATIONS: dict[int, list[str]] = {
     7: [REAPPLY_SCHEMA] + [f"ALTER TABLE sessions ADD COLUMN IF NOT EXISTS {c}" for c in (
         "imported_from VARCHAR", "rank INTEGER", "world_size INTEGER", "device_properties VARCHAR",
         "import_unused VARCHAR", "clock_offset_ns BIGINT")],
-    10: [REAPPLY_SCHEMA],  # creates process_history
+    8: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS notes VARCHAR"],
+    9: [REAPPLY_SCHEMA],  # creates process_history
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -403,7 +406,7 @@ class Store:
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
         allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
-                   "status", "ended_ns"}
+                   "status", "ended_ns", "notes"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")

@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     world_size INTEGER,              -- imported: distributedInfo.world_size
     device_properties VARCHAR,       -- imported: the trace's deviceProperties (JSON text: name, memory, SMs per GPU)
     import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
-    clock_offset_ns BIGINT           -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
+    clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
+    notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
 );
 
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,

@@ -13,6 +13,7 @@ import duckdb
 from ingero.store.db import schema_sql
 
 IMPORT_V7 = "-- ---- Imported traces (schema 7)"
+HISTORY_V9 = "-- What each process was called over time"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -31,8 +32,15 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 6), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 8), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 9 added process_history (appended at the end)
+    assert sql.count(HISTORY_V9) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(HISTORY_V9)]
+    # 8 added sessions.notes
+    sql = _drop_trailing_columns(sql, ("notes",), last="clock_offset_ns BIGINT")
+    if version >= 7:
+        return sql
     # 7 added device_activity, spans (appended at the end) and six sessions columns
     assert sql.count(IMPORT_V7) == 1, "schema.sql changed shape: update this fixture"
     sql = sql[: sql.index(IMPORT_V7)]

@@ -103,7 +103,7 @@ def test_lookup_falls_back_to_process_names_without_history() -> None:
     store = Store.memory()
     store.con.execute("INSERT INTO process_names (pid, name, comm, cmdline) VALUES (5, 'gzip', 'gzip', 'gzip -9 x')")
     assert procs.lookup(store.con, [5])[5].command == "gzip -9 x"
-    store.con.execute("DROP TABLE process_history")  # a database from before schema 10
+    store.con.execute("DROP TABLE process_history")  # a database from before schema 9
     assert procs.lookup(store.con, [5], at_ns=1)[5].name == "gzip"
 
 

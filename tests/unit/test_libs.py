@@ -178,7 +178,8 @@ def test_bad_extra_path_is_a_user_error(host, name, message):
 # ---------------------------------------------------------------- fake /proc
 
 
-def _proc_entry(proc: Path, pid: int, root: Path, maps: list[str], start: int = 1000, vsize: int = 4096) -> None:
+def _proc_entry(proc: Path, pid: int, root: Path, maps: list[str], start: int = 1000, vsize: int = 4096,
+                inode: int = 100) -> None:
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     # comm with spaces and a ')' to check the stat parser cuts at the last ')'
@@ -186,7 +187,7 @@ def _proc_entry(proc: Path, pid: int, root: Path, maps: list[str], start: int = 
     (d / "stat").write_text(f"{pid} (we ird)) " + " ".join(fields) + "\n")
     if not (d / "root").is_symlink():
         (d / "root").symlink_to(root)
-    lines = [f"7f00{i:04x}000-7f00{i:04x}fff r-xp 00000000 fe:00 {100 + i} {p}" for i, p in enumerate(maps)]
+    lines = [f"7f00{i:04x}000-7f00{i:04x}fff r-xp 00000000 fe:00 {inode + i} {p}" for i, p in enumerate(maps)]
     lines.append("7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]")
     (d / "maps").write_text("\n".join(lines) + "\n")
 
@@ -288,7 +289,7 @@ def _wheel_libcudart() -> Path:
 def test_real_nvidia_libcudart_is_found_with_its_variants():
     real = _wheel_libcudart()
     found = find_cuda_libraries(proc=None)  # the default search: this interpreter's site-packages among it
-    match = [lib for lib in found if lib.path == real]
+    match = [lib for lib in found if lib.path == real.resolve()]  # the venv may be a symlink
     assert len(match) == 1, [str(lib.path) for lib in found]
     lib = match[0]
     assert lib.kind == RUNTIME
@@ -367,3 +368,161 @@ def test_ldconfig_listing_is_filtered_by_name(monkeypatch):
         Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
         Path("/usr/lib/i386-linux-gnu/libcuda.so.1"),  # dropped later by the ELF class check
     ]
+
+
+# ---------------------------------------------------------------- runtime linked into a program
+
+# A program as `nvcc` (-cudart static) leaves it: the runtime's functions are
+# local symbols (nm: t cudaLaunchKernel) or globals of .symtab only, device
+# code sits in .nv_fatbin, and the runtime's own strings are in .rodata.
+LINKED_IN_C = """
+__attribute__((noinline)) static int cudaLaunchKernel(void) { return 35; }
+__attribute__((noinline)) static int cudaLaunchKernel_ptsz(void) { return 35; }
+__attribute__((noinline)) static int cudaMalloc(void) { return 35; }
+__attribute__((noinline)) int cudaStreamSynchronize(void) { return 35; }
+__attribute__((used, section(".nv_fatbin"))) static const char fatbin[16] = "fatbin";
+__attribute__((used)) const char *rt_strings[] = {"cudaErrorCudartUnloading", "/cudart.shm.%x.%x"};
+int main(void) { return cudaLaunchKernel() + cudaLaunchKernel_ptsz() + cudaMalloc() + cudaStreamSynchronize(); }
+"""
+# A program using the shared runtime: device code too, libcudart.so.12 needed.
+SHARED_USER_C = """
+extern int cudaMalloc(void);
+__attribute__((used, section(".nv_fatbin"))) static const char fatbin[16] = "fatbin";
+__attribute__((used)) const char *rt_strings[] = {"cudaErrorCudartUnloading", "/cudart.shm.%x.%x"};
+int main(void) { return cudaMalloc(); }
+"""
+
+
+def _program(tmp: Path, name: str, source: str, *link: str) -> Path:
+    src = tmp / f"{name}.c"
+    src.write_text(source)
+    out = tmp / name
+    subprocess.run(["cc", "-O1", "-Wl,--build-id", "-o", str(out), str(src), *link], check=True)
+    return out
+
+
+def _stripped(path: Path, name: str) -> Path:
+    out = path.parent / name
+    shutil.copy(path, out)
+    subprocess.run(["strip", str(out)], check=True)
+    return out
+
+
+def _nm_local(path: Path, name: str) -> int:
+    """The address nm gives a local function symbol ('t')."""
+    out = subprocess.run(["nm", str(path)], capture_output=True, text=True, check=True).stdout
+    (value,) = [line.split()[0] for line in out.splitlines() if line.endswith(f" t {name}")]
+    return int(value, 16)
+
+
+@pytest.fixture
+def linked(tmp_path) -> dict[str, Path]:
+    from ingero.collect import static_runtime
+
+    static_runtime.reset_caches()  # the caches live for the whole process: each test starts cold
+    prog = _program(tmp_path, "app", LINKED_IN_C)
+    return {"prog": prog, "stripped": _stripped(prog, "app.stripped")}
+
+
+def test_runtime_linked_in_is_found_in_symtab_with_local_symbols(linked):
+    from ingero.collect import static_runtime
+
+    found = static_runtime.examine(linked["prog"])
+    assert found is not None and not found.stripped
+    assert set(found.addresses) == {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMalloc", "cudaStreamSynchronize"}
+    assert found.addresses["cudaLaunchKernel"] == _nm_local(linked["prog"], "cudaLaunchKernel")
+    assert found.build_id and len(found.build_id) == 40
+
+
+def test_stripped_runtime_is_recognised_and_a_copy_with_symbols_is_not_shadowed(linked, tmp_path):
+    from ingero.collect import static_runtime
+
+    stripped = static_runtime.examine(linked["stripped"])
+    assert stripped is not None and stripped.stripped and stripped.addresses == {}
+    assert static_runtime.symbol_reads == 0
+    # the copy with symbols, seen later, still gives its symbols (stripped answers are not cached by build-id)
+    assert not static_runtime.examine(linked["prog"]).stripped
+    # `strip` keeps the build-id and the code: a new stripped copy is probed at the known addresses
+    again = _stripped(linked["prog"], "app.stripped2")
+    assert static_runtime.examine(again).addresses == static_runtime.examine(linked["prog"]).addresses
+
+
+def test_a_fleet_of_identical_binaries_costs_one_symbol_read(linked, tmp_path):
+    from ingero.collect import static_runtime
+
+    copies = []
+    for i in range(3):
+        copies.append(tmp_path / f"copy{i}")
+        shutil.copy(linked["prog"], copies[-1])  # a new inode each
+    answers = [static_runtime.examine(c) for c in [linked["prog"], *copies]]
+    assert static_runtime.symbol_reads == 1
+    assert all(a is answers[0] for a in answers)
+
+
+def test_no_claim_without_the_runtime(linked, tmp_path, built):
+    from ingero.collect import static_runtime
+
+    # shared-runtime user: fatbin and strings, but libcudart.so.12 is needed
+    libdir = tmp_path / "libdir"
+    libdir.mkdir()
+    shutil.copy(built["runtime"], libdir / "libcudart.so.12")
+    user = _program(tmp_path, "user", SHARED_USER_C, f"-L{libdir}", "-l:libcudart.so.12")
+    assert static_runtime.examine(_stripped(user, "user.stripped")) is None
+    assert static_runtime.examine(user) is None  # cudaMalloc is an undefined import there
+    # NVIDIA's own libraries link the runtime in, stripped: not the program's calls, not reported
+    assert static_runtime.examine(_stripped(linked["prog"], "libcublasLt.so.12")) is None
+    # a stripped program without device code nor the runtime
+    assert static_runtime.examine(_stripped(_program(tmp_path, "plain", OTHER_C + "int main(void){return foo();}\n"),
+                                            "plain.stripped")) is None
+    assert static_runtime.examine(built["other"]) is None
+    assert static_runtime.examine(tmp_path / "missing") is None
+
+
+def test_watcher_finds_linked_in_runtimes_in_processes_and_says_stripped_once(linked, tmp_path):
+    proc = tmp_path / "proc"
+    _proc_entry(proc, 500, Path("/"), [str(linked["prog"]), "/usr/lib/x86_64-linux-gnu/libc.so.6"])
+    (proc / "500" / "comm").write_text("app\n")
+    w = LibraryWatcher(places=SearchPlaces((), (), False), proc=proc,
+                       executables=[(linked["stripped"], "the --cmd program")])
+    (lib,) = w.poll()
+    assert (lib.path, lib.kind, lib.linked_in) == (linked["prog"], RUNTIME, True)
+    assert lib.addresses["cudaMalloc"] == _nm_local(linked["prog"], "cudaMalloc")
+    assert lib.variants("cudaLaunchKernel") == ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"]
+    assert "runtime linked in (probed by address)  3/" in describe(lib)
+    (note,) = w.take_notes()
+    assert note.startswith(f"{linked['stripped']} (the --cmd program) has the CUDA runtime linked in without symbols")
+    assert "nvcc -cudart shared" in note
+    assert w.take_notes() == []
+
+    # a process started later runs another stripped copy: said once, naming the process
+    other = _stripped(_program(tmp_path, "other", LINKED_IN_C.replace("35", "36")), "other.stripped")
+    _proc_entry(proc, 501, Path("/"), [str(other)], start=2000, inode=200)  # maps name each file by dev and inode
+    (proc / "501" / "comm").write_text("other\n")
+    assert w.poll() == []
+    assert w.take_notes() == [libs.static_runtime.stripped_message(other, "pid 501, other")]
+    (proc / "501" / "stat").write_text((proc / "501" / "stat").read_text().replace(" 4096 ", " 8192 "))
+    assert w.poll() == [] and w.take_notes() == []
+
+
+def test_process_runtimes_for_check_pid(linked, tmp_path):
+    proc = tmp_path / "proc"
+    _proc_entry(proc, 600, Path("/"), [str(linked["stripped"])])
+    libs_found, notes = libs.process_runtimes(600, proc=proc)
+    assert libs_found == [] and len(notes) == 1 and "pid 600" in notes[0]
+    _proc_entry(proc, 601, Path("/"), [str(linked["prog"])])
+    libs_found, notes = libs.process_runtimes(601, proc=proc)
+    assert [lib.path for lib in libs_found] == [linked["prog"]] and notes == []
+
+
+def test_mapped_code_lists_executable_file_mappings_once():
+    data = (b"55d000-55e000 r--p 00000000 fd:01 11 /opt/app\n"
+            b"55e000-55f000 r-xp 00001000 fd:01 11 /opt/app\n"
+            b"7f0000-7f1000 r-xp 00000000 fd:01 12 /usr/lib/libcudart.so.12\n"
+            b"7f1000-7f2000 r-xp 00000000 fd:01 13 /opt/lib/libplugin.so (deleted)\n"
+            b"7f2000-7f3000 r-xp 00000000 00:00 0 [vdso]\n"
+            b"7f3000-7f4000 rw-p 00000000 00:00 0 \n")
+    seen: set[str] = set()
+    got = libs._mapped_code(data, 7, seen)
+    assert [(m.path, m.deleted, m.node) for m in got] == [("/opt/app", False, "fd:01 11"),
+                                                          ("/opt/lib/libplugin.so", True, "fd:01 13")]
+    assert libs._mapped_code(data, 8, seen) == []  # every file once, without a stat

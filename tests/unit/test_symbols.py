@@ -101,3 +101,22 @@ def test_an_address_inside_a_data_object_is_not_a_call_site() -> None:
     hit = elf.lookup(runtime.value + 8)
     assert hit is None or hit.code
     assert all(s.code for s in elf.symbols)
+
+
+def test_parse_elf_reads_a_mapped_file_with_its_local_symbols(tmp_path):
+    """static_runtime.py hands parse_elf an mmap: local functions (nm 't') are there, as from bytes."""
+    import mmap
+    import subprocess
+
+    src = tmp_path / "p.c"
+    src.write_text("__attribute__((noinline)) static int cudaMalloc(void) { return 35; }\n"
+                   "int main(void) { return cudaMalloc(); }\n")
+    exe = tmp_path / "p"
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(src)], check=True)
+    nm = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout
+    (want,) = [int(line.split()[0], 16) for line in nm.splitlines() if line.endswith(" t cudaMalloc")]
+    with open(exe, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        mapped = symbols.parse_elf(str(exe), mm)
+    assert mapped.lookup_name("cudaMalloc").value == want
+    assert mapped.lookup(want).name == "cudaMalloc"
+    assert [s.name for s in mapped.symbols] == [s.name for s in symbols.parse_elf(str(exe), exe.read_bytes()).symbols]
