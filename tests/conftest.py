@@ -55,3 +55,33 @@ def _fail_live_without_ebpf(request: pytest.FixtureRequest) -> None:
         reason = ebpf_unavailable()
         if reason is not None:
             pytest.fail(f"CI requires eBPF for live tests: {reason}", pytrace=False)
+
+
+@pytest.fixture()
+def raw_request():
+    """send(socket_path, body) -> the one reply: raw bytes framed as one message, for probing
+    the tracer's query server with what its own client never sends (NaN, deep nesting, junk)."""
+    import socket
+    import struct
+
+    from ingero.daemon import protocol
+
+    def send(sock_path, body: bytes) -> dict:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(120)
+        s.connect(str(sock_path))
+        try:
+            try:
+                s.sendall(struct.pack(">I", len(body)) + body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # answered early (busy) and closed: the answer is still there to read
+            reply = protocol.recv(s, protocol.MAX_RESPONSE_BYTES)
+            try:  # exactly one reply, then the connection closes
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+            return reply
+        finally:
+            s.close()
+
+    return send

@@ -37,7 +37,7 @@ from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user
-from ingero.store.faults import write_error
+from ingero.store.faults import STORAGE_ERRORS, StorageFault, write_error
 
 POLL_INTERVAL_S = 0.01  # record ring poll; at 1 M records/s that is 10 k records (640 KiB) a poll
 # An empty ring doubles the wait up to this: an idle tracer wakes 20 times a second, not 100.
@@ -303,7 +303,7 @@ class TraceSession:
                 added = self.store.append("events", table)
                 self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
                                           **self._counter_fields())
-        except Exception as exc:
+        except STORAGE_ERRORS as exc:  # the disk or the file; anything else is a bug and keeps its traceback
             self.drops_user += n + rest
             raise write_error(exc, self.store.path) from None
         del table, recs
@@ -622,6 +622,7 @@ def run_trace(
     stop = _Stop()
     resolver = None
     daemon = None
+    fault: StorageFault | None = None
     completed = False
     try:
         lines: list[str] = []
@@ -644,7 +645,8 @@ def run_trace(
         program.add_targets(initial)
         launched = None
         if launcher is not None:
-            launched = launcher.spawn()
+            with store.user_umask():  # the job creates its files as its user would, not 0600
+                launched = launcher.spawn()
             program.add_targets([launched])
         if not libs and not spec.explicit:
             lines.append("no CUDA runtime found: tracing host events only (block I/O, per-process CPU); "
@@ -652,7 +654,7 @@ def run_trace(
         described = targets.describe(spec, launched)
         lines.append(f"tracing {described}")
         stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
-        session_id = store.begin_session(command=opts.command_line, targets=described)
+        session_id = store.begin_session(command=opts.command_line, targets=described)  # StorageFault: no row
         sess = TraceSession(opts, store, program, session_id)
         _note_runtimes(sess, runtime_notes)
         if opts.stack:
@@ -675,7 +677,12 @@ def run_trace(
             on_start(StartInfo(session_id, str(store.path), lines))
         if launcher is not None:
             launcher.release()
-        summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
+        try:
+            summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
+        except StorageFault as exc:
+            if launcher is None:
+                raise
+            fault = exc  # the job is the user's: it runs on, untraced (below, after detaching)
         completed = True
     finally:
         stop.restore()
@@ -687,7 +694,21 @@ def run_trace(
             daemon.stop()
         program.close()
         store.close()
+    if fault is not None:
+        raise _job_ran_untraced(fault, launcher)
     return summary
+
+
+def _job_ran_untraced(fault: StorageFault, launcher: targets.Launcher) -> StorageFault:
+    """Wait for the --cmd job the tracer can no longer trace; the fault's one line, with the
+    job's exit status as ingero's (a shell signal exit, 128 + signal, for a killed job)."""
+    while launcher.poll() is None:
+        time.sleep(0.2)
+    code = launcher.returncode if launcher.returncode >= 0 else 128 - launcher.returncode
+    out = StorageFault(f"{fault.message}; the command ran to its end untraced and exited with code {code}",
+                       fault.hint)
+    out.exit_code = code
+    return out
 
 
 def _loop(
@@ -753,6 +774,10 @@ def _loop(
             idle_sleep = POLL_INTERVAL_S / 2
             if n < READ_BATCH:
                 time.sleep(POLL_INTERVAL_S)
+    if sess.daemon is not None:
+        # Stop serving first: queries in flight are interrupted ("tracer stopping") and their
+        # read transactions end, so the final CHECKPOINT below has none to wait for.
+        sess.daemon.stop()
     sess.drain()
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])

@@ -9,50 +9,28 @@ from typing import Any
 
 import click
 
-from ingero.commands.options import DURATION, db_option, json_option, parse_duration, resolve_db
-from ingero.errors import IngeroError
-
-
-def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """--since parsed like options.DURATION, but a bad value is one line (IngeroError, exit 2)."""
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise IngeroError(f"bad --since: {exc}") from None
-
-
-def _time(flag: str) -> "click.Parameter":
-    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-        from ingero.analyze.context import parse_time
-
-        if value is None:
-            return None
-        try:
-            return parse_time(value)
-        except ValueError as exc:
-            raise IngeroError(f"bad {flag}: {exc}") from None
-
-    return convert
+from ingero.commands.options import COUNT, DURATION, PID, TIME, TIMEOUT, WINDOW, db_option, json_option, resolve_db
+from ingero.daemon import protocol
 
 
 @click.command("explain")
-@click.option("--since", metavar="DURATION", callback=_since, default=None,
+@click.option("--since", type=DURATION, metavar="DURATION", default=None,
               help="Only the last DURATION of the session (30s, 2m, 1h30m).")
-@click.option("--from", "from_ns", metavar="TIME", callback=_time("--from"), default=None,
+@click.option("--from", "from_ns", metavar="TIME", type=TIME, default=None,
               help="Start (ISO time, local unless it has an offset, or epoch seconds).")
-@click.option("--to", "to_ns", metavar="TIME", callback=_time("--to"), default=None,
+@click.option("--to", "to_ns", metavar="TIME", type=TIME, default=None,
               help="End (ISO time or epoch seconds).")
-@click.option("--session", type=int, default=None, help="Session id (default: the latest).")
-@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
-@click.option("--window", "window_s", type=DURATION, default=None,
-              help="Window length (default: span/30, between 1 s and 60 s).")
+@click.option("--session", type=COUNT, default=None, help="Session id (default: the latest).")
+@click.option("--pid", "pids", type=PID, multiple=True, help="Only these processes (repeatable).")
+@click.option("--window", "window_s", type=WINDOW, default=None,
+              help="Window length, at least 1s (default: span/30, between 1 s and 60 s).")
 @click.option("--stack", is_flag=True, help="Add the top callers and most-preempted source lines.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT, default=protocol.DEFAULT_TIMEOUT_S, show_default=True,
+              help=f"Stop after this long (at most {protocol.MAX_TIMEOUT_S:.0f}s); Ctrl-C stops it too.")
 @json_option
 @db_option
 def command(since: float | None, from_ns: int | None, to_ns: int | None, session: int | None,
-            pids: tuple[int, ...], window_s: float | None, stack: bool, as_json: bool,
+            pids: tuple[int, ...], window_s: float | None, stack: bool, timeout_s: float, as_json: bool,
             db_path: Path | None) -> None:
     """Explain why the traced GPU job was slow: causal chains with fixes.
 
@@ -62,14 +40,19 @@ def command(since: float | None, from_ns: int | None, to_ns: int | None, session
       ingero explain --pid 4242 --json     one process, machine-readable
       ingero explain --session 3 --stack   with source lines (needs trace --stack)
     """
+    from dataclasses import asdict
+
     from ingero.analyze.context import Options
+    from ingero.daemon import access, client
 
     opts = Options(session=session, since_s=since, from_ns=from_ns, to_ns=to_ns,
                    pids=pids, window_s=window_s, stack=stack)
-    path = resolve_db(db_path)
-    reply = _explain_local(path, opts)
-    if reply is None:  # a running tracer holds the file: it runs explain for us
-        reply = _explain_in_tracer(path, opts)
+    args = {k: v for k, v in asdict(opts).items() if v not in (None, ())}
+    if "pids" in args:
+        args["pids"] = list(args["pids"])
+    reply = access.read(resolve_db(db_path), timeout_s=timeout_s,
+                        local=lambda con: _explain_file(con, opts),
+                        remote=lambda sock: client.explain(socket_path=sock, timeout_s=timeout_s, **args))
     if as_json:
         json.dump(reply["json"], sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -77,43 +60,8 @@ def command(since: float | None, from_ns: int | None, to_ns: int | None, session
         sys.stdout.write(reply["text"])
 
 
-def _explain_local(path: Path, opts: Any) -> dict[str, Any] | None:
-    """{"json", "text"} from the file, or None when a tracer holds its lock."""
-    import io
-
+def _explain_file(con: Any, opts: Any) -> dict[str, Any]:
     from ingero.analyze.explain import explain
-    from ingero.render import json as render_json
-    from ingero.render import terminal
-    from ingero.store.db import Store
+    from ingero.render.json import explain_payload
 
-    try:
-        store = Store.open(path, read_only=True)
-    except IngeroError as exc:
-        from ingero.daemon.client import is_lock_error
-
-        if is_lock_error(exc):
-            return None
-        raise
-    try:
-        report = explain(store.con, opts)
-    finally:
-        store.close()
-    text = io.StringIO()
-    terminal.write(report, text)
-    return {"json": render_json.to_dict(report), "text": text.getvalue()}
-
-
-def _explain_in_tracer(path: Path, opts: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    from ingero.daemon import client
-
-    sock = client.find_socket(path)
-    if sock is None:
-        raise IngeroError(
-            f"database {path} is locked by another process and no ingero tracer serving it was found",
-            "wait for that process to finish, or pass another --db",
-        )
-    args = asdict(opts)
-    args["pids"] = list(args["pids"])
-    return client.explain(socket_path=sock, **args)
+    return explain_payload(explain(con, opts))

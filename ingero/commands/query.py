@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import db_option, json_option
+from ingero import values
+from ingero.commands.options import TIMEOUT, Value, db_option, json_option, resolve_db
+from ingero.daemon import protocol
 from ingero.render import table
-from ingero.store.query import DEFAULT_MAX_ROWS, run_query
 from ingero.store.schema_doc import tables
 
 EPILOG = """\b
@@ -24,15 +25,23 @@ Examples:
 """
 
 
+# The socket's limits, so a file query and a tracer query are bounded alike.
+_MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP)
+
+
+
 @click.command(epilog=EPILOG)
 @click.argument("sql", required=False)
 @db_option
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="CSV output.")
 @click.option("--schema", is_flag=True, help="Print the tables and columns, with units.")
-@click.option("--max-rows", type=click.IntRange(min=1), default=DEFAULT_MAX_ROWS, show_default=True,
-              help="Return at most this many rows.")
-def command(sql: str | None, db_path: Path | None, as_json: bool, as_csv: bool, schema: bool, max_rows: int) -> None:
+@click.option("--max-rows", type=_MAX_ROWS, default=protocol.DEFAULT_MAX_ROWS, show_default=True,
+              help=f"Return at most this many rows (at most {protocol.MAX_ROWS_CAP}).")
+@click.option("--timeout", "timeout_s", type=TIMEOUT, default=protocol.DEFAULT_TIMEOUT_S, show_default=True,
+              help=f"Stop the query after this long (at most {protocol.MAX_TIMEOUT_S:.0f}s); Ctrl-C stops it too.")
+def command(sql: str | None, db_path: Path | None, as_json: bool, as_csv: bool, schema: bool, max_rows: int,
+            timeout_s: float) -> None:
     """Run read-only SQL over the events store.
 
     Tables: events, sessions, process_names, process_cpu, stacks,
@@ -46,6 +55,14 @@ def command(sql: str | None, db_path: Path | None, as_json: bool, as_csv: bool, 
         raise click.UsageError("pass SQL to run, or --schema")
     if as_json and as_csv:
         raise click.UsageError("--json and --csv cannot be combined")
-    result = run_query(sql, db_path, max_rows=max_rows)
+    from ingero.daemon import access, client
+    from ingero.store.query import check_sql_text, from_reply, run_on
+
+    check_sql_text(sql)
+    result = access.read(
+        resolve_db(db_path), user_sql=True, timeout_s=timeout_s,
+        local=lambda con: run_on(con, sql, max_rows),
+        remote=lambda sock: from_reply(client.query_reply(sql, socket_path=sock, max_rows=max_rows,
+                                                          timeout_s=timeout_s)))
     writer = table.write_json if as_json else table.write_csv if as_csv else table.write_text
     writer(result, sys.stdout)

@@ -9,7 +9,7 @@ import click
 
 from ingero.commands.options import db_option, json_option, resolve_db
 from ingero.daemon.client import current_status
-from ingero.daemon.state import format_status
+from ingero.render import status as render_status
 
 EPILOG = """\b
 Examples:
@@ -32,5 +32,5 @@ def command(db_path: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
         return
-    for line in format_status(st):
+    for line in render_status.lines(st):
         click.echo(line)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import DURATION, SIZE, db_option, json_option, resolve_db
+from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, db_option, json_option, resolve_db
 
 
 @click.command("trace")
 @click.option("--duration", type=DURATION, default=None, help="Stop after DURATION (30s, 2m); default: until Ctrl-C.")
 @click.option("--pid", "pids", default=None, help="Trace these processes (comma list) and their children.")
 @click.option("--comm", default=None, help="Trace processes with this name (as in `ps -o comm`).")
-@click.option("--cmd", default=None, help='Start this command, trace it and its children; ends with it: --cmd "python3 train.py".')
+@click.option("--cmd", type=COMMAND, default=None, help='Start this command, trace it and its children; ends with it: --cmd "python3 train.py".')
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
@@ -22,7 +22,7 @@ from ingero.commands.options import DURATION, SIZE, db_option, json_option, reso
               help="Also record each kernel launch's stream: read from the caller's memory, it adds "
                    "~0.2 us to every launch (measured on a 2-core VM). Async copies and syncs always "
                    "carry their stream.")
-@click.option("--ring-mb", type=int, default=128, show_default=True, help="Record ring size in MiB (power of two): ~2 s of events at 1 M/s.")
+@click.option("--ring-mb", type=COUNT, default=128, show_default=True, help="Record ring size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
 @click.option("--retain", type=DURATION, default=None,
               help="Keep only the last DURATION of events (e.g. 24h): for always-on tracing.")

@@ -1,18 +1,19 @@
 """Asking a running tracer: SQL, status, explain, over its Unix socket.
 
-`ingero query` / `explain` first open the DB file read-only; when DuckDB says
-another process holds it (``is_lock_error``), they come here instead.
+`ingero query` / `explain` / `status` first open the DB file read-only; when
+it is locked by a tracer (store.db.DatabaseLocked) they come here instead,
+through daemon.access.
 """
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import socket
 import stat
 from pathlib import Path
 from typing import Any
-
-import duckdb
 
 from ingero.daemon import protocol
 from ingero.daemon.server import (
@@ -23,10 +24,16 @@ from ingero.daemon.server import (
     default_socket_path,
 )
 from ingero.errors import IngeroError
+from ingero.host import GROUP
 
 # Connecting is local; waiting for the answer gets the query's own time limit plus this.
 CONNECT_TIMEOUT_S = 2.0
 REPLY_SLACK_S = 10.0
+# A "busy" reply (or a full listen backlog, EAGAIN) is retried with exponential
+# backoff and jitter, for up to BUSY_RETRY_S in all.
+BUSY_RETRY_S = 60.0
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 2.0
 
 
 def candidate_sockets() -> list[Path]:
@@ -57,12 +64,49 @@ def _is_socket(p: Path) -> bool:
         return False
 
 
-def find_socket(db_path: Path | str | None = None) -> Path | None:
+class SocketDenied(IngeroError):
+    """A tracer listens there, but this user may not talk to it."""
+
+
+def _name(lookup: Any, key: int) -> str:
+    try:
+        return lookup(key)[0]
+    except KeyError:
+        return str(key)
+
+
+def permission_error(path: Path) -> SocketDenied:
+    """Which socket, whose, and the exact command that grants access."""
+    try:
+        st = path.stat()
+        owner, group = _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid)
+        whose = f"owner {owner}, group {group}, mode {stat.S_IMODE(st.st_mode):04o}"
+    except OSError:
+        owner, group, whose = "?", "?", "not readable"
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        me = str(os.geteuid())
+    try:
+        grp.getgrnam(GROUP)
+        grant = f"`sudo usermod -aG {GROUP} {me}` then log in again"
+    except KeyError:  # the tracer could not offer the group: create it, restart the tracer
+        grant = (f"`sudo groupadd {GROUP} && sudo usermod -aG {GROUP} {me}`, restart the tracer, then log in "
+                 "again")
+    return SocketDenied(f"permission denied on the tracer's socket {path} ({whose}) for user {me}",
+                        f"{grant}; or run the command with sudo")
+
+
+def find_socket(db_path: Path | str | None = None, *, denied: list[SocketDenied] | None = None) -> Path | None:
     """The socket of a running tracer, or None.
 
     With ``db_path``, only a tracer writing that database file counts (asked via status),
-    so a query about one file is never answered from another.
+    so a query about one file is never answered from another.  Sockets that refuse this
+    user are appended to ``denied`` (the one named for ``db_path`` first).
     """
+    from ingero.daemon.server import socket_name
+
+    want = socket_name(db_path) if db_path is not None else SOCKET_NAME
     for p in candidate_sockets():
         if not _is_socket(p):
             continue
@@ -70,6 +114,10 @@ def find_socket(db_path: Path | str | None = None) -> Path | None:
             return p
         try:
             st = status(socket_path=p)
+        except SocketDenied as exc:
+            if denied is not None:
+                denied.insert(0, exc) if p.name == want else denied.append(exc)
+            continue
         except IngeroError:
             continue
         served = st.get("db_path")
@@ -85,10 +133,33 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+class _Busy(Exception):
+    pass
+
+
 def request(req: dict[str, Any], *, socket_path: Path | str | None = None,
-            timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """Send one request and return the decoded reply; a failed reply raises IngeroError."""
+            timeout_s: float = DEFAULT_TIMEOUT_S, retry_s: float = BUSY_RETRY_S) -> dict[str, Any]:
+    """Send one request and return the decoded reply; a failed reply raises IngeroError.
+    While the tracer says it is busy, retry with backoff for up to ``retry_s``."""
+    import random
+    import time
+
     path = Path(socket_path) if socket_path is not None else (find_socket() or default_socket_path())
+    give_up = time.monotonic() + retry_s
+    wait = BACKOFF_FIRST_S
+    while True:
+        try:
+            return _request_once(req, path, timeout_s)
+        except _Busy as busy:
+            if time.monotonic() + wait > give_up:
+                reply = busy.args[0]
+                raise IngeroError(f"{reply.get('error') or 'the tracer is busy'} (still busy after {retry_s:.0f} s)",
+                                  "retry later") from None
+            time.sleep(wait * random.uniform(0.5, 1.0))
+            wait = min(wait * 2, BACKOFF_MAX_S)
+
+
+def _request_once(req: dict[str, Any], path: Path, timeout_s: float) -> dict[str, Any]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
     try:
@@ -98,8 +169,9 @@ def request(req: dict[str, Any], *, socket_path: Path | str | None = None,
             raise IngeroError(f"no ingero tracer is running (no socket at {path})",
                               "start one with `sudo ingero trace`, or query the DB file directly") from None
         except PermissionError:
-            raise IngeroError(f"permission denied on {path}",
-                              "run as root or add yourself to the 'ingero' group (then log in again)") from None
+            raise permission_error(path) from None
+        except BlockingIOError:  # EAGAIN: the listen backlog is full, the tracer is alive
+            raise _Busy({"error": "busy: the tracer's connection queue is full"}) from None
         except OSError as exc:
             raise IngeroError(f"cannot reach the tracer at {path}: {exc.strerror or exc}",
                               "it may have exited; `ingero status` tells") from None
@@ -107,7 +179,7 @@ def request(req: dict[str, Any], *, socket_path: Path | str | None = None,
         try:
             try:
                 protocol.send(sock, req)
-            except BrokenPipeError:
+            except (BrokenPipeError, ConnectionResetError):
                 pass  # the server answered early (busy, permission) and closed: read that answer
             reply = protocol.recv(sock, protocol.MAX_RESPONSE_BYTES)
         except (OSError, protocol.ProtocolError) as exc:
@@ -115,6 +187,10 @@ def request(req: dict[str, Any], *, socket_path: Path | str | None = None,
                               "it may be stopping; retry, or check `ingero status`") from None
     finally:
         sock.close()
+    if not reply.get("ok") and reply.get("busy"):
+        raise _Busy(reply)
+    if not reply.get("ok") and str(reply.get("error", "")).startswith("permission denied"):
+        raise SocketDenied(reply["error"], reply.get("hint"))
     if not reply.get("ok"):
         raise IngeroError(reply.get("error") or "the tracer refused the request", reply.get("hint"))
     return reply
@@ -151,40 +227,21 @@ def explain(*, socket_path: Path | str | None = None, timeout_s: float = DEFAULT
                    socket_path=socket_path, timeout_s=timeout_s)["result"]
 
 
-def is_lock_error(exc: BaseException) -> bool:
-    """True when opening the DB failed because another process (a running tracer) holds it."""
-    if isinstance(exc, IngeroError):
-        return "locked by another process" in exc.message
-    if isinstance(exc, duckdb.Error):
-        text = str(exc)
-        return "Could not set lock on file" in text or "Conflicting lock is held" in text
-    return False
-
-
 def current_status(db_path: Path | str) -> dict[str, Any]:
-    """For `ingero status`: the running tracer's status when one writes ``db_path``, else the file's last session."""
+    """For `ingero status`: the running tracer's status when one writes ``db_path``, else the file's last
+    session (daemon.access chooses); a tracer whose socket refuses us is named, with how to get access."""
+    from ingero.daemon import access
     from ingero.daemon.state import collect_status
-    from ingero.store.db import Store
 
     db_path = Path(db_path)
-    sock = find_socket(db_path)
-    if sock is not None:
-        st = status(socket_path=sock)
-        st["socket"] = str(sock)
-        return st
     if not db_path.exists():
+        denied: list[SocketDenied] = []
+        if find_socket(db_path, denied=denied) is None and denied:
+            raise denied[0]
         return {"running": False, "source": "none", "db_path": str(db_path), "db_bytes": 0, "wal_bytes": 0,
                 "session": None}
-    try:
-        store = Store.open(db_path, read_only=True)
-    except IngeroError as exc:
-        if is_lock_error(exc):
-            raise IngeroError(
-                f"a tracer holds {db_path} but its query socket is not reachable from here",
-                "run as root or join the 'ingero' group; or set INGERO_SOCKET to the tracer's socket",
-            ) from None
-        raise
-    try:
-        return collect_status(store.con)
-    finally:
-        store.close()
+
+    def remote(sock: Path) -> dict[str, Any]:
+        return {**status(socket_path=sock), "socket": str(sock)}
+
+    return access.read(db_path, local=collect_status, remote=remote)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import grp
 import hashlib
-import io
 import os
 import pwd
 import socket
@@ -41,32 +40,48 @@ from ingero.daemon import protocol
 from ingero.daemon.sqlguard import check_sql
 from ingero.daemon.state import collect_status
 from ingero.errors import IngeroError, first_line
-from ingero.store.db import invoking_user
+from ingero.host import GROUP, group_gid, invoking_user
 
 SOCKET_NAME = "ingero.sock"
 ROOT_SOCKET_DIR = Path("/run/ingero")
-DEFAULT_GROUP = "ingero"
+DEFAULT_GROUP = GROUP
 
 # Client-facing limits.  Defaults suit an interactive query; the caps stop one
 # client from holding the tracer's memory (every row is JSON in RAM) or a
-# read transaction (which pins old row versions) for long.
-DEFAULT_MAX_ROWS = 10_000
-MAX_ROWS_CAP = 200_000
-# An encoded reply larger than this is refused instead of sent (it is built in
-# the tracer's memory): 64 MB is ~200k rows of 15 columns.
+# read transaction (which pins old row versions) for long.  The per-request
+# ones are checked by protocol.decode_request, with the CLI's parsers.
+DEFAULT_MAX_ROWS = protocol.DEFAULT_MAX_ROWS
+MAX_ROWS_CAP = protocol.MAX_ROWS_CAP
+DEFAULT_TIMEOUT_S = protocol.DEFAULT_TIMEOUT_S
+MAX_TIMEOUT_S = protocol.MAX_TIMEOUT_S
+# A reply larger than this is refused.  It is counted while rows are fetched
+# (FETCH_CHUNK rows at a time, each row under MAX_ROW_BYTES, checked inside
+# DuckDB before it reaches Python), so the tracer never holds much more than
+# this per query: SELECT repeat('x', 1e9) used to take it from 361 MiB to 4.2 GiB.
 MAX_REPLY_BYTES = 64 << 20
-DEFAULT_TIMEOUT_S = 30.0
-MAX_TIMEOUT_S = 300.0
+MAX_ROW_BYTES = 1 << 20
+FETCH_CHUNK = 64
 # Queries run at once; each uses DuckDB worker threads too, and the tracer
 # must keep up on 2 cores.  Further clients wait up to BUSY_WAIT_S for a turn;
-# beyond MAX_PENDING connections they are told the server is busy at once.
+# beyond MAX_PENDING connections they are told "busy, retry" at once (like
+# PostgreSQL's "too many clients"), and the client retries with backoff.
 MAX_CLIENTS = 4
 MAX_PENDING = 32
 BUSY_WAIT_S = 10.0
+# The accept loop never waits on a client (each goes to a thread, or gets the
+# busy reply), so the backlog only has to hold a burst of connects: 200 clients
+# connecting at once got EAGAIN with 16.  The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 512
+# DuckDB worker threads of the whole instance (writer and queries): the tracer
+# shares the host with the training job.
+DUCKDB_THREADS = 2
 # A client has this long to send its request (stops idle connections pinning a slot).
 REQUEST_READ_TIMEOUT_S = 5.0
 # How often the accept loop wakes to notice stop().
 ACCEPT_POLL_S = 0.5
+# stop() waits this long for interrupted queries to roll back before the writer's CHECKPOINT.
+STOP_WAIT_S = 5.0
+STOPPING = "interrupted: tracer stopping"
 
 # DuckDB memory for the whole tracer process (writer + queries).  DuckDB's
 # default is 80% of RAM, which a long-running daemon on a training host must
@@ -123,6 +138,7 @@ def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None 
         return
     if memory_limit_bytes:
         con.execute(f"SET memory_limit = '{int(memory_limit_bytes)}B'")
+    con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET enable_external_access = false")
@@ -130,42 +146,23 @@ def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None 
 
 
 
-# Keys a client may pass to explain: the fields of ingero.analyze.context.Options.
-EXPLAIN_ARGS = frozenset({"session", "since_s", "from_ns", "to_ns", "pids", "window_s", "stack"})
-
-
 def _explain_op(con: duckdb.DuckDBPyConnection, args: dict[str, Any]) -> dict[str, Any]:
-    """Run the rule engine on the tracer's data: {"json": render.json.to_dict(report), "text": terminal text}."""
-    bad = sorted(k for k in args if k not in EXPLAIN_ARGS)
-    if bad:
-        raise IngeroError(f"refused: unknown explain arguments {bad}", f"allowed: {sorted(EXPLAIN_ARGS)}")
-    pids = args.get("pids") or ()
-    scalars = {k: v for k, v in args.items() if k != "pids"}
-    if not all(isinstance(v, (int, float, bool, type(None))) for v in scalars.values()) or not all(
-        isinstance(p, int) for p in pids
-    ):
-        raise IngeroError("refused: explain arguments must be numbers (pids: a list of integers)")
+    """Run the rule engine on the tracer's data (args checked by protocol.decode_request)."""
     from ingero.analyze.context import Options
     from ingero.analyze.explain import explain
-    from ingero.render import json as render_json
-    from ingero.render import terminal
+    from ingero.render.json import explain_payload
 
-    report = explain(con, Options(**{**scalars, "pids": tuple(pids)}))
-    text = io.StringIO()
-    terminal.write(report, text)
-    return {"json": render_json.to_dict(report), "text": text.getvalue()}
-
-
-def _group_gid(group: str | None) -> int | None:
-    if not group:
-        return None
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        return None
+    return explain_payload(explain(con, Options(**args)))
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _peer_allowed(conn: socket.socket, gid: int | None, owner_uid: int) -> bool:
@@ -221,6 +218,8 @@ class QueryServer:
         self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self._active: set[duckdb.DuckDBPyConnection] = set()
         self._active_lock = threading.Lock()
+        self._idle = threading.Condition(self._active_lock)  # notified when _in_flight drops
+        self._in_flight = 0  # requests being answered (a read transaction may be open)
         self._gid: int | None = None
         self._inode: int | None = None
         self._owner_uid = 0
@@ -232,7 +231,7 @@ class QueryServer:
         self._base = self._con_factory()
         if self._lock:
             lock_down(self._base, memory_limit_bytes=self._memory_limit)
-        self._gid = _group_gid(self.group)
+        self._gid = group_gid(self.group)
         self._owner_uid = self._socket_owner()[0]
         self._sock = self._bind()
         self._thread = threading.Thread(target=self._accept_loop, name="ingero-query-server", daemon=True)
@@ -240,23 +239,16 @@ class QueryServer:
         return self
 
     def stop(self) -> None:
+        """Stop in order: no new connections, interrupt the queries in flight (they reply
+        STOPPING), wait for their read transactions to end, then close.  Afterwards the
+        writer's CHECKPOINT has no other transaction to wait for.  Idempotent."""
         self._stopping.set()
-        with self._active_lock:
-            for cur in list(self._active):
-                try:
-                    cur.interrupt()
-                except duckdb.Error:
-                    pass
         if self._sock is not None:
-            # a connection of our own wakes the blocked accept() now rather than at its next poll
-            poke = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            # shutdown() wakes the blocked accept() now; a client still connecting is refused
             try:
-                poke.settimeout(0.2)
-                poke.connect(str(self.socket_path))
+                self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            finally:
-                poke.close()
         if self._thread is not None:
             self._thread.join(timeout=ACCEPT_POLL_S * 4)
         if self._sock is not None:
@@ -267,6 +259,15 @@ class QueryServer:
                 self.socket_path.unlink()
         except FileNotFoundError:
             pass
+        deadline = time.monotonic() + STOP_WAIT_S
+        with self._idle:
+            while self._in_flight and time.monotonic() < deadline:
+                for cur in list(self._active):
+                    try:
+                        cur.interrupt()
+                    except duckdb.Error:
+                        pass
+                self._idle.wait(0.05)
         if self._base is not None:
             try:
                 self._base.close()
@@ -313,7 +314,7 @@ class QueryServer:
             if os.geteuid() == 0:
                 os.chown(tmp, uid, self._gid if self._gid is not None else 0)
             os.chmod(tmp, mode)
-            sock.listen(16)
+            sock.listen(LISTEN_BACKLOG)
             sock.settimeout(ACCEPT_POLL_S)
             os.rename(tmp, path)
         except OSError as exc:
@@ -347,11 +348,10 @@ class QueryServer:
                 time.sleep(0.05)
                 continue
             if self._stopping.is_set():
-                conn.close()
+                self._reply_and_close(conn, _stopping_reply())
                 return
             if not self._pending.acquire(blocking=False):
-                self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
-                                             "hint": "retry in a moment"})
+                self._reply_and_close(conn, _busy_reply(f"{MAX_PENDING} connections already waiting"))
                 continue
             threading.Thread(target=self._serve_one, args=(conn,), name="ingero-query", daemon=True).start()
 
@@ -359,67 +359,87 @@ class QueryServer:
         try:
             conn.settimeout(REQUEST_READ_TIMEOUT_S)
             protocol.send(conn, reply)
+            # a request we did not read, left unread, would turn the close into a reset that
+            # the client may see before our reply: discard what has arrived
+            conn.shutdown(socket.SHUT_WR)
+            while conn.recv(1 << 20, socket.MSG_DONTWAIT):
+                pass
         except OSError:
             pass
         finally:
             conn.close()
 
     def _serve_one(self, conn: socket.socket) -> None:
+        """Exactly one reply per connection, whatever its bytes; a bug still replies, then raises
+        (its traceback goes to stderr through threading's excepthook)."""
+        replied = False
         try:
             if not _peer_allowed(conn, self._gid, self._owner_uid):
-                hint = (f"run as root or join the '{self.group}' group" if self._gid is not None
-                        else "run as root or as the user who started the tracer")
-                self._reply_and_close(conn, {"ok": False, "error": "permission denied", "hint": hint})
+                peer = _user_name(_UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                _UCRED.size))[1])
+                owner = _user_name(self._owner_uid)
+                if self._gid is not None:
+                    hint = (f"`sudo usermod -aG {self.group} {peer}` then log in again; or run as root "
+                            "(sudo)")
+                else:
+                    hint = f"run as root (sudo) or as the user who started the tracer ({owner})"
+                self._reply_and_close(conn, {
+                    "ok": False, "hint": hint,
+                    "error": f"permission denied on the tracer's socket {self.socket_path} (owner {owner}"
+                             + (f", group {self.group}" if self._gid is not None else "") + f") for user {peer}"})
+                replied = True
                 return
             conn.settimeout(REQUEST_READ_TIMEOUT_S)
             try:
-                request = protocol.recv(conn, protocol.MAX_REQUEST_BYTES)
-            except (protocol.ProtocolError, OSError) as exc:
+                raw = protocol.recv(conn, protocol.MAX_REQUEST_BYTES)
+            except (protocol.ProtocolError, OSError, struct.error) as exc:
                 self._reply_and_close(conn, {"ok": False, "error": f"bad request: {exc}"})
+                replied = True
                 return
             if not self._slots.acquire(timeout=BUSY_WAIT_S):
-                self._reply_and_close(conn, {"ok": False, "error": "the tracer is busy serving other queries",
-                                             "hint": "retry in a moment"})
+                self._reply_and_close(conn, _busy_reply(f"{MAX_CLIENTS} queries running"))
+                replied = True
                 return
             try:
-                reply = self.handle(request)
+                reply = self.handle(raw)
             finally:
                 self._slots.release()  # the DuckDB work is done; sending needs no slot
             data = protocol.encode(reply)
-            if len(data) > MAX_REPLY_BYTES:
-                data = protocol.encode({
-                    "ok": False,
-                    "error": f"result too large ({len(data) // 2**20} MiB encoded, limit {MAX_REPLY_BYTES >> 20} MiB)",
-                    "hint": "select fewer columns or rows, or aggregate in SQL"})
             del reply
             conn.settimeout(None)  # a big answer may take a slow reader a while
+            replied = True
             try:
                 conn.sendall(data)
             except OSError:
                 pass
+        except BaseException:
+            if not replied:
+                self._reply_and_close(conn, {"ok": False, "error": "internal error in the tracer's query server",
+                                             "hint": "the tracer's stderr has the traceback; please report it"})
+            raise
         finally:
             conn.close()
             self._pending.release()
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer one decoded request (also used directly by tests)."""
+    def handle(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Answer one decoded message (also used directly by tests)."""
         self.requests += 1
         try:
-            if "sql" in request:
-                return self._run_sql(request)
-            op = request.get("op")
-            if op not in self._ops:
-                return {"ok": False, "error": f"unknown request op {op!r}", "hint": f"ops: {sorted(self._ops)}, or sql"}
-            args = request.get("args") or {}
-            if not isinstance(args, dict):
-                return {"ok": False, "error": "args must be an object"}
-            timeout = _clamp(request.get("timeout_s"), DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
-            return {"ok": True, "result": self._in_read_txn(lambda cur: self._ops[op](cur, args), timeout)}
+            req = protocol.decode_request(raw, ops=tuple(self._ops))
+            if req.op == "sql":
+                return self._run_sql(req)
+            return {"ok": True, "result": self._in_read_txn(lambda cur: self._ops[req.op](cur, req.args),
+                                                            req.timeout_s)}
+        except protocol.BadRequest as exc:
+            return {"ok": False, "error": exc.message, "hint": exc.hint, "fields": exc.fields}
         except IngeroError as exc:
             return {"ok": False, "error": exc.message, "hint": exc.hint}
         except duckdb.InterruptException:
-            return {"ok": False, "error": "interrupted (time limit reached or tracer stopping)",
-                    "hint": "narrow the query (WHERE timestamp > ...) or pass a larger timeout"}
+            if self._stopping.is_set():
+                return _stopping_reply()
+            return {"ok": False, "error": "interrupted: time limit reached",
+                    "hint": "narrow the query (WHERE timestamp > ...) or pass a larger --timeout (at most "
+                            f"{MAX_TIMEOUT_S:.0f} s)"}
         except duckdb.PermissionException as exc:
             return {"ok": False, "error": f"refused: {first_line(exc)}",
                     "hint": "queries cannot read files, the network or extensions"}
@@ -427,11 +447,12 @@ class QueryServer:
             return {"ok": False, "error": first_line(exc)}
 
     def _in_read_txn(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:
-        if self._base is None or self._stopping.is_set():
-            raise IngeroError("the tracer is stopping", "retry after it exits; the database is then readable directly")
-        cur = self._base.cursor()
         with self._active_lock:
+            if self._base is None or self._stopping.is_set():
+                raise IngeroError(STOPPING, "retry after it exits; the database is then readable directly")
+            cur = self._base.cursor()
             self._active.add(cur)
+            self._in_flight += 1
         timer = threading.Timer(timeout_s, cur.interrupt)
         timer.daemon = True
         try:
@@ -444,45 +465,76 @@ class QueryServer:
                 cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
-            with self._active_lock:
-                self._active.discard(cur)
             try:
                 cur.close()
             except duckdb.Error:
                 pass
+            with self._idle:
+                self._active.discard(cur)
+                self._in_flight -= 1
+                self._idle.notify_all()
 
-    def _run_sql(self, request: dict[str, Any]) -> dict[str, Any]:
-        sql = request.get("sql")
-        if not isinstance(sql, str):
-            raise IngeroError("sql must be a string")
-        max_rows = int(_clamp(request.get("max_rows"), DEFAULT_MAX_ROWS, MAX_ROWS_CAP))
-        timeout = _clamp(request.get("timeout_s"), DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
+    def _run_sql(self, req: protocol.Request) -> dict[str, Any]:
         t0 = time.monotonic()
 
         def run(cur: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-            stmt = check_sql(cur, sql)
-            cur.execute(stmt)
-            desc = cur.description or []
-            rows = cur.fetchmany(max_rows + 1)
-            truncated = len(rows) > max_rows
-            return {
-                "ok": True,
-                "columns": [d[0] for d in desc],
-                "types": [str(d[1]) for d in desc],
-                "rows": [list(r) for r in rows[:max_rows]],
-                "truncated": truncated,
-            }
+            return fetch_bounded(cur, check_sql(cur, req.sql or ""), req.max_rows)
 
-        reply = self._in_read_txn(run, timeout)
+        reply = self._in_read_txn(run, req.timeout_s)
         reply["elapsed_s"] = round(time.monotonic() - t0, 6)
         return reply
 
 
-def _clamp(value: Any, default: float, cap: float) -> float:
-    try:
-        v = float(value) if value is not None else default
-    except (TypeError, ValueError):
-        v = default
-    if v <= 0:
-        v = default
-    return min(v, cap)
+def _busy_reply(why: str) -> dict[str, Any]:
+    return {"ok": False, "busy": True, "error": f"busy: the tracer is serving other queries ({why})",
+            "hint": "retry in a moment"}
+
+
+def _stopping_reply() -> dict[str, Any]:
+    return {"ok": False, "error": STOPPING, "hint": "retry after it exits; the database is then readable directly"}
+
+
+def _bounded_sql(stmt: str, types: list[str]) -> str:
+    """The SELECT wrapped so that DuckDB refuses a row over MAX_ROW_BYTES before Python sees it."""
+    cols = [f"_c{i}" for i in range(len(types))]
+    size = " + ".join(
+        f"coalesce(strlen({c}), 0)" if t == "VARCHAR" else f"coalesce(octet_length({c}), 0)" if t == "BLOB"
+        else f"coalesce(strlen(CAST({c} AS VARCHAR)), 0)" for c, t in zip(cols, types))
+    return (f"SELECT * FROM ({stmt}) AS _ingero_q({', '.join(cols)}) WHERE CASE WHEN {size} > {MAX_ROW_BYTES} "
+            f"THEN error('a row of the result is larger than {MAX_ROW_BYTES >> 20} MiB') ELSE true END")
+
+
+def fetch_bounded(cur: duckdb.DuckDBPyConnection, stmt: str, max_rows: int) -> dict[str, Any]:
+    """Run ``stmt`` and fetch at most ``max_rows`` rows, counting the reply's encoded size as
+    rows arrive: past MAX_REPLY_BYTES it is refused before more rows are fetched."""
+    names = None
+    kind = str(cur.extract_statements(stmt)[0].type).rsplit(".", 1)[-1]
+    if kind == "SELECT":  # the others (EXPLAIN, PRAGMA) describe the DB: small replies
+        rel = cur.sql(stmt)  # planned, not run: names and types only
+        names, types = list(rel.columns), [str(t) for t in rel.types]
+        cur.execute(_bounded_sql(stmt, types) if types else stmt)
+    else:
+        cur.execute(stmt)
+    desc = cur.description or []
+    rows: list[list[Any]] = []
+    size = 0
+    truncated = False
+    while True:
+        chunk = cur.fetchmany(FETCH_CHUNK)
+        if not chunk:
+            break
+        for r in chunk:
+            if len(rows) == max_rows:
+                truncated = True
+                break
+            row = list(r)
+            size += len(protocol.encode({"r": row})) - 8
+            if size > MAX_REPLY_BYTES:
+                raise IngeroError(f"result too large: more than {MAX_REPLY_BYTES >> 20} MiB after {len(rows)} rows",
+                                  "select fewer columns or rows, or aggregate in SQL")
+            rows.append(row)
+        if truncated:
+            break
+    columns = names if names is not None and len(names) == len(desc) else [d[0] for d in desc]
+    return {"ok": True, "columns": columns, "types": [str(d[1]) for d in desc], "rows": rows,
+            "truncated": truncated}

@@ -59,6 +59,31 @@ _REFUSED = {
 }
 
 
+# Table functions that do something rather than read: a SELECT FROM them is still a
+# SELECT to the parser.  SELECT * FROM checkpoint() got past the statement check and
+# reached DuckDB; query() runs any SQL text, behind this guard's back.
+_REFUSED_FUNCTIONS = frozenset({
+    "checkpoint", "force_checkpoint", "enable_logging", "disable_logging", "enable_profiling",
+    "disable_profiling", "truncate_duckdb_logs", "add_grammar_extension", "remove_grammar_extension",
+    "create_external_resource", "register_external_resource", "deregister_external_resource",
+    "destroy_external_resource", "register_external_resource_type", "query", "query_table",
+    "json_execute_serialized_sql",
+})
+_FUNCTION_NAME = re.compile(r'"function_name":"((?:[^"\\]|\\.)*)"')
+
+
+def _check_functions(con: duckdb.DuckDBPyConnection, select_sql: str) -> None:
+    """Refuse a SELECT that calls a function in _REFUSED_FUNCTIONS (found in DuckDB's own AST)."""
+    try:
+        ast = con.execute("SELECT json_serialize_sql($q)", {"q": select_sql}).fetchone()[0]
+    except duckdb.Error:
+        return  # the other two layers (lock_down, the read-only transaction) still hold
+    for name in _FUNCTION_NAME.findall(ast):
+        if name.lower() in _REFUSED_FUNCTIONS:
+            raise IngeroError(f"refused: {name}() is not a read-only function",
+                              "select from the ingero tables and read-only table functions")
+
+
 def _type_name(stmt: duckdb.Statement) -> str:
     return str(stmt.type).rsplit(".", 1)[-1].upper()
 
@@ -88,12 +113,14 @@ def check_sql(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     stmt = stmts[0]
     kind = _type_name(stmt)
     if kind == "SELECT":
+        _check_functions(con, stmt.query)
         return stmt.query
     if kind == "EXPLAIN":
         inner = _EXPLAIN_PREFIX.sub("", stmt.query, count=1)
         inner_stmts = _parse(con, inner)
         if len(inner_stmts) != 1 or _type_name(inner_stmts[0]) != "SELECT":
             raise IngeroError("refused: EXPLAIN is only allowed for a SELECT", "explain a SELECT")
+        _check_functions(con, inner_stmts[0].query)
         return stmt.query
     if kind == "PRAGMA":
         m = _PRAGMA_NAME.match(stmt.query)

@@ -35,3 +35,15 @@ def to_dict(report: Report) -> dict[str, Any]:
 def write(report: Report, out: IO[str]) -> None:
     json.dump(to_dict(report), out, indent=2, default=str)
     out.write("\n")
+
+
+def explain_payload(report: Report) -> dict[str, Any]:
+    """What `explain` shows, both ways: {"json": to_dict(report), "text": the terminal text}.
+    The one builder for the command, the tracer's socket reply and the demo."""
+    import io
+
+    from ingero.render import terminal
+
+    text = io.StringIO()
+    terminal.write(report, text)
+    return {"json": to_dict(report), "text": text.getvalue()}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import pwd
 import socket
 import time
 from collections.abc import Iterator
@@ -24,13 +23,17 @@ import duckdb
 
 from ingero import __version__
 from ingero.errors import IngeroError, first_line
+# re-exported: callers imported them from here before they moved to ingero.host
+from ingero.host import group_gid, invoking_user, pid_alive, private_umask, sched_autogroup_enabled  # noqa: F401
 from ingero.store import derive
-from ingero.store.faults import is_disk_full, open_error
+from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_full, open_error, write_error
 
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
 SCHEMA_VERSION = 9
+# The oldest schema a read-only open understands (explain reads older files without migrating them).
+MIN_READ_VERSION = 1
 
 # Stands for "run schema.sql again" in a migration: it creates (IF NOT EXISTS)
 # a table the migration renamed away, with the DDL of schema.sql, the one source.
@@ -99,17 +102,6 @@ USER_SQL_CONFIG = {
 }
 
 
-def invoking_user() -> pwd.struct_passwd | None:
-    """The user behind ``sudo`` (SUDO_USER), else None when not under sudo."""
-    name = os.environ.get("SUDO_USER")
-    if not name or name == "root":
-        return None
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        return None
-
-
 def default_db_path() -> Path:
     """INGERO_DB, else ~/.ingero/ingero.duckdb of the invoking user (SUDO_USER's home under sudo)."""
     env = os.environ.get("INGERO_DB")
@@ -121,13 +113,17 @@ def default_db_path() -> Path:
 
 
 def _give_to_invoking_user(path: Path) -> None:
-    """Under sudo, files we create belong to the user who ran sudo, so they can read them later."""
+    """Under sudo, files we create belong to the user who ran sudo, so they can read them later;
+    with an `ingero` group they are group-owned by it (mode 0640 from private_umask)."""
     user = invoking_user()
-    if user is None or os.geteuid() != 0:
+    gid = group_gid()
+    if os.geteuid() != 0 or (user is None and gid is None):
         return
+    uid = user.pw_uid if user else -1
+    gid = gid if gid is not None else user.pw_gid  # user is not None here
     for p in (path, path.with_name(path.name + ".wal")):
         try:
-            os.chown(p, user.pw_uid, user.pw_gid)
+            os.chown(p, uid, gid)
         except FileNotFoundError:
             pass
 
@@ -146,33 +142,59 @@ def _require_existing(path: Path) -> None:
         )
 
 
-def sched_autogroup_enabled(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
-    """Whether this kernel groups CPU time per session (CONFIG_SCHED_AUTOGROUP, switched on).
+class DatabaseLocked(IngeroError):
+    """Another process (a running tracer, usually) holds the file: ask it over its socket."""
 
-    Then two busy processes of different sessions share a core half and half whatever their
-    nice values: measured here, three hogs reniced to 19 left a pinned loop at 40 steps/s (42
-    at nice 0), while their autogroup nice at 19 gave it 86.
-    """
-    try:
-        with open(path) as f:
-            return f.read().strip() == "1"
-    except OSError:
-        return False  # no such file: the kernel has no autogroups
+    def __init__(self, path: Path, detail: str):
+        super().__init__(f"database {path} is locked by another process ({detail})",
+                         "while `ingero trace` writes it, query through the running tracer or pass another --db")
+        self.path = path
+
+
+class DatabaseUnreadable(IngeroError):
+    """The file exists but this user may not read it (a root tracer's DB, mode 0600/0640)."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"permission denied reading {path}",
+                         "run as its owner or root, or join the 'ingero' group when the tracer uses it")
+        self.path = path
 
 
 def _raise_open_error(path: Path, exc: Exception) -> None:
     text = first_line(exc)
-    if "lock" in text.lower():
-        raise IngeroError(
-            f"database {path} is locked by another process ({text})",
-            "while `ingero trace` writes it, query through the running tracer or pass another --db",
-        ) from None
+    if "Could not set lock" in text or "Conflicting lock" in text:
+        raise DatabaseLocked(path, text) from None
+    if isinstance(exc, PermissionError) or "Permission denied" in text:
+        raise DatabaseUnreadable(path) from None
     if is_disk_full(exc):
         raise open_error(exc, path) from None
     raise IngeroError(
         f"cannot open database {path}: {text}",
         "pass --db with an ingero DuckDB file (or remove the damaged file)",
     ) from None
+
+
+# The marker row in meta that makes a DuckDB file ingero's (schema_version says which format).
+FORMAT_KEY, FORMAT_VALUE = "format", "ingero"
+
+
+def _foreign(path: Path, con: duckdb.DuckDBPyConnection) -> IngeroError | None:
+    """None when the file is ingero's (or empty); else the one-line refusal saying what is in it."""
+    tables = [r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND NOT internal ORDER BY table_name").fetchall()]
+    if not tables:
+        return None
+    if "meta" in tables:
+        keys = {r[0]: r[1] for r in con.execute("SELECT * FROM meta").fetchall() if len(r) >= 2}
+        if keys.get(FORMAT_KEY) == FORMAT_VALUE or "schema_version" in keys:
+            return None
+    shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    return IngeroError(
+        f"{path} is not an ingero database: it is another DuckDB file with {len(tables)} "
+        f"table{'s' if len(tables) != 1 else ''} ({shown}) and no ingero marker",
+        "pass --db with a new path; ingero never writes into another application's database",
+    )
 
 
 @dataclass
@@ -182,6 +204,7 @@ class Store:
     con: duckdb.DuckDBPyConnection
     path: Path
     read_only: bool
+    _old_umask: int | None = None  # a writable open tightens the umask until close()
 
     # -- opening -------------------------------------------------------------
 
@@ -199,6 +222,10 @@ class Store:
             store._check_version()
             return store
         created = not path.exists()
+        # Traces hold every traced process's command line: the DB, and the WAL DuckDB
+        # creates again after each checkpoint, are 0600 (0640 with an `ingero` group).
+        # Process-wide, since the WAL appears later; an existing file keeps its mode.
+        old_umask = os.umask(private_umask())
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if created:
@@ -207,7 +234,16 @@ class Store:
         except (duckdb.Error, OSError) as exc:
             _raise_open_error(path, exc)
         store = cls(con, path, False)
-        store._apply_schema()
+        store._old_umask = old_umask
+        foreign = None if created else _foreign(path, con)
+        if foreign is not None:
+            store.close()
+            raise foreign
+        try:
+            store._apply_schema()
+        except BaseException:
+            store.close()
+            raise
         if created:
             _give_to_invoking_user(path)
         return store
@@ -223,6 +259,8 @@ class Store:
         try:
             self.con.execute(schema_sql())
         except duckdb.Error as exc:
+            if is_disk_full(exc):
+                raise open_error(exc, self.path) from None
             raise IngeroError(
                 f"{self.path} is not an ingero database ({str(exc).splitlines()[0]})",
                 "pass --db with another path",
@@ -231,6 +269,7 @@ class Store:
         version = int(row[0]) if row else 0
         if version == 0:
             self._set_version(SCHEMA_VERSION)
+            self._mark()
             return
         if version > SCHEMA_VERSION:
             raise IngeroError(
@@ -249,6 +288,12 @@ class Store:
                     f"cannot upgrade {self.path} from schema version {v - 1} to {v}: {first_line(exc)}",
                     "free disk space, or pass --db with another path",
                 ) from None
+        self._mark()
+
+    def _mark(self) -> None:
+        """The format marker (files from before it have schema_version alone); written once."""
+        if not self.con.execute("SELECT 1 FROM meta WHERE key = $k", {"k": FORMAT_KEY}).fetchall():
+            self.con.execute("INSERT INTO meta VALUES ($k, $v)", {"k": FORMAT_KEY, "v": FORMAT_VALUE})
 
     def _set_version(self, version: int) -> None:
         self.con.execute(
@@ -256,22 +301,46 @@ class Store:
         )
 
     def _check_version(self) -> None:
+        foreign = _foreign(self.path, self.con)
+        if foreign is not None:
+            self.con.close()
+            raise foreign
         try:
             row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except duckdb.Error:
-            raise IngeroError(
-                f"{self.path} is not an ingero database (no meta table)",
-                "pass --db with a file written by `ingero trace`",
-            ) from None
+            self.con.close()
+            raise IngeroError(f"{self.path} is an empty DuckDB file, not an ingero database",
+                              "pass --db with a file written by `ingero trace`") from None
         version = int(row[0]) if row else 0
+        if version < MIN_READ_VERSION:
+            self.con.close()
+            raise IngeroError(
+                f"{self.path} is an ingero database of an older format (schema version {version}), "
+                f"which this ingero reads only after upgrading it",
+                f"upgrade it with `sudo ingero trace --db {self.path} --duration 1s`")
         if version > SCHEMA_VERSION:
             raise IngeroError(
                 f"{self.path} has schema version {version}, newer than this ingero ({SCHEMA_VERSION})",
                 "upgrade ingero",
             )
 
+    @contextmanager
+    def user_umask(self) -> Iterator[None]:
+        """The umask from before this store tightened it (for a process we start, e.g. --cmd)."""
+        if self._old_umask is None:
+            yield
+            return
+        tight = os.umask(self._old_umask)
+        try:
+            yield
+        finally:
+            os.umask(tight)
+
     def close(self) -> None:
         self.con.close()
+        if self._old_umask is not None:
+            os.umask(self._old_umask)
+            self._old_umask = None
 
     # -- writing -------------------------------------------------------------
 
@@ -303,7 +372,14 @@ class Store:
         return batch.num_rows
 
     def begin_session(self, *, command: str, targets: str) -> int:
-        """Insert a 'running' session row and return its id."""
+        """Insert a 'running' session row and return its id; on a full disk a StorageFault and no row."""
+        check_room_to_start(self.path)
+        try:
+            return self._insert_session(command=command, targets=targets)
+        except STORAGE_ERRORS as exc:
+            raise open_error(exc, self.path) from None
+
+    def _insert_session(self, *, command: str, targets: str) -> int:
         now = time.time_ns()
         row = self.con.execute("SELECT coalesce(max(session_id), 0) + 1 FROM sessions").fetchone()
         session_id = int(row[0])
@@ -384,33 +460,27 @@ class Store:
         batch = pa.Table.from_pylist([{"ppid": None, "from_ns": None, **r} for r in rows])
         self.con.register("_ingero_names", batch)
         try:
-            self.con.execute(
-                """INSERT INTO process_history (session_id, pid, from_ns, name, comm, cmdline, ppid)
-                   SELECT session_id, pid, coalesce(from_ns, seen_ns), name, comm, cmdline, ppid::INTEGER
-                   FROM _ingero_names"""
-            )
-            self.con.execute(
-                """INSERT INTO process_names
-                       (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
-                       SELECT pid, name, comm, cmdline, ppid::INTEGER, session_id, seen_ns, seen_ns FROM _ingero_names
-                   ON CONFLICT (pid) DO UPDATE SET
-                       name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
-                       ppid = coalesce(excluded.ppid, process_names.ppid),
-                       session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
-            )
+            self._upsert_names()
+        except STORAGE_ERRORS as exc:  # called from the poll loop too, outside the flush's handling
+            raise write_error(exc, self.path) from None
         finally:
             self.con.unregister("_ingero_names")
 
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (a tracer that wrote a 'running' session)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    def _upsert_names(self) -> None:
+        self.con.execute(
+            """INSERT INTO process_history (session_id, pid, from_ns, name, comm, cmdline, ppid)
+               SELECT session_id, pid, coalesce(from_ns, seen_ns), name, comm, cmdline, ppid::INTEGER
+               FROM _ingero_names"""
+        )
+        self.con.execute(
+            """INSERT INTO process_names
+                   (pid, name, comm, cmdline, ppid, session_id, first_seen_ns, last_seen_ns)
+                   SELECT pid, name, comm, cmdline, ppid::INTEGER, session_id, seen_ns, seen_ns FROM _ingero_names
+               ON CONFLICT (pid) DO UPDATE SET
+                   name = excluded.name, comm = excluded.comm, cmdline = excluded.cmdline,
+                   ppid = coalesce(excluded.ppid, process_names.ppid),
+                   session_id = excluded.session_id, last_seen_ns = excluded.last_seen_ns"""
+        )
 
 
 TABLES = (

@@ -10,13 +10,11 @@ query socket instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
 
 from ingero.errors import IngeroError, first_line
-from ingero.store.db import default_db_path, open_for_user_sql
 
 DEFAULT_MAX_ROWS = 10_000
 
@@ -47,45 +45,30 @@ def explain_duckdb_error(exc: duckdb.Error) -> IngeroError:
     return IngeroError(f"query failed: {msg}")
 
 
-def run_query(sql: str, db_path: Path | None = None, *, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-    """Run one user query read-only; at most ``max_rows`` rows are returned."""
+def check_sql_text(sql: str) -> None:
     if not sql.strip():
         raise IngeroError("empty query", 'pass SQL, e.g. ingero query "SELECT op, count(*) FROM events GROUP BY op"')
-    path = db_path or default_db_path()
-    try:
-        con = open_for_user_sql(path)
-    except IngeroError as exc:
-        from ingero.daemon.client import is_lock_error
 
-        if is_lock_error(exc):
-            return _query_daemon(sql, path, max_rows)
-        raise
+
+def run_on(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+    """Run one user query on ``con`` (a connection from db.open_for_user_sql); at most ``max_rows`` rows."""
+    check_sql_text(sql)
     try:
-        try:
-            cur = con.execute(sql)
-        except duckdb.Error as exc:
-            raise explain_duckdb_error(exc) from None
+        cur = con.execute(sql)
         if cur.description is None:
             return QueryResult([], [], [], False)
         columns = [d[0] for d in cur.description]
         types = [str(d[1]) for d in cur.description]
         rows = cur.fetchmany(max_rows + 1)
-        return QueryResult(columns, types, rows[:max_rows], len(rows) > max_rows)
-    finally:
-        con.close()
+    except duckdb.InterruptException:
+        raise  # the caller's time limit or Ctrl-C: it says which
+    except duckdb.Error as exc:
+        raise explain_duckdb_error(exc) from None
+    return QueryResult(columns, types, rows[:max_rows], len(rows) > max_rows)
 
 
-def _query_daemon(sql: str, path: Path, max_rows: int) -> QueryResult:
-    """The DB is held by a running tracer: ask the tracer writing it, over its query socket."""
-    from ingero.daemon import client  # only here: plain queries never touch sockets
-
-    socket_path = client.find_socket(path)
-    if socket_path is None:
-        raise IngeroError(
-            f"database {path} is locked by another process and no ingero tracer serving it was found",
-            "wait for that process to finish, or pass another --db",
-        )
-    reply = client.query_reply(sql, socket_path=socket_path, max_rows=max_rows)
+def from_reply(reply: dict[str, Any]) -> QueryResult:
+    """A QueryResult from the tracer's socket reply to {"sql": ...}."""
     return QueryResult(
         list(reply["columns"]),
         [str(t) for t in reply.get("types") or ["?"] * len(reply["columns"])],

@@ -89,6 +89,8 @@ def test_trace_on_a_tiny_disk_ends_with_one_line(tmp_path):
     # filesystem's slack; either way it is one line naming the disk, never a traceback
     assert last in (
         f"ingero: cannot write to {db}: its disk is full — free space (or pick another --db), then run `ingero trace` again",
+        f"ingero: cannot start tracing into {db}: its disk has 0 MiB free, a session needs at least 4 MiB to start — "
+        "free space (or pick another --db), then run `ingero trace` again",
         f"ingero: stopped writing: the disk holding {db} is full; events written before this are kept — "
         "free space or pass --max-db to bound the database, then restart `ingero trace`",
     ), proc.stderr

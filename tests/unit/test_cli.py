@@ -115,7 +115,7 @@ def test_query_schema_lists_tables(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bad_option_value_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["query", "--max-rows", "zero", "SELECT 1"], capsys)
-    assert code == 2 and "Invalid value for '--max-rows'" in err
+    assert code == 2 and "bad --max-rows: 'zero' is not a whole number" in err
 
 
 def test_check_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

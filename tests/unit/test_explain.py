@@ -194,7 +194,7 @@ def test_cli_asks_the_running_tracer_when_the_db_is_locked(db: Path, monkeypatch
     from ingero.store import db as store_db
 
     def locked(*a, **k):
-        raise IngeroError(f"database {db} is locked by another process (Conflicting lock is held)", "x")
+        raise store_db.DatabaseLocked(db, "Conflicting lock is held")
 
     asked = {}
 
@@ -203,7 +203,7 @@ def test_cli_asks_the_running_tracer_when_the_db_is_locked(db: Path, monkeypatch
         return {"json": {"format_version": 1, "chains": []}, "text": "from the tracer\n"}
 
     monkeypatch.setattr(store_db.Store, "open", classmethod(lambda cls, *a, **k: locked()))
-    monkeypatch.setattr(client, "find_socket", lambda path: Path("/run/ingero.sock"))
+    monkeypatch.setattr(client, "find_socket", lambda path, **kw: Path("/run/ingero.sock"))
     monkeypatch.setattr(client, "explain", fake_explain)
     res = CliRunner().invoke(cli, ["explain", "--db", str(db), "--since", "2m", "--pid", "7"])
     assert res.exit_code == 0, res.output

@@ -10,7 +10,8 @@ from pathlib import Path
 from ingero.analyze.model import Analysed
 from ingero.collect.loader import recursion_misses
 from ingero.collect.session import OpStats, TraceSummary
-from ingero.daemon.state import collect_status, format_status
+from ingero.daemon.state import collect_status
+from ingero.render.status import lines as format_status
 from ingero.render.live import LiveView
 from ingero.render.terminal import analysed_line
 from ingero.store.db import Store

@@ -14,7 +14,8 @@ import duckdb
 import pytest
 
 from ingero.collect.session import OpStats, TickStats, TraceSummary
-from ingero.daemon.state import collect_status, format_status
+from ingero.daemon.state import collect_status
+from ingero.render.status import lines as format_status
 from ingero.render.live import LiveView
 from ingero.store.db import SCHEMA_VERSION, Store
 from old_schemas import write_old_file

@@ -1,0 +1,102 @@
+"""Open the DB, or ask the running tracer: the one way query, explain and status read a database.
+
+DuckDB lets one process write a file and nobody else open it.  So a reader
+opens the file read-only; when that raises ``DatabaseLocked`` (or the file is
+not readable by this user: a root tracer's DB), the tracer writing it answers
+over its socket instead.  A file read runs under the same time limit as a
+socket query, and Ctrl-C interrupts it within a second: DuckDB holds the main
+thread inside C while it runs, so the work happens on a worker thread and the
+main thread waits in short steps, where Python delivers the signal.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import duckdb
+
+from ingero.daemon import client, protocol
+from ingero.errors import IngeroError
+from ingero.store.db import DatabaseLocked, DatabaseUnreadable, Store, open_for_user_sql
+
+T = TypeVar("T")
+
+# How often the waiting main thread wakes to take a Ctrl-C.
+_WAIT_STEP_S = 0.1
+
+
+def read(path: Path, *, local: Callable[[duckdb.DuckDBPyConnection], T], remote: Callable[[Path], T],
+         timeout_s: float = protocol.DEFAULT_TIMEOUT_S, user_sql: bool = False) -> T:
+    """``local(con)`` on the file opened read-only (``user_sql``: the locked-down connection for
+    SQL typed by a user), under ``timeout_s``; or ``remote(socket)`` when a tracer holds the file."""
+    try:
+        con = open_for_user_sql(path) if user_sql else Store.open(path, read_only=True).con
+    except (DatabaseLocked, DatabaseUnreadable) as exc:
+        return remote(tracer_socket(path, exc))
+    try:
+        return run_interruptible(con, local, timeout_s)
+    finally:
+        try:
+            con.close()
+        except duckdb.Error:
+            pass  # still busy after Ctrl-C's interrupt: the process is exiting anyway
+
+
+def tracer_socket(path: Path, why: IngeroError) -> Path:
+    """The socket of the tracer writing ``path``; a socket we may not use is named with the
+    command that grants access; no tracer at all re-raises ``why`` with what to do."""
+    denied: list[client.SocketDenied] = []
+    sock = client.find_socket(path, denied=denied)
+    if sock is not None:
+        return sock
+    if denied:
+        raise denied[0]
+    if isinstance(why, DatabaseLocked):
+        raise IngeroError(f"database {path} is locked by another process and no ingero tracer serving it "
+                          "was found", "wait for that process to finish, or pass another --db") from None
+    raise why
+
+
+def run_interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], T],
+                      timeout_s: float) -> T:
+    """``fn(con)`` on a worker thread: interrupted after ``timeout_s`` (one line naming the
+    limit) or on Ctrl-C (KeyboardInterrupt within a second)."""
+    out: dict[str, Any] = {}
+    timed_out = threading.Event()
+
+    def work() -> None:
+        try:
+            out["value"] = fn(con)
+        except BaseException as exc:  # handed to the waiting thread, raised there
+            out["error"] = exc
+
+    def expire() -> None:
+        timed_out.set()
+        con.interrupt()
+
+    worker = threading.Thread(target=work, name="ingero-read", daemon=True)
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    worker.start()
+    timer.start()
+    try:
+        while worker.is_alive():
+            worker.join(_WAIT_STEP_S)
+    except KeyboardInterrupt:
+        give_up = time.monotonic() + 1.0
+        while worker.is_alive() and time.monotonic() < give_up:
+            con.interrupt()  # again: a statement that had not started yet missed the first one
+            worker.join(_WAIT_STEP_S)
+        raise
+    finally:
+        timer.cancel()
+    err = out.get("error")
+    if err is not None:
+        if timed_out.is_set() and isinstance(err, duckdb.InterruptException):
+            raise IngeroError(f"interrupted: time limit of {timeout_s:g} s reached",
+                              f"narrow the query, or pass --timeout (at most {protocol.MAX_TIMEOUT_S:.0f} s)") from None
+        raise err
+    return out["value"]
