@@ -9,7 +9,7 @@ the test writes those calls as a Kineto trace whose clock runs KNOWN_NS ahead,
 imports it into the traced DB and checks that every call is matched and the
 offset recovered.
 
-Run as a script, this file is the replay: ``python test_import_join.py LIB GO CALLS OUT``.
+Run as a script, this file is the replay: ``python test_import_join_live.py LIB GO CALLS OUT``.
 """
 
 from __future__ import annotations
