@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ingero.commands.options import db_option, json_option, resolve_db
-from ingero.daemon.client import current_status
+from ingero.daemon.access import current_status
 from ingero.render import status as render_status
 
 EPILOG = """\b

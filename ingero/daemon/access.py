@@ -100,3 +100,22 @@ def run_interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckD
                               f"narrow the query, or pass --timeout (at most {protocol.MAX_TIMEOUT_S:.0f} s)") from None
         raise err
     return out["value"]
+
+
+def current_status(db_path: Path | str) -> dict[str, Any]:
+    """For `ingero status`: the running tracer's status when one writes ``db_path``, else the file's last
+    session (daemon.access chooses); a tracer whose socket refuses us is named, with how to get access."""
+    from ingero.daemon.state import collect_status
+
+    db_path = Path(db_path)
+    if not db_path.exists():
+        denied: list[client.SocketDenied] = []
+        if client.find_socket(db_path, denied=denied) is None and denied:
+            raise denied[0]
+        return {"running": False, "source": "none", "db_path": str(db_path), "db_bytes": 0, "wal_bytes": 0,
+                "session": None}
+
+    def remote(sock: Path) -> dict[str, Any]:
+        return {**client.status(socket_path=sock), "socket": str(sock)}
+
+    return read(db_path, local=collect_status, remote=remote)

@@ -225,23 +225,3 @@ def explain(*, socket_path: Path | str | None = None, timeout_s: float = DEFAULT
     """
     return request({"op": "explain", "args": args, "timeout_s": timeout_s},
                    socket_path=socket_path, timeout_s=timeout_s)["result"]
-
-
-def current_status(db_path: Path | str) -> dict[str, Any]:
-    """For `ingero status`: the running tracer's status when one writes ``db_path``, else the file's last
-    session (daemon.access chooses); a tracer whose socket refuses us is named, with how to get access."""
-    from ingero.daemon import access
-    from ingero.daemon.state import collect_status
-
-    db_path = Path(db_path)
-    if not db_path.exists():
-        denied: list[SocketDenied] = []
-        if find_socket(db_path, denied=denied) is None and denied:
-            raise denied[0]
-        return {"running": False, "source": "none", "db_path": str(db_path), "db_bytes": 0, "wal_bytes": 0,
-                "session": None}
-
-    def remote(sock: Path) -> dict[str, Any]:
-        return {**status(socket_path=sock), "socket": str(sock)}
-
-    return access.read(db_path, local=collect_status, remote=remote)

@@ -52,7 +52,11 @@ def _one_slot_bpf(tmp: Path) -> Path:
 def traced(request, tmp_path_factory, simcuda: Path) -> tuple[Path, int, int]:
     tmp = tmp_path_factory.mktemp("call_state")
     lib = simcuda
-    env = {"INGERO_BPF_DIR": str(_one_slot_bpf(tmp))} if request.param == "fallback maps" else None
+    # blocking syncs: the workload's sleeps inside cudaStreamSynchronize are what is tagged
+    # (the simulated runtime's default, CUDA's Auto, spins on this host)
+    env = {"SIMCUDA_SCHEDULE": "block"}
+    if request.param == "fallback maps":
+        env["INGERO_BPF_DIR"] = str(_one_slot_bpf(tmp))
     tracer, summary, db = trace_gated(build("call_state", tmp), lib, tmp,
                                       IN_SYNC, AFTER_SYNC, AFTER_LAUNCH, HELPER, PAGES, env=env)
     assert "done" in tracer.stderr, tracer.stderr  # the command's output goes to stderr under --json

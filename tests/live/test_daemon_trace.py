@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.daemon import client
+from ingero.daemon import access, client
 
 pytestmark = pytest.mark.live
 
@@ -72,5 +72,5 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
         sleeper.kill()
         sleeper.wait()
     assert not sock.exists()
-    st = client.current_status(db)
+    st = access.current_status(db)
     assert st["running"] is False and st["session"]["status"] == "closed"

@@ -39,7 +39,9 @@ ESCAPES = 5
 
 
 def test_calls_left_by_longjmp_are_counted_and_killed_threads_are_not(tmp_path: Path, simcuda: Path) -> None:
-    tracer, summary, db = trace_gated(build("stale_calls", tmp_path), simcuda, tmp_path, ESCAPES)
+    # the escape waits for the sync's sleep: blocking sync (the runtime's default, CUDA's Auto, spins here)
+    tracer, summary, db = trace_gated(build("stale_calls", tmp_path), simcuda, tmp_path, ESCAPES,
+                                      env={"SIMCUDA_SCHEDULE": "block"})
     assert f"done {ESCAPES}" in tracer.stderr  # the command's output goes to stderr under --json
     assert (summary["ended_by"], summary["command_exit"]) == ("command exited", 0)
 
