@@ -156,5 +156,5 @@ def test_failed_launches_queue_nothing(tmp_path: Path) -> None:
     assert summary["command_exit"] == 0
     tid = int(re.search(r"^main (\d+)$", tracer.stderr, re.M).group(1))  # type: ignore[union-attr]
     assert query(db, "SELECT op, ret, count(*) FROM events WHERE tid = $t AND op LIKE 'cuda%' GROUP BY ALL",
-                 {"t": tid}) == [("cudaLaunchKernel", 35, FAILED_LAUNCHES)]
+                 {"t": tid}) == [("cudaLaunchKernel", 35, FAILED_LAUNCHES + 1)]  # + the one after the last sleep
     assert _states(db, tid, "sched_switch", LONG_NS) == {(None, False): FAILED_LAUNCHES}, summary
