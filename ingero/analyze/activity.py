@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from ingero.analyze import device as inferred_device
 from ingero.analyze import steps as rhythm
-from ingero.analyze import timeline
+from ingero.analyze import procs, timeline
 from ingero.analyze.context import Context
 from ingero.analyze.model import DeviceBusy, StepStats
 
-# Tables of schema 7: a file written before it, opened read-only, has neither.
-TIMELINE_TABLES_SQL = """
-SELECT count(*) = 2 FROM duckdb_tables() WHERE table_name IN ('device_activity', 'spans')
-"""
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
 
 
@@ -55,7 +51,9 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
 def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     """From an imported profiler trace: its device timeline and ProfilerStep marks."""
     con = ctx.con
-    if not con.execute(TIMELINE_TABLES_SQL).fetchone()[0]:
+    # device_activity and spans come with schema 7 (one migration): a file written before it,
+    # opened read-only, has neither
+    if not procs.has_table(con, "device_activity"):
         return None, None
     lo, hi = (None, None) if ctx.whole_session else (ctx.start_ns, ctx.end_ns)
     steps = ctx.marked_steps = timeline.steps(con, ctx.session_id, lo, hi)

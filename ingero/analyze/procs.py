@@ -117,7 +117,7 @@ HAS_COLUMN_SQL = "SELECT count(*) FROM pragma_table_info($table) WHERE name = $c
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
     """Older databases lack newer columns/tables: rules degrade instead of failing."""
-    if not _has_table(con, table):
+    if not has_table(con, table):
         return False
     return bool(con.execute(HAS_COLUMN_SQL, {"table": table, "column": column}).fetchone()[0])
 
@@ -131,13 +131,13 @@ def lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None = 
     params: dict = {"pids": pids}
     if at_ns is not None:
         at, params["at"] = "$at", int(at_ns)
-    elif _has_table(con, "ing_asof"):
+    elif has_table(con, "ing_asof"):
         at = AT_FROM_ASOF
     else:
         at = "9223372036854775807::BIGINT"  # the latest row
     sql = NAMES_SQL.format(
         at=at,
-        history="process_history" if _has_table(con, "process_history") else NO_HISTORY,
+        history="process_history" if has_table(con, "process_history") else NO_HISTORY,
         ppid="n.ppid" if has_column(con, "process_names", "ppid") else "NULL::INTEGER",
     )
     out: dict[int, Proc] = {}
@@ -149,5 +149,5 @@ def lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None = 
     return out
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+def has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(con.execute(HAS_TABLE_SQL, {"table": table}).fetchone()[0])
