@@ -34,24 +34,31 @@ HOST_CAUSE = {
     "io-stall": "c.op = 'sched_switch' AND c.kind = 'io'",
 }
 
-_PAIRS_SQL = """
-SELECT c.pid, c.tid, c.timestamp, c.op, e.pid, e.tid, e.timestamp, e.op
-FROM events c JOIN events e
-  ON e.session_id = c.session_id AND e.pid = c.pid AND e.tid = c.tid AND e.op LIKE 'cu%'
- AND c.timestamp >= e.timestamp AND c.timestamp < e.timestamp + e.duration_ns
-WHERE c.session_id = $sid AND list_contains($pids, c.pid)
-  AND c.timestamp >= $w0 AND c.timestamp < $w1 AND e.timestamp >= $t0 AND e.timestamp < $t1 AND {cause}
-  AND e.session_id = $sid AND e.timestamp < $w1 AND e.timestamp + e.duration_ns > $w0  -- cuts e before the join
-ORDER BY coalesce(c.duration_ns, 0) DESC, c.timestamp
-LIMIT $n
+# Every evidence window of a chain at once ($w0s/$w1s: the windows; $n: arrows per window).
+# A cause pairs with the thread's latest CUDA call started at or before it (ASOF: one call
+# per cause, the one it happened inside when it ended after the cause).
+_WINDOWS_CTE = """
+wins AS (SELECT unnest($w0s) AS w0, unnest($w1s) AS w1, generate_subscripts($w0s, 1) AS wi),
+calls AS (SELECT pid, tid, timestamp, op, duration_ns FROM events
+          WHERE session_id = $sid AND list_contains($pids, pid) AND op LIKE 'cu%'
+            AND timestamp >= $t0 AND timestamp < $t1)
+"""
+_PAIRS_SQL = "WITH " + _WINDOWS_CTE + """,
+causes AS (SELECT c.pid, c.tid, c.timestamp, c.op, coalesce(c.duration_ns, 0) AS dur, wins.wi
+           FROM events c JOIN wins ON c.timestamp >= wins.w0 AND c.timestamp < wins.w1
+           WHERE c.session_id = $sid AND list_contains($pids, c.pid) AND {cause}),
+pairs AS (SELECT c.pid, c.tid, c.timestamp, c.op, e.pid AS epid, e.tid AS etid, e.timestamp AS ets, e.op AS eop,
+                 c.wi, row_number() OVER (PARTITION BY c.wi ORDER BY c.dur DESC, c.timestamp) AS r
+          FROM causes c ASOF JOIN calls e ON c.pid = e.pid AND c.tid = e.tid AND c.timestamp >= e.timestamp
+          WHERE c.timestamp < e.timestamp + e.duration_ns)
+SELECT pid, tid, timestamp, op, epid, etid, ets, eop, wi FROM pairs WHERE r <= $n ORDER BY wi, r
 """
 
-_LONGEST_SQL = """
-SELECT pid, tid, timestamp, op FROM events
-WHERE session_id = $sid AND list_contains($pids, pid) AND op LIKE 'cu%'
-  AND timestamp >= $w0 AND timestamp < $w1 AND timestamp >= $t0 AND timestamp < $t1
-ORDER BY duration_ns DESC, timestamp
-LIMIT $n
+_LONGEST_SQL = "WITH " + _WINDOWS_CTE + """,
+ranked AS (SELECT e.pid, e.tid, e.timestamp, e.op, wins.wi,
+                  row_number() OVER (PARTITION BY wins.wi ORDER BY e.duration_ns DESC, e.timestamp) AS r
+           FROM calls e JOIN wins ON e.timestamp >= wins.w0 AND e.timestamp < wins.w1)
+SELECT pid, tid, timestamp, op, wi FROM ranked WHERE r <= $n ORDER BY wi, r
 """
 
 Key = tuple  # (pid, tid, timestamp, op): one event row
@@ -84,25 +91,17 @@ def plan(con: duckdb.DuckDBPyConnection, chains: list[Chain], params: dict) -> A
         if not wins or not chain.pids:
             continue
         per_window = max(1, MAX_FLOWS_PER_CHAIN // len(wins))
-        q = {"sid": params["sid"], "pids": list(chain.pids), "t0": params["t0"], "t1": params["t1"]}
+        q = {"sid": params["sid"], "pids": list(chain.pids), "t0": params["t0"], "t1": params["t1"],
+             "w0s": [w.start_ns for w in wins], "w1s": [w.end_ns for w in wins]}
         cause = HOST_CAUSE.get(chain.rule_id)
         if cause is not None:
-            sql = _PAIRS_SQL.format(cause=cause)
-            for w in wins:
-                left = MAX_FLOWS_PER_CHAIN - arrows.per_chain[-1]
-                if left <= 0:
-                    break
-                for row in con.execute(sql, {**q, "w0": w.start_ns, "w1": w.end_ns,
-                                             "n": min(per_window, left)}).fetchall():
-                    arrows.add(tuple(row[:4]), tuple(row[4:]), marker=False)
+            rows = con.execute(_PAIRS_SQL.format(cause=cause), {**q, "n": per_window}).fetchall()
+            for row in rows[:MAX_FLOWS_PER_CHAIN]:  # windows in order, as many as the budget allows
+                arrows.add(tuple(row[:4]), tuple(row[4:8]), marker=False)
         if arrows.per_chain[-1]:
             continue
         n = min(MARKER_EFFECTS_PER_WINDOW, per_window)
-        for wi, w in enumerate(wins):
-            left = MAX_FLOWS_PER_CHAIN - arrows.per_chain[-1]
-            if left <= 0:
-                break
-            for row in con.execute(_LONGEST_SQL, {**q, "w0": w.start_ns, "w1": w.end_ns,
-                                                  "n": min(n, left)}).fetchall():
-                arrows.add((ci, wi), tuple(row), marker=True)
+        rows = con.execute(_LONGEST_SQL, {**q, "n": n}).fetchall()
+        for row in rows[:MAX_FLOWS_PER_CHAIN]:
+            arrows.add((ci, row[4] - 1), tuple(row[:4]), marker=True)
     return arrows

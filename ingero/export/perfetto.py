@@ -20,6 +20,7 @@ of the slice around it (clock skew between probes) is clipped to it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,12 +30,13 @@ import duckdb
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
 from ingero.export import flows
-from ingero.export.selection import WHERE, Selection, bounded_memory, reader, run
+from ingero.export.selection import WHERE, Selection, bounded_memory, run
+from ingero.export.threads import ThreadTracks
 
 BATCH = 20_000  # packets per write
 ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
              "share_of_wall_clock", "fix")
-ROWS = 65_536  # rows per record batch from DuckDB
+NS = 1_000_000_000
 SEQ = 1  # the one trusted packet sequence of this writer
 
 # Track uuids: the id shifted left, the kind of track in the low 3 bits; small numbers
@@ -45,21 +47,35 @@ _PROC, _THREAD, _COUNTER, _CHAIN = 1, 2, 3, 4
 def _uuid(kind: int, id_: int) -> int:
     return (id_ << 3) | kind
 
-_EVENTS_SQL = f"""
+# One time window of the selection's events, sorted per thread as the tracks are written.
+# Presentation is decided here: the slice name, which args a row carries (NULL: none).
+_WINDOW_SQL = f"""
 WITH names AS (
     SELECT pid, any_value(name) AS name FROM process_names GROUP BY pid
     UNION ALL
     SELECT pid, any_value(comm) FROM process_cpu
     WHERE session_id = $sid AND pid NOT IN (SELECT pid FROM process_names) GROUP BY pid
-)
-SELECT e.pid, coalesce(e.tid, e.pid) AS tid, e.timestamp, coalesce(e.duration_ns, 0), e.op, e.kind,
-       e.bytes, e.stream, e.ret, e.preempted, e.other_pid, e.runq_ns, e.in_call,
-       CASE WHEN e.op = 'sched_switch' AND e.preempted THEN
-            (SELECT n.name FROM names n WHERE n.pid = e.other_pid LIMIT 1) END AS other_name,
-       e.tid IS NULL AS no_tid
-FROM (SELECT * FROM events WHERE {WHERE}) e
-ORDER BY e.pid, tid, e.timestamp, e.duration_ns DESC
+), one AS (SELECT pid, any_value(name) AS name FROM names GROUP BY pid)
+SELECT e.pid, coalesce(e.tid, e.pid) AS tid, e.tid IS NULL AS no_tid, e.timestamp,
+       coalesce(e.duration_ns, 0) AS dur, e.op,
+       CASE WHEN e.op IN ('page_fault', 'block_io') THEN 2 WHEN e.op = 'sched_switch' THEN 1 ELSE 0 END AS cls,
+       CASE WHEN e.op <> 'sched_switch' THEN e.op
+            WHEN e.preempted THEN 'preempted by ' || coalesce(n.name, 'pid') || ' (' || coalesce(e.other_pid::VARCHAR, '?') || ')'
+            ELSE 'blocked' END AS label,
+       CASE WHEN e.op = 'sched_switch' AND e.preempted THEN NULL ELSE nullif(e.kind, '') END AS kind,
+       CASE WHEN e.op IN ('page_fault', 'block_io') THEN e.in_call END AS in_call,
+       CASE WHEN e.op <> 'sched_switch' THEN e.bytes END AS bytes,
+       CASE WHEN e.op NOT IN ('sched_switch', 'page_fault', 'block_io') THEN e.stream END AS stream,
+       CASE WHEN e.op NOT IN ('sched_switch', 'page_fault', 'block_io') THEN e.ret END AS ret,
+       CASE WHEN e.op = 'sched_switch' THEN e.runq_ns END AS runq_ns,
+       CASE WHEN e.op IN ('page_fault', 'block_io') THEN nullif(e.duration_ns, 0) END AS latency_ns
+FROM (SELECT * FROM events WHERE {WHERE} AND timestamp >= $w0 AND timestamp < $w1) e
+LEFT JOIN one n ON e.op = 'sched_switch' AND e.preempted AND n.pid = e.other_pid
+ORDER BY tid, e.timestamp, dur DESC
 """
+# Events per second of the selection: the windows are cut on whole seconds
+_SECONDS_SQL = f"SELECT timestamp // 1000000000 AS s, count(*) FROM events WHERE {WHERE} GROUP BY s ORDER BY s"
+WINDOW_ROWS = 400_000  # rows fetched and encoded at once (bounds memory: ~100 bytes a row)
 
 _THREADS_SQL = f"""
 SELECT DISTINCT pid, coalesce(tid, pid) AS tid FROM events WHERE {WHERE} ORDER BY pid, tid
@@ -220,24 +236,65 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
     params = sel.params()
     arrows = flows.plan(con, chains, params)
     w = _Writer(f)
-    _process_tracks(con, w, params)
+    threads = _process_tracks(con, w, params)
     _counters(con, w, params)
     _chains(w, chains, arrows)
-    with bounded_memory(con):
-        events = _events(con, w, params, arrows)
     w.flush()
-    return Summary(path, events, w.packets, f.tell(), len(chains), arrows.next_id - 1)
+    tracks = ThreadTracks(f, threads, lambda tid: _uuid(_THREAD, tid), w.arg_names, params["t0"],
+                          arrows.out_of, arrows.into)
+    with bounded_memory(con):
+        _events(con, tracks, params)
+    return Summary(path, tracks.events, w.packets + tracks.packets, f.tell(), len(chains), arrows.next_id - 1)
 
 
-def _process_tracks(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> None:
-    threads = run(con, _THREADS_SQL, params).fetchall()
+def _windows(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple[int, int]]:
+    """[start, end) ns of windows of at most WINDOW_ROWS rows (or one second), covering the selection."""
+    out: list[tuple[int, int]] = []
+    start, rows = None, 0
+    for sec, n in run(con, _SECONDS_SQL, params).fetchall():
+        if start is None:
+            start = params["t0"]
+        elif rows + n > WINDOW_ROWS:
+            out.append((start, sec * NS))
+            start, rows = sec * NS, 0
+        rows += n
+    if start is not None:
+        out.append((start, params["t1"]))
+    return out
+
+
+def _events(con: duckdb.DuckDBPyConnection, tracks: ThreadTracks, params: dict) -> None:
+    """Window after window; the next window is read by DuckDB (no GIL) while this one is encoded."""
+    wins = _windows(con, params)
+    cur = con.cursor()
+
+    def fetch(w: tuple[int, int]):
+        q = {k: v for k, v in params.items() if f"${k}" in _WINDOW_SQL}
+        return cur.sql(_WINDOW_SQL, params={**q, "w0": w[0], "w1": w[1]}).to_arrow_table()
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(fetch, wins[0]) if wins else None
+        for i, w in enumerate(wins):
+            table = pending.result()
+            pending = pool.submit(fetch, wins[i + 1]) if i + 1 < len(wins) else None
+            tracks.window(table, w[1])
+    tracks.finish()
+    cur.close()
+
+
+def _process_tracks(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> list[tuple[int, int]]:
+    """A track per process ("name (pid)", with the rank of an imported trace), one per thread under it."""
+    threads = [tuple(r) for r in run(con, _THREADS_SQL, params).fetchall()]
     pids = sorted({p for p, _ in threads})
     names = dict(con.execute(_PROC_NAMES_SQL, {"pids": pids}).fetchall())
+    rank = con.execute("SELECT rank FROM sessions WHERE session_id = $sid", {"sid": params["sid"]}).fetchall()
+    suffix = f" rank {rank[0][0]}" if rank and rank[0][0] is not None else ""
     for pid in pids:
-        w.track(_uuid(_PROC, pid), f"{names.get(pid) or 'pid'} ({pid})", pid=pid)
+        w.track(_uuid(_PROC, pid), f"{names.get(pid) or 'pid'} ({pid}){suffix}", pid=pid)
     for pid, tid in threads:
         label = "main" if tid == pid else f"thread {tid}"
         w.track(_uuid(_THREAD, tid), label, parent=_uuid(_PROC, pid), pid=pid, tid=tid)
+    return threads
 
 
 def _counters(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict) -> None:
@@ -276,76 +333,3 @@ def _chains(w: _Writer, chains: list[Chain], arrows: flows.Arrows) -> None:
             w.arg(p, ev, "fix", c.fix[0] if c.fix else "")
             ev.flow_ids.extend(arrows.out_of_marker.get((ci, wi), ()))
             w.end(uuid, win.end_ns)
-
-
-def _events(con: duckdb.DuckDBPyConnection, w: _Writer, params: dict, arrows: flows.Arrows) -> int:
-    batches = reader(con, _EVENTS_SQL, params, ROWS)
-    out_of, into = arrows.out_of, arrows.into
-    stack: list[tuple[int, int, tuple | None]] = []  # (end_ns, begin_ns, key of an effect) of open slices
-    cur = None
-    n = 0
-    IID_BYTES, IID_STREAM, IID_RET, IID_RUNQ = (w.arg_names[k] for k in ("bytes", "stream", "ret", "runq_ns"))
-
-    def close_until(uuid: int, t: int | None) -> None:
-        while stack and (t is None or stack[-1][0] <= t):
-            end, begin, key = stack.pop()
-            if key is not None:
-                _, ev = w.instant(uuid, max(begin, end - 1), "delayed (see arrow)")
-                ev.terminating_flow_ids.extend(into[key])
-            w.end(uuid, end)
-
-    for batch in batches:
-        cols = batch.to_pydict()
-        for pid, tid, ts, dur, op, kind, nbytes, stream, ret, preempted, other, runq, in_call, oname, no_tid in zip(
-                *cols.values()):
-            n += 1
-            uuid = (tid << 3) | _THREAD
-            if uuid != cur:
-                if cur is not None:
-                    close_until(cur, None)
-                cur = uuid
-            close_until(uuid, ts)
-            key = (pid, None if no_tid else tid, ts, op)
-            if op == "page_fault" or op == "block_io":
-                p, ev = w.instant(uuid, ts, op)
-                if dur:
-                    w.arg(p, ev, "latency_ns", dur)
-                if nbytes is not None:
-                    w.arg(p, ev, "bytes", nbytes)
-                if kind:
-                    w.arg(p, ev, "kind", kind)
-                if in_call:
-                    w.arg(p, ev, "in_call", in_call)
-                if key in out_of:
-                    ev.flow_ids.extend(out_of[key])
-                continue
-            if op == "sched_switch":
-                name = f"preempted by {oname or 'pid'} ({other})" if preempted else "blocked"
-                p, ev = w.begin(uuid, ts, name)
-                if runq is not None:
-                    a = ev.debug_annotations.add()
-                    a.name_iid, a.int_value = IID_RUNQ, runq
-                if not preempted and kind:
-                    w.arg(p, ev, "kind", kind)
-            else:
-                p, ev = w.begin(uuid, ts, op)
-                if nbytes is not None:
-                    a = ev.debug_annotations.add()
-                    a.name_iid, a.int_value = IID_BYTES, nbytes
-                if stream is not None:
-                    a = ev.debug_annotations.add()
-                    a.name_iid, a.uint_value = IID_STREAM, stream
-                if ret is not None:
-                    a = ev.debug_annotations.add()
-                    a.name_iid, a.int_value = IID_RET, ret
-                if kind:
-                    w.arg(p, ev, "kind", kind)
-            if key in out_of:
-                ev.flow_ids.extend(out_of[key])
-            end = ts + dur
-            if stack and end > stack[-1][0]:
-                end = stack[-1][0]  # would cross the enclosing slice's end: clip
-            stack.append((end, ts, key if key in into else None))
-    if cur is not None:
-        close_until(cur, None)
-    return n
