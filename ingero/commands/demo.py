@@ -26,11 +26,13 @@ def _list_text() -> str:
               help="Total time for the slow and the fixed run (default 40s).")
 @click.option("--keep-db", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Keep the slow run's trace in this DuckDB file (for ingero query/explain).")
+@click.option("--report", "report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the slow run's one-file HTML report (ingero report) here.")
 @click.option("--no-fix", is_flag=True, help="Only the slow run and its explanation.")
 @click.option("--synthetic", is_flag=True, help="Synthetic replay even where live tracing works.")
 @json_option
 def command(scenario: str | None, list_only: bool, duration_s: float | None, keep_db: Path | None,
-            no_fix: bool, synthetic: bool, as_json: bool) -> None:
+            report: Path | None, no_fix: bool, synthetic: bool, as_json: bool) -> None:
     """Reproduce a GPU-job failure mode without a GPU, explain it, apply the fix.
 
     A training loop runs on a simulated CUDA runtime (demos/build/libcudart.so.12)
@@ -43,6 +45,7 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
       sudo ingero demo cpu-contention
       ingero demo memcpy-bottleneck --duration 30s --json
       ingero demo io-stall --keep-db /tmp/io.duckdb && ingero explain --db /tmp/io.duckdb
+      sudo ingero demo cpu-contention --report cpu.html     the slow run's charts, offline
     """
     from ingero.demo import runner, scenarios
     from ingero.errors import IngeroError
@@ -62,9 +65,13 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
         scenarios.get(scenario)  # raises the one-line error, exit 2
 
     duration = duration_s if duration_s is not None else scenarios.DEFAULT_DURATION_S
+    if report is not None:
+        from ingero.export.output import check_target
+
+        check_target(report, force=True)  # an unwritable --report fails before the runs, not after
     if as_json:
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
-                            synthetic_only=synthetic)
+                            synthetic_only=synthetic, report=report)
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
         return
 
@@ -73,7 +80,8 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
     console = Console(stderr=True)
     with console.status(f"ingero demo {scenario}") as status:
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
-                            synthetic_only=synthetic, progress=lambda m: status.update(f"{scenario}: {m}"))
+                            synthetic_only=synthetic, progress=lambda m: status.update(f"{scenario}: {m}"),
+                            report=report)
     _render(result, keep_db)
 
 
@@ -104,6 +112,8 @@ def _render(result: Any, keep_db: Path | None) -> None:
                   + "\n")
     if keep_db is not None:
         out.write(f"Trace kept in {keep_db}: ingero explain --db {keep_db}\n")
+    if result.report_line:
+        out.write(f"Report of the slow run: {result.report_line}\n")
 
 
 ROWS = (

@@ -81,6 +81,7 @@ class DemoResult:
     before: Run
     after: Run | None
     notes: list[str] = field(default_factory=list)
+    report_line: str | None = None  # what `--report` wrote (the slow run's HTML report)
 
     @property
     def policy(self) -> str:
@@ -121,6 +122,7 @@ class DemoResult:
             "before": run(self.before),
             "after": run(self.after),
             "notes": self.notes,
+            "report": self.report_line,
         }
 
 
@@ -354,8 +356,10 @@ def explain_db(path: Path, from_ns: int | None = None) -> tuple[Any, dict[str, A
 
 
 def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
-        fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None) -> DemoResult:
-    """Run scenario ``name``; see the module docstring."""
+        fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None,
+        report: Path | None = None) -> DemoResult:
+    """Run scenario ``name``; see the module docstring.  ``report``: write the slow run's HTML
+    report there (ingero report over the same steady-state span explain reads)."""
     s = scn.get(name)
     if duration_s <= 0:
         raise IngeroError("--duration must be positive")
@@ -383,6 +387,13 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
             mode = "synthetic"
         say("explaining the slow run")
         before.report, before.report_dict = explain_db(before_db, before.steady_from_ns)
+        report_line = None
+        if report is not None:
+            from ingero.analyze.context import Options
+            from ingero.export.run import report as write_report
+
+            say(f"writing the HTML report {report}")
+            report_line = write_report(before_db, report, Options(from_ns=before.steady_from_ns), force=True)
         after = None
         if fix and s.expected_rule is not None:
             say(f"applying the fix: {s.fix}")
@@ -392,7 +403,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
                 after = _synthetic_run(s, "after", True, per_run, after_db)
             after.report, after.report_dict = explain_db(after_db, after.steady_from_ns)
             after.db_path = None  # temporary
-        return DemoResult(s, mode, reason, before, after)
+        return DemoResult(s, mode, reason, before, after, report_line=report_line)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from ingero.analyze.context import Options
@@ -21,6 +22,7 @@ from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.demo import scenarios
 from ingero.export import flows
+from ingero.export.threads import _clip_stack, clip
 from ingero.export.selection import select
 from ingero.store.db import Store
 from export_helpers import decode, make_db
@@ -69,6 +71,7 @@ def test_counter_tracks_hold_every_sample(tmp_path: Path) -> None:
                 "SELECT 1, ts, pid, 'python3', 1000000 * pid::BIGINT + ts // 1000000000 % 97 FROM "
                 "(SELECT DISTINCT pid FROM events WHERE op LIKE 'cuda%'), "
                 "range(1763800000000000000, 1763800030000000000, 1000000000) t(ts)")
+    con.execute("UPDATE sessions SET rank = 3")  # as an imported trace's distributedInfo sets it
     con.execute("INSERT INTO gpu_metrics (session_id, timestamp, gpu, util_pct) "
                 "SELECT 1, ts, 0, ts // 1000000000 % 100 FROM range(1763800000000000000, 1763800030000000000, "
                 "1000000000) t(ts)")
@@ -83,6 +86,8 @@ def test_counter_tracks_hold_every_sample(tmp_path: Path) -> None:
                       ("RSS", "SELECT timestamp, rss_bytes FROM process_memory")):
         want = con.execute(f"{sql} WHERE timestamp <= $end ORDER BY timestamp", {"end": end}).fetchall()
         assert len(want) >= 29 and by_name[name] == [(ts, float(v)) for ts, v in want], name
+    procs = [t.process.process_name for t in d.tracks.values() if t.HasField("process")]
+    assert procs and all(n.endswith(" rank 3") for n in procs)
     rss = next(t for t in d.tracks.values() if t.name == "RSS")
     assert d.tracks[rss.parent_uuid].process.pid == con.execute(
         "SELECT DISTINCT pid FROM events WHERE op LIKE 'cuda%'").fetchall()[0][0]
@@ -181,3 +186,36 @@ def test_unwritable_path_is_one_line_exit_2(db: Path, tmp_path: Path, capsys, fm
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "cannot write" in err, err
     assert os.listdir(tmp_path) == []
+
+
+def test_bulk_clipping_equals_the_stack_walk() -> None:
+    """Slices nest on a track: the array passes clip exactly as a stack of open slices does,
+    at any depth (random intervals, some zero-length, some instants, some carried over)."""
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        n = int(rng.integers(1, 80))
+        ts = rng.integers(0, 300, n)
+        dur = rng.integers(0, 80, n) * (rng.random(n) < 0.9)
+        order = np.lexsort((-dur, ts))
+        ts, end = ts[order], (ts + dur)[order]
+        is_slice = rng.random(n) < 0.8
+        fixed = np.zeros(n, bool)
+        want = _clip_stack(ts, end, is_slice, fixed)
+        assert np.array_equal(clip(ts, end, is_slice, fixed)[is_slice], want[is_slice])
+
+
+def test_cutting_into_windows_changes_nothing(db: Path, tmp_path: Path, monkeypatch) -> None:
+    """Slices open at a window's end are carried into the next: one-second windows give the same
+    slices, instants and arrows as windows of the whole session."""
+    from ingero.export import perfetto
+
+    def content(path: Path):
+        d = decode(path)
+        return (sorted((s.track, s.ts, s.end, s.name, tuple(sorted(s.args.items())), tuple(s.flow_ids))
+                       for s in d.slices),
+                sorted((i.track, i.ts, i.name, tuple(i.flow_ids), tuple(i.terminating)) for i in d.instants))
+
+    whole = content(_export(db, tmp_path / "whole.pftrace"))
+    monkeypatch.setattr(perfetto, "WINDOW_ROWS", 1)
+    cut = content(_export(db, tmp_path / "cut.pftrace"))
+    assert cut == whole and len(whole[0]) > 1000

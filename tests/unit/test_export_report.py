@@ -105,3 +105,18 @@ def test_empty_selection_and_existing_file(page: Path, tmp_path: Path, capsys) -
     assert main(["report", "--db", str(db), "-o", str(page)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_demo_writes_the_slow_runs_report(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demo.html"
+    assert main(["demo", "cpu-contention", "--synthetic", "--duration", "8s", "--no-fix", "--json",
+                 "--report", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["diagnosed"] and result["report"].startswith(f"wrote {out}: ")
+    text = out.read_text()
+    assert "CPU scheduling contention" in text and '<div id="chart-0"' in text
+    assert os.listdir(tmp_path) == ["demo.html"]
+    # a --report that cannot be written fails at once, before the runs
+    assert main(["demo", "cpu-contention", "--synthetic", "--report", str(tmp_path / "no" / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write" in err
