@@ -1,8 +1,8 @@
 """Stage a trace's events into one temporary table, ``_imp_raw``, with the fields the importer uses.
 
 Fast path: the keys before ``traceEvents`` are read in Python (they are small),
-then the array itself is streamed through a FIFO into DuckDB's JSON reader
-(C++, columnar: ~4x the C json module here).  The array's end is found in the
+then the array itself goes to DuckDB's JSON reader (C++, columnar: ~4x the C
+json module here) in pieces of whole events, each a temporary file.  The array's end is found in the
 last TAIL_WINDOW bytes of the file, whose remaining keys (``baseTimeNanoseconds``
 follows the events in some traces) are decoded there.
 
@@ -13,10 +13,12 @@ wrong with a bad file.  Both fill the same table.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 import tempfile
-import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -81,40 +83,45 @@ def find_array_end(tail: bytes) -> tuple[int, dict[str, Any]] | None:
                 return p, meta
 
 
-class _Feeder(threading.Thread):
-    """Writes the array (from its '[' to its ']') of the uncompressed file into a FIFO."""
+# Where one top-level event ends and the next begins: '}', a comma, '{' (blanks between).  A cut
+# anywhere else leaves the first piece open (a string or an object inside an event never closed):
+# DuckDB refuses it and the slow path takes over, so a wrong cut can fail, never mis-read.
+_CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*(?=\{)")
+PIECE_BYTES = 64 << 20  # the array goes to DuckDB in pieces of about this size (bounds memory)
 
-    def __init__(self, path: Path, start: int, fifo: str):
-        super().__init__(name="ingero-import-feeder", daemon=True)
-        self.path, self.start_at, self.fifo = path, start, fifo
-        self.tail_meta: dict[str, Any] | None = None
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            with open_bytes(self.path) as f, open(self.fifo, "wb") as out:
-                f.seek(self.start_at)  # a gzip stream seeks forward by reading and dropping the head
-                held = bytearray()
-                while True:
-                    chunk = f.read(CHUNK_BYTES)
-                    if not chunk:
-                        break
-                    held += chunk
-                    if len(held) > TAIL_WINDOW + CHUNK_BYTES:
-                        cut = len(held) - TAIL_WINDOW
-                        out.write(held[:cut])
-                        del held[:cut]
-                found = find_array_end(bytes(held))
-                if found is None:
-                    raise ValueError("end of traceEvents not found")
-                out.write(held[: found[0] + 1])
-                self.tail_meta = found[1]
-        except BaseException as exc:  # reported to the importer, which falls back to the slow path
-            self.error = exc
+def _pieces(path: Path, start: int, tail_meta: dict[str, Any]):
+    """The array's elements as JSON arrays of about PIECE_BYTES each (bytes, '[' and ']' added);
+    ``tail_meta`` gets the keys after the array.  Raises ValueError where no end is found."""
+    with open_bytes(path) as f:
+        f.seek(start + 1)  # past the '['; a gzip stream seeks forward by reading and dropping the head
+        held = bytearray()
+        eof = False
+        while not eof:
+            chunk = f.read(CHUNK_BYTES)
+            eof = not chunk
+            held += chunk
+            if len(held) < PIECE_BYTES + TAIL_WINDOW:
+                continue
+            cut = None
+            for m in _CUT.finditer(held, len(held) - TAIL_WINDOW - CHUNK_BYTES, len(held) - TAIL_WINDOW):
+                cut = m
+            if cut is None:
+                continue  # one long event: read on
+            yield b"[" + bytes(held[:cut.start() + 1]) + b"]"
+            del held[:cut.end()]
+        found = find_array_end(b"[" + bytes(held))
+        if found is None:
+            raise ValueError("end of traceEvents not found")
+        tail_meta.update(found[1])
+        yield b"[" + bytes(held[:found[0] - 1]) + b"]"
 
 
 def _stage_fast(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any] | None:
-    """The fast path; the trace's top-level keys, or None when the slow path must do it."""
+    """The fast path; the trace's top-level keys, or None when the slow path must do it.
+
+    The array goes to DuckDB's JSON reader piece by piece, each written to a temporary
+    file (DuckDB holds a whole array read through a pipe in memory: ~1 GB of a 1 GB trace)."""
     head = KinetoReader(path, encoding="latin-1")
     try:
         start = head.find_events()
@@ -125,26 +132,21 @@ def _stage_fast(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any] | 
     if start is None:
         return None
     meta = _fix_latin1(head.meta)
+    tail: dict[str, Any] = {}
+    con.execute(RAW_DDL)
     with tempfile.TemporaryDirectory(prefix="ingero-import-") as tmp:
-        fifo = os.path.join(tmp, "events.json")
-        os.mkfifo(fifo, 0o600)
-        feeder = _Feeder(path, start, fifo)
-        feeder.start()
+        piece_path = os.path.join(tmp, "events.json")
         try:
-            con.execute(f"""CREATE OR REPLACE TEMP TABLE _imp_raw AS {RAW_SELECT}
-                            FROM read_json($fifo, format = 'array', columns = $columns)""",
-                        {"fifo": fifo, "columns": READ_COLUMNS})
-        except duckdb.Error:
+            for piece in _pieces(path, start, tail):
+                with open(piece_path, "wb") as out:
+                    out.write(piece)
+                del piece
+                con.execute(f"""INSERT INTO _imp_raw {RAW_SELECT}
+                                FROM read_json($p, format = 'array', columns = $columns)""",
+                            {"p": piece_path, "columns": READ_COLUMNS})
+        except (duckdb.Error, ValueError, OSError, EOFError, zlib.error, gzip.BadGzipFile):
             return None
-        finally:
-            if feeder.is_alive():
-                # DuckDB stopped reading: open and close the read end so the writer gets EPIPE
-                fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-                os.close(fd)
-            feeder.join()
-    if feeder.error is not None or feeder.tail_meta is None:
-        return None
-    meta.update(feeder.tail_meta)
+    meta.update(_fix_latin1(tail))
     meta["_events_key"] = True
     return meta
 
