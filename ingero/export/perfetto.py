@@ -1,11 +1,15 @@
 """Native Perfetto protobuf of a selection, streamed: one track per traced thread, causal arrows.
 
-Packets are written in batches of BATCH (a ``Trace`` message of many packets
-is the same bytes as the packets one after another), from a DuckDB cursor
-read in record batches, so memory stays bounded whatever the session size.
+A ``Trace`` message of many packets is the same bytes as the packets one
+after another, so the file is written piece by piece.  The few packets of
+tracks, counters and chains are built here with the package's protobuf
+classes; the events (millions) are read window by window (WINDOW_ROWS rows,
+cut on whole seconds; DuckDB reads the next while this one is encoded) and
+encoded in bulk by threads.py, so memory stays bounded whatever the size.
 
 Layout (what ui.perfetto.dev shows):
-- per process a track "name (pid)", under it one track per thread carrying
+- per process a track "name (pid)" (with "rank N" for an imported trace of
+  a distributed job), under it one track per thread carrying
   the CUDA calls (slices named by op; bytes, stream, ret as args), the
   off-CPU intervals ("preempted by <name> (<pid>)" or "blocked"), page
   faults and block I/O requests as instants (latency as an arg);
@@ -15,7 +19,7 @@ Layout (what ui.perfetto.dev shows):
   evidence window, and flow arrows (see flows.py) from causes to effects.
 
 Slices on one thread track must nest; an interval that would cross the end
-of the slice around it (clock skew between probes) is clipped to it.
+of the slice around it (clock skew between probes) is clipped to it (threads.py).
 """
 
 from __future__ import annotations

@@ -346,14 +346,14 @@ class ThreadTracks:
         sig = np.zeros(len(a["seq"]), np.int64)
         for bit, p in enumerate(present):
             sig |= p.astype(np.int64) << bit
-        kinds, which = np.unique(sig, return_inverse=True)
+        kinds = np.nonzero(np.bincount(sig))[0]  # a few signatures: no sort
         if len(kinds) == 1:
             return pw.join(self._packets(a, int(kinds[0])))
         encoded = []
         sizes = np.zeros(len(sig), np.int64)
-        for g, k in enumerate(kinds):
-            sel = np.nonzero(which == g)[0]
-            fields = self._packets({c: v[sel] for c, v in a.items()}, int(k))
+        for k in kinds:
+            sel = np.nonzero(sig == k)[0]
+            fields = self._packets({c: v[sel] for c, v in a.items() if self._needs(c, int(k))}, int(k))
             sizes[sel] = pw.size(fields)
             encoded.append((sel, np.frombuffer(pw.join(fields), np.uint8)))
         offsets = np.cumsum(sizes) - sizes
@@ -362,6 +362,16 @@ class ThreadTracks:
             own = np.cumsum(sizes[sel]) - sizes[sel]  # where each packet starts in the group's bytes
             out[np.arange(len(data)) + np.repeat(offsets[sel] - own, sizes[sel])] = data
         return out.tobytes()
+
+    @staticmethod
+    def _needs(col: str, sig: int) -> bool:
+        """Whether packets of signature ``sig`` read column ``col`` (copy only those per group)."""
+        if col in ("seq", "delta", "typ", "name"):
+            return True
+        if col in ("extra_out", "extra_in"):
+            return bool(sig >> (1 + len(NUM_ARGS) + len(STR_ARGS)) & 1)
+        names = [c for _, c, _ in NUM_ARGS] + [c for _, c in STR_ARGS]
+        return col[2:] in names and bool(sig >> (1 + names.index(col[2:])) & 1)
 
     def _packets(self, a: dict[str, np.ndarray], sig: int) -> list[pw.Field]:
         """The fields of packets that all have the fields of ``sig`` (bit 0 name, then the args, last flows)."""

@@ -2,8 +2,12 @@
 the file holds exactly the store's selection, and every chain's arrows join a cause to a CUDA call
 it delayed inside an evidence window.
 
-trace_processor cannot check the file here: the perfetto wheel downloads its
-trace_processor_shell at run time, and no registry package ships that binary.
+The decoder (export_helpers.decode) reads the file as trace_processor does:
+per packet sequence its defaults, interned strings and incremental clock.
+trace_processor itself cannot check the file here: the perfetto wheel (0.59.1)
+fetches trace_processor_shell from Google's servers at run time, which these
+machines cannot resolve, and no package on PyPI, npm or Debian ships the binary
+(searched: perfetto, perfetto-cli, perfetto-extras, trace-processor names).
 """
 
 from __future__ import annotations
