@@ -16,9 +16,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import queue
 import re
 import tempfile
+import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,45 @@ def _pieces(path: Path, start: int, tail_meta: dict[str, Any]):
         yield b"[" + bytes(held[:found[0] - 1]) + b"]"
 
 
+def _ahead(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """The pieces, the next one read (and inflated: zlib lets go of the GIL) while DuckDB parses this one."""
+    q: queue.Queue = queue.Queue(maxsize=1)
+    done = object()
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for piece in pieces:
+                if not put(piece):
+                    return  # the consumer gave up (DuckDB refused a piece)
+            put(done)
+        except BaseException as exc:  # handed to the consumer, which falls back to the slow path
+            put(exc)
+
+    reader = threading.Thread(target=run, name="ingero-import-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join()
+
+
 def _stage_fast(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any] | None:
     """The fast path; the trace's top-level keys, or None when the slow path must do it.
 
@@ -137,7 +179,7 @@ def _stage_fast(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, Any] | 
     with tempfile.TemporaryDirectory(prefix="ingero-import-") as tmp:
         piece_path = os.path.join(tmp, "events.json")
         try:
-            for piece in _pieces(path, start, tail):
+            for piece in _ahead(_pieces(path, start, tail)):
                 with open(piece_path, "wb") as out:
                     out.write(piece)
                 del piece
