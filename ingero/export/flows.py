@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import duckdb
+import numpy as np
 
 from ingero.analyze.model import Chain
 
@@ -34,31 +35,35 @@ HOST_CAUSE = {
     "io-stall": "c.op = 'sched_switch' AND c.kind = 'io'",
 }
 
-# Every evidence window of a chain at once ($w0s/$w1s: the windows; $n: arrows per window).
-# A cause pairs with the thread's latest CUDA call started at or before it (ASOF: one call
-# per cause, the one it happened inside when it ended after the cause).
-_WINDOWS_CTE = """
-wins AS (SELECT unnest($w0s) AS w0, unnest($w1s) AS w1, generate_subscripts($w0s, 1) AS wi),
-calls AS (SELECT pid, tid, timestamp, op, duration_ns FROM events
-          WHERE session_id = $sid AND list_contains($pids, pid) AND op LIKE 'cu%'
-            AND timestamp >= $t0 AND timestamp < $t1)
+# Per evidence window: the chain's causes (longest first), and the CUDA calls of the same
+# processes that can hold them (those starting up to the longest call's duration before the
+# window).  They are paired in numpy: a cause belongs to its thread's latest call started at or
+# before it, if that call was still running.  Memory is one window's calls, not the session's.
+_CAUSES_SQL = """
+SELECT pid, tid, timestamp, op FROM events c
+WHERE session_id = $sid AND list_contains($pids, pid) AND timestamp >= $w0 AND timestamp < $w1 AND {cause}
+ORDER BY coalesce(duration_ns, 0) DESC, timestamp
 """
-_PAIRS_SQL = "WITH " + _WINDOWS_CTE + """,
-causes AS (SELECT c.pid, c.tid, c.timestamp, c.op, coalesce(c.duration_ns, 0) AS dur, wins.wi
-           FROM events c JOIN wins ON c.timestamp >= wins.w0 AND c.timestamp < wins.w1
-           WHERE c.session_id = $sid AND list_contains($pids, c.pid) AND {cause}),
-pairs AS (SELECT c.pid, c.tid, c.timestamp, c.op, e.pid AS epid, e.tid AS etid, e.timestamp AS ets, e.op AS eop,
-                 c.wi, row_number() OVER (PARTITION BY c.wi ORDER BY c.dur DESC, c.timestamp) AS r
-          FROM causes c ASOF JOIN calls e ON c.pid = e.pid AND c.tid = e.tid AND c.timestamp >= e.timestamp
-          WHERE c.timestamp < e.timestamp + e.duration_ns)
-SELECT pid, tid, timestamp, op, epid, etid, ets, eop, wi FROM pairs WHERE r <= $n ORDER BY wi, r
+_CALLS_SQL = """
+SELECT pid, tid, timestamp, duration_ns FROM events
+WHERE session_id = $sid AND list_contains($pids, pid) AND list_contains($tids, tid) AND op LIKE 'cu%'
+  AND timestamp >= greatest($lo, $t0) AND timestamp < least($w1, $t1)
+ORDER BY pid, tid, timestamp
 """
-
-_LONGEST_SQL = "WITH " + _WINDOWS_CTE + """,
-ranked AS (SELECT e.pid, e.tid, e.timestamp, e.op, wins.wi,
-                  row_number() OVER (PARTITION BY wins.wi ORDER BY e.duration_ns DESC, e.timestamp) AS r
-           FROM calls e JOIN wins ON e.timestamp >= wins.w0 AND e.timestamp < wins.w1)
-SELECT pid, tid, timestamp, op, wi FROM ranked WHERE r <= $n ORDER BY wi, r
+_OP_SQL = """
+SELECT op FROM events WHERE session_id = $sid AND pid = $pid AND tid = $tid AND timestamp = $ts AND op LIKE 'cu%'
+LIMIT 1
+"""
+_LONGEST_CALL_SQL = """
+SELECT coalesce(max(duration_ns), 0) FROM events
+WHERE session_id = $sid AND list_contains($pids, pid) AND op LIKE 'cu%' AND timestamp >= $t0 AND timestamp < $t1
+"""
+_LONGEST_SQL = """
+SELECT pid, tid, timestamp, op FROM events
+WHERE session_id = $sid AND list_contains($pids, pid) AND op LIKE 'cu%'
+  AND timestamp >= $w0 AND timestamp < $w1 AND timestamp >= $t0 AND timestamp < $t1
+ORDER BY duration_ns DESC, timestamp
+LIMIT $n
 """
 
 Key = tuple  # (pid, tid, timestamp, op): one event row
@@ -91,17 +96,57 @@ def plan(con: duckdb.DuckDBPyConnection, chains: list[Chain], params: dict) -> A
         if not wins or not chain.pids:
             continue
         per_window = max(1, MAX_FLOWS_PER_CHAIN // len(wins))
-        q = {"sid": params["sid"], "pids": list(chain.pids), "t0": params["t0"], "t1": params["t1"],
-             "w0s": [w.start_ns for w in wins], "w1s": [w.end_ns for w in wins]}
+        q = {"sid": params["sid"], "pids": list(chain.pids), "t0": params["t0"], "t1": params["t1"]}
         cause = HOST_CAUSE.get(chain.rule_id)
         if cause is not None:
-            rows = con.execute(_PAIRS_SQL.format(cause=cause), {**q, "n": per_window}).fetchall()
-            for row in rows[:MAX_FLOWS_PER_CHAIN]:  # windows in order, as many as the budget allows
-                arrows.add(tuple(row[:4]), tuple(row[4:8]), marker=False)
+            longest = int(con.execute(_LONGEST_CALL_SQL, q).fetchone()[0])
+            for w in wins:
+                left = MAX_FLOWS_PER_CHAIN - arrows.per_chain[-1]
+                if left <= 0:
+                    break
+                wq = {**q, "w0": w.start_ns, "w1": w.end_ns}
+                for c, e in _pairs(con, cause, wq, longest, min(per_window, left)):
+                    arrows.add(c, e, marker=False)
         if arrows.per_chain[-1]:
             continue
         n = min(MARKER_EFFECTS_PER_WINDOW, per_window)
-        rows = con.execute(_LONGEST_SQL, {**q, "n": n}).fetchall()
-        for row in rows[:MAX_FLOWS_PER_CHAIN]:
-            arrows.add((ci, row[4] - 1), tuple(row[:4]), marker=True)
+        for wi, w in enumerate(wins):
+            left = MAX_FLOWS_PER_CHAIN - arrows.per_chain[-1]
+            if left <= 0:
+                break
+            for row in con.execute(_LONGEST_SQL, {**q, "w0": w.start_ns, "w1": w.end_ns,
+                                                  "n": min(n, left)}).fetchall():
+                arrows.add((ci, wi), tuple(row), marker=True)
     return arrows
+
+
+def _run(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> duckdb.DuckDBPyConnection:
+    return con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+
+
+def _pairs(con: duckdb.DuckDBPyConnection, cause: str, q: dict, longest: int, n: int) -> list[tuple[Key, Key]]:
+    """Up to ``n`` (cause, the call it happened inside) of one window, the longest causes first."""
+    causes = _run(con, _CAUSES_SQL.format(cause=cause), q).fetchall()
+    if not causes:
+        return []
+    tids = sorted({c[1] for c in causes})
+    calls = _run(con, _CALLS_SQL, {**q, "lo": q["w0"] - longest, "tids": tids}).fetchnumpy()
+    if not len(calls["timestamp"]):
+        return []
+    pid = np.asarray(calls["pid"], dtype=np.int64)
+    tid = np.asarray(calls["tid"], dtype=np.int64)
+    thread = (pid << 32) | (tid & 0xFFFFFFFF)  # sorted, as the rows are (pid, tid, timestamp)
+    ts = np.asarray(calls["timestamp"], dtype=np.int64)
+    end = ts + np.asarray(calls["duration_ns"], dtype=np.int64)
+    out: list[tuple[Key, Key]] = []
+    for c in causes:
+        key = (int(c[0]) << 32) | (int(c[1]) & 0xFFFFFFFF)
+        lo, hi = np.searchsorted(thread, key, "left"), np.searchsorted(thread, key, "right")
+        i = lo + int(np.searchsorted(ts[lo:hi], c[2], "right")) - 1
+        if i >= lo and end[i] > c[2]:
+            call = {"sid": q["sid"], "pid": int(pid[i]), "tid": int(tid[i]), "ts": int(ts[i])}
+            op = con.execute(_OP_SQL, call).fetchone()[0]
+            out.append((tuple(c), (call["pid"], call["tid"], call["ts"], op)))
+            if len(out) >= n:
+                break
+    return out
