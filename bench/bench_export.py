@@ -51,8 +51,8 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_one(db: Path, args: list[str], out: Path) -> tuple[float, int, int]:
-    """(wall seconds, output bytes, peak RSS bytes) of one CLI run in a child process."""
+def run_one(db: Path, args: list[str], out: Path) -> tuple[float, int, int, float]:
+    """(wall seconds, output bytes, peak RSS bytes, CPU seconds) of one CLI run in a child process."""
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():
@@ -65,7 +65,7 @@ def run_one(db: Path, args: list[str], out: Path) -> tuple[float, int, int]:
     wall = time.perf_counter() - t
     if child.returncode != 0:
         raise SystemExit(f"ingero {' '.join(args)} failed (exit {child.returncode})")
-    return wall, _size(out), usage.ru_maxrss * 1024
+    return wall, _size(out), usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -76,21 +76,22 @@ def main() -> None:
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
-    print("| events | output | wall s | events/s | output MB | bytes/event | peak RSS MB |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print("| events | output | wall s | events/s | CPU s (all threads) | output MB | bytes/event | peak RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n in (int(float(s)) for s in args.sizes.split(",")):
         db = d / f"export-{n}.duckdb"
         if not (args.keep and db.exists()):
             build(db, n)
             as_traced(db)
         for name, cli, fname in RUNS:
-            wall, size, rss = run_one(db, cli, d / fname)
+            wall, size, rss, cpu = run_one(db, cli, d / fname)
             met = ""
             if name == "perfetto":
                 met = (f" (targets: >= {TARGET_EVENTS_S:,} events/s {'met' if n / wall >= TARGET_EVENTS_S else 'NOT met'},"
                        f" <= {TARGET_BYTES_PER_EVENT} B/event "
                        f"{'met' if size / n <= TARGET_BYTES_PER_EVENT else 'NOT met'})")
-            print(f"| {n:,} | {name}{met} | {wall:.1f} | {n / wall:,.0f} | {size / 1e6:.1f} | {size / n:.1f} "
+            print(f"| {n:,} | {name}{met} | {wall:.1f} | {n / wall:,.0f} | {cpu:.1f} | {size / 1e6:.1f} | {size / n:.1f} "
                   f"| {rss / 1e6:.0f} |", flush=True)
         if not args.keep:
             os.unlink(db)

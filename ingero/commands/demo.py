@@ -65,13 +65,19 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
         scenarios.get(scenario)  # raises the one-line error, exit 2
 
     duration = duration_s if duration_s is not None else scenarios.DEFAULT_DURATION_S
+    write_report = None
     if report is not None:
+        from ingero.analyze.context import Options
         from ingero.export.output import check_target
+        from ingero.export.run import report as html_report
 
         check_target(report, force=True)  # an unwritable --report fails before the runs, not after
+
+        def write_report(db: Path, from_ns: int | None) -> str:
+            return html_report(db, report, Options(from_ns=from_ns), force=True)
     if as_json:
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
-                            synthetic_only=synthetic, report=report)
+                            synthetic_only=synthetic, report=write_report)
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
         return
 
@@ -81,7 +87,7 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
     with console.status(f"ingero demo {scenario}") as status:
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
                             synthetic_only=synthetic, progress=lambda m: status.update(f"{scenario}: {m}"),
-                            report=report)
+                            report=write_report)
     _render(result, keep_db)
 
 

@@ -357,9 +357,9 @@ def explain_db(path: Path, from_ns: int | None = None) -> tuple[Any, dict[str, A
 
 def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
         fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None,
-        report: Path | None = None) -> DemoResult:
-    """Run scenario ``name``; see the module docstring.  ``report``: write the slow run's HTML
-    report there (ingero report over the same steady-state span explain reads)."""
+        report: Callable[[Path, int | None], str] | None = None) -> DemoResult:
+    """Run scenario ``name``; see the module docstring.  ``report``: called with the slow run's DB
+    and the start of its steady state (what explain reads) before the DB goes; returns a line."""
     s = scn.get(name)
     if duration_s <= 0:
         raise IngeroError("--duration must be positive")
@@ -389,11 +389,8 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
         before.report, before.report_dict = explain_db(before_db, before.steady_from_ns)
         report_line = None
         if report is not None:
-            from ingero.analyze.context import Options
-            from ingero.export.run import report as write_report
-
-            say(f"writing the HTML report {report}")
-            report_line = write_report(before_db, report, Options(from_ns=before.steady_from_ns), force=True)
+            say("writing the HTML report")
+            report_line = report(before_db, before.steady_from_ns)
         after = None
         if fix and s.expected_rule is not None:
             say(f"applying the fix: {s.fix}")

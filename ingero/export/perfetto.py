@@ -79,7 +79,7 @@ ORDER BY tid, e.timestamp, dur DESC
 """
 # Events per second of the selection: the windows are cut on whole seconds
 _SECONDS_SQL = f"SELECT timestamp // 1000000000 AS s, count(*) FROM events WHERE {WHERE} GROUP BY s ORDER BY s"
-WINDOW_ROWS = 400_000  # rows fetched and encoded at once (bounds memory: ~100 bytes a row)
+WINDOW_ROWS = 200_000  # rows fetched and encoded at once (bounds memory: ~2 kB a row while encoded)
 
 _THREADS_SQL = f"""
 SELECT DISTINCT pid, coalesce(tid, pid) AS tid FROM events WHERE {WHERE} ORDER BY pid, tid
