@@ -73,8 +73,10 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
 
         check_target(report, force=True)  # an unwritable --report fails before the runs, not after
 
-        def write_report(db: Path, from_ns: int | None) -> str:
+        def _write_report(db: Path, from_ns: int | None) -> str:
             return html_report(db, report, Options(from_ns=from_ns), force=True)
+
+        write_report = _write_report
     if as_json:
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
                             synthetic_only=synthetic, report=write_report)
