@@ -50,6 +50,23 @@ enum ingero_op {
 	OP_CU_MEM_ALLOC = 37,
 	OP_CU_MEM_FREE = 38,
 	/* host kernel */
+	/* NCCL (libnccl.so.2): one op per probed function, named as the function */
+	OP_NCCL_ALL_REDUCE = 80,
+	OP_NCCL_REDUCE_SCATTER = 81,
+	OP_NCCL_ALL_GATHER = 82,
+	OP_NCCL_BROADCAST = 83,
+	OP_NCCL_REDUCE = 84,
+	OP_NCCL_SEND = 85,
+	OP_NCCL_RECV = 86,
+	OP_NCCL_GROUP_START = 87,
+	OP_NCCL_GROUP_END = 88,
+	OP_NCCL_COMM_INIT_RANK = 89,
+	OP_NCCL_COMM_INIT_ALL = 90,
+	OP_NCCL_COMM_INIT_RANK_CONFIG = 91,
+	OP_NCCL_COMM_SPLIT = 92,
+	OP_NCCL_COMM_DESTROY = 93,
+	OP_NCCL_COMM_ABORT = 94,
+
 	OP_SCHED_SWITCH = 64, /* one off-CPU interval of a traced thread */
 	OP_PAGE_FAULT = 65,
 	OP_BLOCK_IO = 66,

@@ -35,6 +35,21 @@ class Op(enum.IntEnum):
     CU_STREAM_SYNC = 36
     CU_MEM_ALLOC = 37
     CU_MEM_FREE = 38
+    NCCL_ALL_REDUCE = 80
+    NCCL_REDUCE_SCATTER = 81
+    NCCL_ALL_GATHER = 82
+    NCCL_BROADCAST = 83
+    NCCL_REDUCE = 84
+    NCCL_SEND = 85
+    NCCL_RECV = 86
+    NCCL_GROUP_START = 87
+    NCCL_GROUP_END = 88
+    NCCL_COMM_INIT_RANK = 89
+    NCCL_COMM_INIT_ALL = 90
+    NCCL_COMM_INIT_RANK_CONFIG = 91
+    NCCL_COMM_SPLIT = 92
+    NCCL_COMM_DESTROY = 93
+    NCCL_COMM_ABORT = 94
     SCHED_SWITCH = 64
     PAGE_FAULT = 65
     BLOCK_IO = 66
@@ -64,6 +79,21 @@ OP_NAMES: dict[Op, str] = {
     Op.CU_STREAM_SYNC: "cuStreamSynchronize",
     Op.CU_MEM_ALLOC: "cuMemAlloc",
     Op.CU_MEM_FREE: "cuMemFree",
+    Op.NCCL_ALL_REDUCE: "ncclAllReduce",
+    Op.NCCL_REDUCE_SCATTER: "ncclReduceScatter",
+    Op.NCCL_ALL_GATHER: "ncclAllGather",
+    Op.NCCL_BROADCAST: "ncclBroadcast",
+    Op.NCCL_REDUCE: "ncclReduce",
+    Op.NCCL_SEND: "ncclSend",
+    Op.NCCL_RECV: "ncclRecv",
+    Op.NCCL_GROUP_START: "ncclGroupStart",
+    Op.NCCL_GROUP_END: "ncclGroupEnd",
+    Op.NCCL_COMM_INIT_RANK: "ncclCommInitRank",
+    Op.NCCL_COMM_INIT_ALL: "ncclCommInitAll",
+    Op.NCCL_COMM_INIT_RANK_CONFIG: "ncclCommInitRankConfig",
+    Op.NCCL_COMM_SPLIT: "ncclCommSplit",
+    Op.NCCL_COMM_DESTROY: "ncclCommDestroy",
+    Op.NCCL_COMM_ABORT: "ncclCommAbort",
     Op.SCHED_SWITCH: "sched_switch",
     Op.PAGE_FAULT: "page_fault",
     Op.BLOCK_IO: "block_io",
@@ -73,6 +103,23 @@ OP_NAMES: dict[Op, str] = {
 }
 
 CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
+# NCCL calls (80-95): enqueue calls like launches; a collective's device work
+# starts when the last rank of the communicator has entered it.
+NCCL_OPS = frozenset(o for o in Op if 80 <= o < 96)
+# Collectives and point-to-point transfers: the rows whose entry time ranks
+# are compared by (events.bytes = count x datatype size, events.comm, stream).
+NCCL_TRANSFER_OPS = frozenset(
+    OP_NAMES[o]
+    for o in (
+        Op.NCCL_ALL_REDUCE,
+        Op.NCCL_REDUCE_SCATTER,
+        Op.NCCL_ALL_GATHER,
+        Op.NCCL_BROADCAST,
+        Op.NCCL_REDUCE,
+        Op.NCCL_SEND,
+        Op.NCCL_RECV,
+    )
+)
 # What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
 # op_class; the contract of events.queued): launches and async copies that
 # return 0 queue device work; syncs and synchronous copies wait for it.
