@@ -12,11 +12,12 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates, Histo
 from ingero.metrics.diagnosis import SEVERITY_LEVEL, Diagnosis
 
-_LE = [f"{b:g}" for b in BUCKETS_S] + ["+Inf"]
+_LE = [floatToGoString(b) for b in BUCKETS_S] + ["+Inf"]  # as prometheus_client writes them
 _PROC = ["pid", "process"]
 
 
