@@ -42,7 +42,7 @@ class MetricsServer:
     def bind(cls, addr: str = DEFAULT_ADDR, port: int = DEFAULT_PORT) -> "MetricsServer":
         """Listen now; IngeroError (one line) when the address or port cannot be used."""
         addr = parse_address(addr)
-        port = parse_port(port)
+        port = int(port)  # parsed by the CLI (parse_port); 0 (any free port) is for tests and benchmarks
         self = cls(addr, port)
         try:
             self._httpd, self._thread = start_http_server(port, addr, registry=self.registry)

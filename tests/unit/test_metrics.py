@@ -66,14 +66,15 @@ def test_cuda_calls_count_per_pid_and_op_with_le_buckets(server):
     agg.add(records(rec(Op.CUDA_STREAM_SYNC, 100, 1_000)))  # a second flush adds up
     s = samples(server)
     sync = {"pid": "100", "process": "python3 (train.py)", "op": "cudaStreamSync"}
-    assert s[("ingero_cuda_calls_total", frozenset(sync.items()))] == 4
-    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls
+    assert s[("ingero_cuda_call_duration_seconds_count", frozenset(sync.items()))] == 4
+    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls, 5 us the 1,001 ns one too
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "1e-06"}.items()))] == 2
-    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "2.5e-06"}.items()))] == 3
+    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "5e-06"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "10.0"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "+Inf"}.items()))] == 4
     assert s[("ingero_cuda_call_duration_seconds_sum", frozenset(sync.items()))] == pytest.approx(20.000003001)
-    assert s[("ingero_cuda_calls_total", frozenset({"pid": "200", "process": "", "op": "cudaLaunchKernel"}.items()))] == 1
+    assert s[("ingero_cuda_call_duration_seconds_count",
+              frozenset({"pid": "200", "process": "", "op": "cudaLaunchKernel"}.items()))] == 1
 
 
 def test_offcpu_split_runqueue_faults_and_block_io(server):
