@@ -212,3 +212,34 @@ def test_promtool_accepts_the_alert_examples_and_the_scrape_config(tmp_path):
     config = subprocess.run([promtool, "check", "config", str(REPO / "deploy" / "prometheus.yml")],
                             capture_output=True, text=True)
     assert config.returncode == 0, config.stdout + config.stderr
+
+
+def test_the_session_hook_runs_once_per_flush_with_what_was_stored(monkeypatch):
+    """TraceSession.flush (fake ring, in-memory store) hands each stored batch to the metrics hook."""
+    from test_session_flush import FakeProgram, FakeReader, records
+
+    from ingero.collect import session
+    from ingero.store.db import Store
+
+    monkeypatch.setattr(session, "RingReader", FakeReader)
+    monkeypatch.setattr(session, "_process_info", lambda pid: None)
+    metrics = MetricsServer("127.0.0.1", 0)
+    metrics.aggregates = Aggregates(alive=lambda p: True)
+    metrics.collector.aggregates = metrics.aggregates
+    calls = []
+    real = metrics.on_flush
+    monkeypatch.setattr(metrics, "on_flush", lambda s, recs, t: (calls.append(len(recs)), real(s, recs, t)))
+    store = Store.memory()
+    sess = session.TraceSession(session.TraceOptions(samplers=False, metrics=metrics), store, FakeProgram(),
+                                store.begin_session(command="test", targets="fake"))
+    for n, op in ((3000, Op.CUDA_LAUNCH_KERNEL), (500, Op.CUDA_STREAM_SYNC)):
+        sess.reader.queue = records(n, op=op)
+        while sess.poll():
+            pass
+        sess.flush()
+    assert calls == [3000, 500]
+    s = samples(metrics)
+    for op, n in (("cudaLaunchKernel", 3000), ("cudaStreamSync", 500)):
+        assert s[("ingero_cuda_call_duration_seconds_count", frozenset({"pid": "42", "process": "", "op": op}.items()))] == n
+    assert s[("ingero_events_stored_total", frozenset())] == 3500 == sess.events
+    assert s[("ingero_flush_duration_seconds_count", frozenset())] == 2
