@@ -9,6 +9,7 @@ diagnosis timer against the session's own query socket.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -18,7 +19,7 @@ from ingero.collect.records import Counter
 from ingero.daemon.state import file_sizes
 from ingero.errors import IngeroError
 from ingero.metrics.aggregate import Aggregates
-from ingero.metrics.bind import DEFAULT_ADDR, DEFAULT_PORT, parse_address, parse_port
+from ingero.metrics.bind import DEFAULT_ADDR, DEFAULT_PORT, parse_address
 from ingero.metrics.collector import IngeroCollector
 from ingero.metrics.diagnosis import Diagnosis
 
@@ -49,7 +50,7 @@ class MetricsServer:
         except OSError as exc:
             why = exc.strerror or str(exc)
             hint = ("another process listens there (`ss -ltnp 'sport = :%d'` names it); pass another "
-                    "--metrics-port" % port) if exc.errno == 98 else "pass an address of this host with --metrics-addr"
+                    "--metrics-port" % port) if exc.errno == errno.EADDRINUSE else "pass an address of this host with --metrics-addr"
             raise IngeroError(f"cannot serve metrics on {addr}:{port}: {why}", hint) from None
         self.port = self._httpd.server_address[1]  # the one the kernel gave for port 0 (tests)
         return self
