@@ -84,6 +84,8 @@ class TraceOptions:
     retain_s: float | None = None  # --retain: drop events older than this
     max_db_bytes: int | None = None  # --max-db: prune oldest data to stay under this size
     serve: bool = True  # answer `ingero query/explain/status` over a local socket while tracing
+    # --metrics-port: an ingero.metrics.server.MetricsServer, told of each stored batch (on_flush)
+    metrics: Any = None
 
 
 @dataclass
@@ -288,6 +290,7 @@ class TraceSession:
             n -= n % ROW_GROUP_ROWS
         if n == 0:
             return
+        t0 = time.monotonic()
         recs = decode.storage_order(self.pending_buf[:n])
         stack_ids = None
         if self.stacks is not None:
@@ -306,12 +309,14 @@ class TraceSession:
         except STORAGE_ERRORS as exc:  # the disk or the file; anything else is a bug and keeps its traceback
             self.drops_user += n + rest
             raise write_error(exc, self.store.path) from None
-        del table, recs
+        del table
         if rest:
             opaque = self.pending_buf.view(_OPAQUE)
             opaque[:rest] = opaque[n : n + rest].copy()
         self.pending_rows = rest
         self.events += added
+        if self.opts.metrics is not None:  # per flush, never per event: aggregates for /metrics
+            self.opts.metrics.on_flush(self, recs, time.monotonic() - t0)
 
     def _resolve_stacks(self, recs: np.ndarray) -> np.ndarray:
         """Stored stack ids for the records; on a resolver failure, none (-1) and a note.
