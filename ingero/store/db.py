@@ -505,6 +505,7 @@ TABLES = (
     "probes",
     "device_activity",
     "spans",
+    "ranks",
 )
 
 
