@@ -78,7 +78,19 @@ static __always_inline u8 op_class(u8 op)
 	case OP_CUDA_GRAPH_LAUNCH:
 	case OP_CUDA_MEMCPY_ASYNC:
 	case OP_CU_LAUNCH_KERNEL:
+	case OP_CU_GRAPH_LAUNCH:
 	case OP_CU_MEMCPY_ASYNC:
+	/* An NCCL collective or send/recv returns once its kernel is enqueued on
+	 * the stream (inside a group: once ncclGroupEnd launches it), like a
+	 * launch: the thread has device work in flight until it syncs.  Whether
+	 * the other ranks have arrived is the device's business, not the host's. */
+	case OP_NCCL_ALL_REDUCE:
+	case OP_NCCL_REDUCE_SCATTER:
+	case OP_NCCL_ALL_GATHER:
+	case OP_NCCL_BROADCAST:
+	case OP_NCCL_REDUCE:
+	case OP_NCCL_SEND:
+	case OP_NCCL_RECV:
 		return CLASS_ASYNC;
 	case OP_CUDA_MEMCPY:
 	case OP_CUDA_STREAM_SYNC:
@@ -103,10 +115,12 @@ static __always_inline u8 op_class(u8 op)
  * streams are read only with LAUNCH_STREAMS (`ingero trace --streams`), and
  * then only for a call that gets a row (a nested cuLaunchKernel inside
  * cudaLaunchKernel needs none). */
-static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
+/* The state of the call this entry begins, or NULL when it is not recorded
+ * (not traced, or nested in another probed call).  The caller stamps s->ts
+ * last: probe work is not call time. */
+static __always_inline struct call_state *call_begin(struct pt_regs *ctx, u64 id, u8 op, u8 kind, u64 arg,
+						     u64 stream, u64 stream_at)
 {
-	EMPTY_RETURN();
-	u64 id = bpf_get_current_pid_tgid();
 	struct call_state *s = call_state_here(id, 1);
 	if (!s)
 		return 0;
@@ -144,7 +158,15 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
 	s->arg = arg;
 	s->stream = !stream_at ? stream : LAUNCH_STREAMS ? user_u64(stream_at) : 0;
 	s->depth = 1;
-	s->ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
+	return s;
+}
+
+static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 arg, u64 stream, u64 stream_at)
+{
+	EMPTY_RETURN();
+	struct call_state *s = call_begin(ctx, bpf_get_current_pid_tgid(), op, kind, arg, stream, stream_at);
+	if (s)
+		s->ts = bpf_ktime_get_ns(); /* last: probe work is not call time */
 	return 0;
 }
 
@@ -159,11 +181,10 @@ static __always_inline int cuda_enter(struct pt_regs *ctx, u8 op, u8 kind, u64 a
  * clocks, a task-storage state and a ring-buffer record was at +122 ns; these
  * are at ~+115.  What is left: two clock reads, pid_tgid, one slot access per
  * probe and the record.  bench/bench_probe_cost.py: ns per program run. */
-static __always_inline int on_cuda_return(struct pt_regs *ctx)
+/* The state of the outer call this return ends, or NULL (a nested call's
+ * return only steps out of it; no call recorded). */
+static __always_inline struct call_state *call_end(u64 id)
 {
-	EMPTY_RETURN();
-	u64 now = bpf_ktime_get_ns();
-	u64 id = bpf_get_current_pid_tgid();
 	struct call_state *s = call_state_here(id, 0);
 	if (!s || !s->depth)
 		return 0;
@@ -172,7 +193,13 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		return 0;
 	}
 	s->depth = 0;
-	s64 ret = (s32)PT_REGS_RC(ctx);
+	return s;
+}
+
+/* The row of the call that returned ret: sets the thread's queued bit and
+ * emits the record; other_pid carries NCCL's peer / root. */
+static __always_inline void call_record(struct call_state *s, u64 now, u64 id, s64 ret, u32 other_pid)
+{
 	/* The queued bit changes when the outer call returns, not at entry:
 	 * while a sync waits, the device still runs the thread's work (those
 	 * off-CPU intervals are tagged in_call = the sync anyway), and whether a
@@ -195,8 +222,8 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		e->stream = s->stream;
 		e->pid = id >> 32;
 		e->tid = (u32)id;
-		e->other_pid = 0;
-		e->ret = (s16)ret; /* cudaError_t / CUresult: all below 1000 */
+		e->other_pid = other_pid;
+		e->ret = (s16)ret; /* cudaError_t / CUresult / ncclResult_t: all below 1000 */
 		e->call_op = OP_NONE;
 		e->call_flags = 0;
 		e->stack_id = s->stack_id;
@@ -205,6 +232,16 @@ static __always_inline int on_cuda_return(struct pt_regs *ctx)
 		e->cpu = bpf_get_smp_processor_id();
 		event_submit(e);
 	}
+}
+
+static __always_inline int on_cuda_return(struct pt_regs *ctx)
+{
+	EMPTY_RETURN();
+	u64 now = bpf_ktime_get_ns();
+	u64 id = bpf_get_current_pid_tgid();
+	struct call_state *s = call_end(id);
+	if (s)
+		call_record(s, now, id, (s32)PT_REGS_RC(ctx), 0);
 	return 0;
 }
 
@@ -305,6 +342,12 @@ static __always_inline int on_cu_launch_kernel_enter(struct pt_regs *ctx)
 static __always_inline int on_cu_launch_kernel_ex_enter(struct pt_regs *ctx)
 {
 	return cuda_enter(ctx, OP_CU_LAUNCH_KERNEL, KIND_NONE, 0, 0, PT_REGS_PARM1(ctx) + 32);
+}
+
+/* cuGraphLaunch(hGraphExec, hStream) */
+static __always_inline int on_cu_graph_launch_enter(struct pt_regs *ctx)
+{
+	return cuda_enter(ctx, OP_CU_GRAPH_LAUNCH, KIND_NONE, 0, PT_REGS_PARM2(ctx), 0);
 }
 
 /* cuMemcpy*(dst, src, ByteCount): the direction is in the symbol name. */

@@ -49,6 +49,26 @@ enum ingero_op {
 	OP_CU_STREAM_SYNC = 36,
 	OP_CU_MEM_ALLOC = 37,
 	OP_CU_MEM_FREE = 38,
+	OP_CU_GRAPH_LAUNCH = 39,
+	/* NCCL (libnccl.so.2): one op per probed function, named as the function */
+	OP_NCCL_ALL_REDUCE = 80,
+	OP_NCCL_REDUCE_SCATTER = 81,
+	OP_NCCL_ALL_GATHER = 82,
+	OP_NCCL_BROADCAST = 83,
+	OP_NCCL_REDUCE = 84,
+	OP_NCCL_SEND = 85,
+	OP_NCCL_RECV = 86,
+	OP_NCCL_GROUP_START = 87,
+	OP_NCCL_GROUP_END = 88,
+	OP_NCCL_COMM_INIT_RANK = 89,
+	OP_NCCL_COMM_INIT_ALL = 90,
+	OP_NCCL_COMM_INIT_RANK_CONFIG = 91,
+	OP_NCCL_COMM_SPLIT = 92,
+	OP_NCCL_COMM_DESTROY = 93,
+	OP_NCCL_COMM_ABORT = 94,
+	/* Not a row: a struct ingero_nccl_ext claimed just before the record of
+	 * the NCCL call it extends (the 56 bytes hold no room for its comm) */
+	OP_NCCL_EXT = 79,
 	/* host kernel */
 	OP_SCHED_SWITCH = 64, /* one off-CPU interval of a traced thread */
 	OP_PAGE_FAULT = 65,
@@ -77,7 +97,15 @@ enum ingero_kind {
 	KIND_WRITE = 25,
 	KIND_FLUSH = 26,
 	KIND_DISCARD = 27,
+	/* NCCL calls: KIND_NCCL | redop << 4 | datatype.  redop: ncclRedOp_t
+	 * 0-4 (sum prod max min avg), NCCL_REDOP_CUSTOM for one made by
+	 * ncclRedOpCreatePreMulSum, NCCL_REDOP_NONE for calls without one;
+	 * datatype: ncclDataType_t 0-11, NCCL_DTYPE_UNKNOWN beyond. */
+	KIND_NCCL = 128,
 };
+#define NCCL_REDOP_CUSTOM 5
+#define NCCL_REDOP_NONE 7
+#define NCCL_DTYPE_UNKNOWN 15
 
 /* One record per event, every kind: a single fixed stride lets user space
  * decode a whole ring-buffer span with one numpy view.  56 bytes + the
@@ -102,6 +130,26 @@ struct ingero_event {
 	u8 op;           /* enum ingero_op */
 	u8 kind;         /* enum ingero_kind */
 	u16 cpu;         /* CPU the event happened on */
+};
+
+/* The second record of an NCCL call (op OP_NCCL_EXT), claimed in the ring
+ * right before the call's own struct ingero_event (op OP_NCCL_*), so user
+ * space always reads it first; (tid, ts_ns) joins the two.  The call record
+ * holds bytes (arg), stream, peer or root (other_pid) and KIND_NCCL kind;
+ * this one what does not fit there.  Same size and op offset as
+ * ingero_event: the ring's stride is one. */
+struct ingero_nccl_ext {
+	u64 ts_ns;   /* the call's entry time, as in its record */
+	u64 comm;    /* the call's ncclComm_t; init / split: the one created (0: none) */
+	u64 id[2];   /* ncclCommInitRank*: the ncclUniqueId's first 16 bytes; split: parent comm, key */
+	u32 pid;
+	u32 tid;
+	s32 rank;    /* init: rank (InitAll: 0 for comms[0]); -1 unknown */
+	s32 nranks;  /* init: nranks (InitAll: ndev); -1 unknown */
+	s32 color;   /* split: color; -1 otherwise */
+	u8 op;       /* OP_NCCL_EXT */
+	u8 call_op;  /* the op of the call it extends */
+	u16 cpu;
 };
 
 /* ingero_event.call_flags: the thread's CUDA state when it went off CPU /

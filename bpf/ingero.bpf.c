@@ -98,6 +98,18 @@ struct thread_state {
 	u8 call_flags; /* at switch-out: its call_state flags */
 };
 
+/* nccl: what an NCCL call's entry read that its return sends out in a
+ * struct ingero_nccl_ext (nccl.bpf.c). */
+struct nccl_call {
+	u64 comm;  /* the comm argument */
+	u64 out;   /* init / split: where the created communicator is written (0: none) */
+	u64 id[2]; /* see ingero_nccl_ext.id */
+	s32 peer;  /* send / recv: peer; broadcast / reduce: root; -1 */
+	s32 rank;
+	s32 nranks;
+	s32 color;
+};
+
 /* blockio: a request between issue and completion. */
 struct rq_key {
 	u64 sector;
@@ -175,6 +187,8 @@ struct thread_slot {
 BPF_F_TABLE("array", u32, struct thread_slot, thread_slots, THREAD_SLOTS, BPF_F_MMAPABLE);
 /* When the task now on this CPU was switched in. */
 BPF_PERCPU_ARRAY(oncpu_since, u64, 1);
+/* Threads inside an NCCL call (tid -> struct nccl_call), entry to return. */
+BPF_HASH(nccl_calls, u32, struct nccl_call, 4096);
 /* Block requests in flight: device queues hold at most a few thousand. */
 BPF_HASH(block_rqs, struct rq_key, struct rq_state, 16384);
 
@@ -190,6 +204,9 @@ static __always_inline struct thread_slot *thread_slot_at(u32 i) { return thread
 static __always_inline struct ingero_proc_stat *proc_stats_get(u32 *tgid) { return proc_stats.lookup(tgid); }
 static __always_inline void proc_stats_put(u32 *tgid, struct ingero_proc_stat *s) { proc_stats.update(tgid, s); }
 static __always_inline u64 *oncpu_since_get(void) { u32 zero = 0; return oncpu_since.lookup(&zero); }
+static __always_inline struct nccl_call *nccl_call_get(u32 *tid) { return nccl_calls.lookup(tid); }
+static __always_inline void nccl_call_put(u32 *tid, struct nccl_call *c) { nccl_calls.update(tid, c); }
+static __always_inline void nccl_call_del(u32 *tid) { nccl_calls.delete(tid); }
 static __always_inline struct rq_state *block_rqs_get(struct rq_key *k) { return block_rqs.lookup(k); }
 static __always_inline void block_rqs_put(struct rq_key *k, struct rq_state *s) { block_rqs.update(k, s); }
 static __always_inline void block_rqs_del(struct rq_key *k) { block_rqs.delete(k); }
@@ -336,6 +353,7 @@ TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
 
 #include "threads.bpf.c"
 #include "cuda.bpf.c"
+#include "nccl.bpf.c"
 #include "sched.bpf.c"
 #include "mm.bpf.c"
 #include "blockio.bpf.c"
@@ -371,4 +389,22 @@ UPROBE_PROGRAM(cu_ctx_sync_enter)
 UPROBE_PROGRAM(cu_stream_sync_enter)
 UPROBE_PROGRAM(cu_mem_alloc_enter)
 UPROBE_PROGRAM(cu_mem_free_enter)
+UPROBE_PROGRAM(cu_graph_launch_enter)
+UPROBE_PROGRAM(nccl_return)
+UPROBE_PROGRAM(nccl_all_reduce_enter)
+UPROBE_PROGRAM(nccl_reduce_scatter_enter)
+UPROBE_PROGRAM(nccl_all_gather_enter)
+UPROBE_PROGRAM(nccl_broadcast_enter)
+UPROBE_PROGRAM(nccl_bcast_enter)
+UPROBE_PROGRAM(nccl_reduce_enter)
+UPROBE_PROGRAM(nccl_send_enter)
+UPROBE_PROGRAM(nccl_recv_enter)
+UPROBE_PROGRAM(nccl_group_start_enter)
+UPROBE_PROGRAM(nccl_group_end_enter)
+UPROBE_PROGRAM(nccl_comm_init_rank_enter)
+UPROBE_PROGRAM(nccl_comm_init_rank_config_enter)
+UPROBE_PROGRAM(nccl_comm_init_all_enter)
+UPROBE_PROGRAM(nccl_comm_split_enter)
+UPROBE_PROGRAM(nccl_comm_destroy_enter)
+UPROBE_PROGRAM(nccl_comm_abort_enter)
 #endif

@@ -134,7 +134,7 @@ def check_cuda_libs() -> Check:
         return Check("CUDA libraries", False, "library discovery unavailable", required=False)
     found = libs.find_cuda_libraries()
     if not found:
-        return Check("CUDA libraries", False, "no libcudart/libcuda found",
+        return Check("CUDA libraries", False, "no libcudart/libcuda/libnccl found",
                      "install your CUDA stack, or pass --cuda-lib / --pid to `ingero trace`", required=False)
     return Check("CUDA libraries", True, "; ".join(libs.describe(lib) for lib in found), required=False)
 
@@ -149,7 +149,7 @@ def check_process(pid: int) -> Check:
     if stripped:
         return Check(name, False, " | ".join(stripped), required=False)  # each line says its fix
     if not found:
-        return Check(name, False, "maps no CUDA runtime or driver (libcudart, libcuda, or a runtime linked in)",
+        return Check(name, False, "maps no CUDA runtime, driver or NCCL (libcudart, libcuda, libnccl, or a runtime linked in)",
                      "if it uses CUDA later (dlopen), `ingero trace --pid` attaches then; "
                      "reading another user's maps needs root", required=False)
     return Check(name, True, "; ".join(libs.describe(lib) for lib in found), required=False)

@@ -57,6 +57,23 @@ def needs_nvidia_libcudart() -> Path:
                  "pip install nvidia-cuda-runtime-cu12, or make setup")
 
 
+def nvidia_libnccl() -> Path | None:
+    """NVIDIA's libnccl.so.2 from the nvidia-nccl-cu12 wheel, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in spec.submodule_search_locations if spec else []:
+        lib = Path(base, "nccl", "lib", "libnccl.so.2")
+        if lib.exists():
+            return lib.resolve()
+    return None
+
+
+def needs_nvidia_libnccl() -> Path:
+    """The wheel's libnccl (make setup installs it with the `test` extra)."""
+    return needs(nvidia_libnccl(), "NVIDIA's libnccl.so.2", "pip install nvidia-nccl-cu12, or make setup")
+
+
 @functools.lru_cache(maxsize=1)
 def _build_simcuda() -> tuple[Path | None, str]:
     proc = subprocess.run(["make", "-C", str(REPO / "demos")], capture_output=True, text=True)

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import duckdb
 
 
+# Every kernel thread is kthreadd or a child of it.
+KTHREADD_PID = 2
+
+
 @dataclass(frozen=True)
 class Proc:
     pid: int
@@ -47,8 +51,16 @@ class Proc:
 
     @property
     def is_kernel_thread(self) -> bool:
-        """Kernel threads have no command line (and cannot be reniced usefully)."""
-        return self.known and not self.cmdline
+        """kthreadd (PID 2) and its children: no command line, and no renice or taskset fix.
+
+        A missing command line alone does not make one: a process that exited before
+        /proc was read has none either (a CPU hog killed before the trace ended), and
+        its known parent says it is a user process."""
+        if self.pid == KTHREADD_PID or self.ppid == KTHREADD_PID:
+            return True
+        if self.ppid is not None:
+            return False
+        return self.known and not self.cmdline  # parent unknown (older databases): all there is
 
 
 # Longer command lines are shortened in fix text (the PID is given too).

@@ -15,7 +15,10 @@ Column semantics follow ingero/store/schema.sql:
 * ``in_call`` (the op name of the CUDA call the thread was inside,
   dictionary-encoded like ``op``) and ``queued`` only for sched_switch and
   page_fault: ``in_call`` NULL outside every call, ``queued`` NULL for a
-  thread that has made no traced CUDA call (no CALL_FLAG_SEEN).
+  thread that has made no traced CUDA call (no CALL_FLAG_SEEN);
+* NCCL calls: ``peer`` from other_pid (send/recv peer, broadcast/reduce
+  root), ``kind`` '<redop>:<dtype>'; ``comm`` comes from the call's
+  extension record (ranks.NcclJoin), passed in as an array.
 """
 
 from __future__ import annotations
@@ -46,11 +49,24 @@ BYTES_OPS = frozenset(
         Op.CU_MEMCPY,
         Op.CU_MEMCPY_ASYNC,
         Op.CU_MEM_ALLOC,
+        Op.NCCL_ALL_REDUCE,
+        Op.NCCL_REDUCE_SCATTER,
+        Op.NCCL_ALL_GATHER,
+        Op.NCCL_BROADCAST,
+        Op.NCCL_REDUCE,
+        Op.NCCL_SEND,
+        Op.NCCL_RECV,
         Op.BLOCK_IO,
         Op.BENCH,
     }
 )
-# Ops whose stream the probes always read: it is a register argument (free).
+# NCCL's transfers: their stream is always read (a register or a stack slot;
+# a few calls per step, so the read costs nothing that shows).
+NCCL_STREAM_OPS = frozenset(
+    {Op.NCCL_ALL_REDUCE, Op.NCCL_REDUCE_SCATTER, Op.NCCL_ALL_GATHER, Op.NCCL_BROADCAST, Op.NCCL_REDUCE,
+     Op.NCCL_SEND, Op.NCCL_RECV}
+)
+# Ops whose stream the probes always read: a register argument (free), or NCCL's.
 REGISTER_STREAM_OPS = frozenset(
     {
         Op.CUDA_MEMCPY_ASYNC,
@@ -58,8 +74,9 @@ REGISTER_STREAM_OPS = frozenset(
         Op.CUDA_GRAPH_LAUNCH,
         Op.CU_MEMCPY_ASYNC,
         Op.CU_STREAM_SYNC,
+        Op.CU_GRAPH_LAUNCH,
     }
-)
+) | NCCL_STREAM_OPS
 # Kernel launches (cudaLaunchKernel / cudaLaunchKernelExC, cuLaunchKernel /
 # cuLaunchKernelEx): their stream is on the stack or in a config struct, read
 # only when the program was compiled with LAUNCH_STREAMS (`trace --streams`);
@@ -70,6 +87,8 @@ LAUNCH_STREAM_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL})
 STREAM_OPS = REGISTER_STREAM_OPS | LAUNCH_STREAM_OPS
 # Ops whose other_pid carries a value (the next process; the block device).
 OTHER_PID_OPS = frozenset({Op.SCHED_SWITCH, Op.BLOCK_IO, Op.PROC_EXEC})
+# Ops whose other_pid is events.peer: the peer (send / recv) or root (broadcast / reduce).
+PEER_OPS = frozenset({Op.NCCL_SEND, Op.NCCL_RECV, Op.NCCL_BROADCAST, Op.NCCL_REDUCE})
 # Ops without a return code.
 NO_RET_OPS = frozenset({Op.SCHED_SWITCH, Op.PROC_EXEC, Op.PROC_EXIT})
 # Ops tagged with the thread's CUDA call state (call_op, call_flags); the
@@ -85,6 +104,7 @@ def _op_mask(ops: frozenset[Op]) -> np.ndarray:
 
 _BYTES_MASK = _op_mask(BYTES_OPS)
 _OTHER_MASK = _op_mask(OTHER_PID_OPS)
+_PEER_MASK = _op_mask(PEER_OPS)
 _RET_MASK = ~_op_mask(NO_RET_OPS)
 _IN_CALL_TYPE = pa.dictionary(pa.uint8(), pa.string())
 _CALL_OP_OFFSET = EVENT_DTYPE.fields["call_op"][1]
@@ -116,6 +136,8 @@ EVENTS_SCHEMA = pa.schema(
         ("stack_id", pa.int64()),
         ("in_call", pa.dictionary(pa.uint8(), pa.string())),
         ("queued", pa.bool_()),
+        ("comm", pa.uint64()),
+        ("peer", pa.int32()),
     ]
 )
 
@@ -168,6 +190,7 @@ def events_table(
     offset_ns: int,
     stack_ids: np.ndarray | None = None,
     stream_ops: frozenset[Op] = REGISTER_STREAM_OPS,
+    comm: np.ndarray | None = None,
 ) -> pa.Table:
     """Arrow table with the events columns of schema.sql for EVENT_DTYPE ``records``.
 
@@ -175,6 +198,7 @@ def events_table(
     ids, from StackResolver.resolve; by default the kernel id is kept when >= 0.
     ``stream_ops``: ops whose records carry a stream, ``stream_ops(settings.launch_streams)``;
     the default matches the default program (launch streams not read).
+    ``comm``: events.comm per record (uint64, 0 = NULL), from ranks.NcclJoin; None: all NULL.
     Same-width integer columns are reinterpreted (views), not copied.
     """
     if records.dtype != EVENT_DTYPE:
@@ -212,12 +236,21 @@ def events_table(
         _masked(arg, is_switch, pa.int64()),
         _masked(stack, stack >= 0, pa.int64()),
         *_call_state_columns(op, records),
+        pa.nulls(n, pa.uint64()) if comm is None else _masked(comm, comm != 0, pa.uint64()),
+        _peer_column(op, records),
     ]
     return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
 
 
 # one mask per stream_ops set (a session passes the same one on every flush)
 _stream_mask = functools.lru_cache(maxsize=None)(_op_mask)
+
+
+def _peer_column(op: np.ndarray, records: np.ndarray) -> pa.Array:
+    valid = _PEER_MASK[op]
+    if not valid.any():
+        return pa.nulls(len(op), pa.int32())
+    return _masked(np.ascontiguousarray(records["other_pid"]).view(np.int32), valid, pa.int32())
 
 
 def _call_state_columns(op: np.ndarray, records: np.ndarray) -> tuple[pa.Array, pa.Array]:

@@ -1,4 +1,4 @@
-"""Find every distinct copy of the CUDA runtime (libcudart) and driver (libcuda).
+"""Find every distinct copy of the CUDA runtime (libcudart), driver (libcuda) and NCCL (libnccl).
 
 A uprobe is attached to a file (an inode), not to a name, so a job that
 loads PyTorch's wheel-bundled ``libcudart-<hash>.so.12`` is invisible to a
@@ -41,15 +41,25 @@ PROC = Path("/proc")
 
 RUNTIME = "runtime"
 DRIVER = "driver"
+NCCL = "nccl"
 
 # libcudart.so, libcudart.so.12, libcudart.so.12.4.127, torch's libcudart-d0da41ae.so.11.0;
 # libcuda.so.1, libcuda.so.550.54.14.  Not libcudart_static.a, libcudadebugger.so.
 _LIB_NAME = re.compile(r"^libcuda(?P<rt>rt)?(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$")
+# libnccl.so.2, libnccl.so.2.21.5, an auditwheel copy libnccl-<hash>.so.2.  Kept apart from
+# _LIB_NAME: NVIDIA's libnccl also has the CUDA runtime linked in, which _mapped_code examines.
+_NCCL_NAME = re.compile(r"^libnccl(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$")
+
+
+def _wanted(name: str) -> bool:
+    return bool(_LIB_NAME.match(name) or _NCCL_NAME.match(name))
+
 
 # A library counts as the runtime / the driver when it exports one of these
 # (present in every CUDA 10-13 release); the file name alone is not trusted.
 _RUNTIME_MARKERS = frozenset({"cudaLaunchKernel", "cudaMalloc", "cudaGetDeviceCount", "cudaMemcpy"})
 _DRIVER_MARKERS = frozenset({"cuInit", "cuLaunchKernel", "cuDriverGetVersion"})
+_NCCL_MARKERS = frozenset({"ncclAllReduce", "ncclCommInitRank", "ncclGetVersion"})
 
 # _ptds / _ptsz: per-thread-default-stream builds of the same call (same
 # arguments).  Driver ABI revisions (_v2, _v3) are different entry points with
@@ -57,18 +67,24 @@ _DRIVER_MARKERS = frozenset({"cuInit", "cuLaunchKernel", "cuDriverGetVersion"})
 # same rule as probes.variants, so describe() counts what the loader attaches.
 _VARIANT_SUFFIX = re.compile(r"^(?:_ptds|_ptsz)?$")
 
-_FIX_CUDA_LIB = "pass the path of a libcudart.so* or libcuda.so* (list them with: ldconfig -p | grep libcuda)"
+_FIX_CUDA_LIB = ("pass the path of a libcudart.so*, libcuda.so* or libnccl.so* "
+                 "(list them with: ldconfig -p | grep -e libcuda -e libnccl)")
 
 
 @dataclass(frozen=True)
 class CudaLib:
     path: Path
-    kind: str  # RUNTIME ('runtime', libcudart) | DRIVER ('driver', libcuda)
+    kind: str  # RUNTIME ('runtime', libcudart) | DRIVER ('driver', libcuda) | NCCL ('nccl', libnccl)
     identity: tuple[int, int]  # (st_dev, st_ino) of the file
     symbols: frozenset[str] = field(repr=False)  # exported dynamic function names, no @version
     # The runtime linked into a program (static_runtime.py): function -> address
     # in the file, probed by address.  None for libcudart.so / libcuda.so.
     addresses: Mapping[str, int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        """One file can be two things to probe: NVIDIA's libnccl exports NCCL and has a runtime linked in."""
+        return (*self.identity, self.kind)
 
     @property
     def linked_in(self) -> bool:
@@ -80,8 +96,8 @@ class CudaLib:
         return sorted(found, key=lambda s: (s != base, len(s), s))
 
     def api_functions(self) -> list[str]:
-        """Exported public API functions: cuda* for the runtime, cu* for the driver."""
-        prefix = "cuda" if self.kind == RUNTIME else "cu"
+        """Exported public API functions: cuda* for the runtime, cu* for the driver, nccl* for NCCL."""
+        prefix = {RUNTIME: "cuda", NCCL: "nccl"}.get(self.kind, "cu")
         return sorted(s for s in self.symbols if s.startswith(prefix))
 
 
@@ -172,6 +188,8 @@ def _kind(symbols: frozenset[str]) -> str | None:
         return RUNTIME
     if symbols & _DRIVER_MARKERS:
         return DRIVER
+    if symbols & _NCCL_MARKERS:
+        return NCCL
     return None
 
 
@@ -322,7 +340,7 @@ def _ldconfig_paths() -> list[Path]:
     paths = []
     for line in out.splitlines():
         name, sep, target = line.strip().partition(" => ")
-        if sep and _LIB_NAME.match(os.path.basename(target)):  # not libcudadebugger, libcudnn...
+        if sep and _wanted(os.path.basename(target)):  # not libcudadebugger, libcudnn...
             paths.append(Path(target))
     return paths
 
@@ -331,7 +349,7 @@ def _scan_dir(directory: Path) -> Iterator[Path]:
     try:
         with os.scandir(directory) as it:
             for entry in it:
-                if _LIB_NAME.match(entry.name):
+                if _wanted(entry.name):
                     yield Path(entry.path)
     except OSError:
         return
@@ -377,11 +395,11 @@ def _read_maps(proc: Path, pid: int) -> bytes:
 def _mapped_cuda(proc: Path, pid: int, data: bytes | None = None) -> list[_Mapped]:
     if data is None:
         data = _read_maps(proc, pid)
-    if b"/libcuda" not in data:
+    if b"/libcuda" not in data and b"/libnccl" not in data:
         return []
     seen, out = set(), []
     for raw in data.splitlines():
-        if b"/libcuda" not in raw:
+        if b"/libcuda" not in raw and b"/libnccl" not in raw:
             continue
         parts = raw.decode("utf-8", "replace").split(None, 5)
         if len(parts) < 6:
@@ -390,7 +408,7 @@ def _mapped_cuda(proc: Path, pid: int, data: bytes | None = None) -> list[_Mappe
         deleted = path.endswith(" (deleted)")
         if deleted:
             path = path[: -len(" (deleted)")]
-        if path in seen or not _LIB_NAME.match(os.path.basename(path)):
+        if path in seen or not _wanted(os.path.basename(path)):
             continue
         seen.add(path)
         out.append(_Mapped(pid, path, deleted, parts[0]))
@@ -453,10 +471,11 @@ def _resolve_mapped(proc: Path, m: _Mapped) -> tuple[Path, os.stat_result] | Non
 
 
 class _Registry:
-    """CudaLibs by identity; remembers files that turned out not to be CUDA libraries."""
+    """CudaLibs by key; remembers files that turned out not to be CUDA libraries."""
 
     def __init__(self) -> None:
-        self.libs: dict[tuple[int, int], CudaLib] = {}
+        self.libs: dict[tuple[int, int, str], CudaLib] = {}  # CudaLib.key -> lib
+        self.by_exports: dict[tuple[int, int], CudaLib] = {}  # identity -> the lib its exports make it
         self.rejected: set[tuple[int, int]] = set()
         self.code_seen: set[str] = set()  # maps "dev inode" of every executable mapping examined
         self.stripped: dict[tuple[int, int], str] = {}  # identity -> the one line saying so
@@ -464,8 +483,9 @@ class _Registry:
     def add_linked_in(self, path: Path, st: os.stat_result, who: str) -> CudaLib | None:
         """A program or library with the runtime linked in; a stripped one is noted in ``stripped``."""
         ident = (st.st_dev, st.st_ino)
-        if ident in self.libs or ident in self.stripped:
-            return self.libs.get(ident)
+        key = (*ident, RUNTIME)
+        if key in self.libs or ident in self.stripped:
+            return self.libs.get(key)
         found = static_runtime.examine(path, st)
         if found is None:
             return None
@@ -474,7 +494,7 @@ class _Registry:
             return None
         lib = CudaLib(path=path, kind=RUNTIME, identity=ident, symbols=frozenset(found.addresses),
                       addresses=found.addresses)
-        self.libs[ident] = lib
+        self.libs[lib.key] = lib
         return lib
 
     def add_code(self, proc: Path, data: bytes, pid: int) -> None:
@@ -492,8 +512,8 @@ class _Registry:
         except OSError:
             return None
         ident = (st.st_dev, st.st_ino)
-        if ident in self.libs:
-            return self.libs[ident]
+        if ident in self.by_exports:
+            return self.by_exports[ident]
         if ident in self.rejected:
             return None
         if resolve:
@@ -502,7 +522,7 @@ class _Registry:
         if lib is None:
             self.rejected.add(ident)
             return None
-        self.libs[ident] = lib
+        self.libs[lib.key] = self.by_exports[ident] = lib
         return lib
 
     def add_mapped(self, proc: Path, m: _Mapped) -> CudaLib | None:
@@ -521,7 +541,7 @@ def _check_extra(path: Path) -> list[Path]:
     if path.is_dir():
         found = list(_scan_dir(path))
         if not found:
-            raise IngeroError(f"--cuda-lib {path}: directory holds no libcudart.so*/libcuda.so*", _FIX_CUDA_LIB)
+            raise IngeroError(f"--cuda-lib {path}: directory holds no libcudart.so*/libcuda.so*/libnccl.so*", _FIX_CUDA_LIB)
         return found
     st = os.stat(path)
     symbols = _exports(path, st)
@@ -536,8 +556,8 @@ def _check_extra(path: Path) -> list[Path]:
         raise IngeroError(f"--cuda-lib {path}: not an ELF shared library", _FIX_CUDA_LIB)
     if _kind(symbols) is None:
         raise IngeroError(
-            f"--cuda-lib {path}: exports no CUDA runtime or driver functions",
-            "point it at the real libcudart.so*/libcuda.so*, not a stub or another library",
+            f"--cuda-lib {path}: exports no CUDA runtime or driver functions (nor NCCL ones)",
+            "point it at the real libcudart.so*/libcuda.so*/libnccl.so*, not a stub or another library",
         )
     return [path]
 
@@ -589,7 +609,7 @@ def pids_mapping_cuda(proc: Path = PROC) -> dict[int, list[CudaLib]]:
     for pid in _pids(proc):
         libs = [lib for m in _mapped_cuda(proc, pid) if (lib := registry.add_mapped(proc, m))]
         if libs:
-            out[pid] = list({lib.identity: lib for lib in libs}.values())
+            out[pid] = list({lib.key: lib for lib in libs}.values())
     return out
 
 
@@ -635,7 +655,7 @@ class LibraryWatcher:
         self._places = places
         self._proc = proc
         self._registry = _Registry()
-        self._reported: set[tuple[int, int]] = set()
+        self._reported: set[tuple[int, int, str]] = set()
         self._vsize: dict[tuple[int, int], int] = {}  # (pid, starttime) -> vsize at the last maps read
         self._started = False
         self.maps_read = 0  # how many maps files the last poll read (for benchmarks)
@@ -650,8 +670,8 @@ class LibraryWatcher:
                     pass
             self._started = True
         self._scan_processes()
-        new = [lib for ident, lib in self._registry.libs.items() if ident not in self._reported]
-        self._reported.update(lib.identity for lib in new)
+        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
+        self._reported.update(lib.key for lib in new)
         return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
 
     def take_notes(self) -> list[str]:

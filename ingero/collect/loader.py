@@ -126,7 +126,7 @@ def compiled_source(settings: BpfSettings) -> tuple[list[tuple[Path, str]], list
     if settings.bench_pid is None:
         seen.add("bench.bpf.c")
     else:
-        seen.update({"cuda.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
+        seen.update({"cuda.bpf.c", "nccl.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
     i = 0
     while i < len(files):
         for name in _LOCAL_INCLUDE.findall(files[i][1]):
@@ -198,7 +198,7 @@ class Program:
         self.bpf = bpf
         self.settings = settings
         self.records: list[AttachRecord] = []
-        self._attached_ids: set[tuple[int, int]] = set()
+        self._attached_ids: set[tuple[int, int, str]] = set()
         self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
         for tp, op in self.tracepoints:
             self.records.append(AttachRecord("kernel", tp, op, "tracepoint", True))
@@ -207,13 +207,14 @@ class Program:
 
     def attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str],
                        addresses: Mapping[str, int] | None = None) -> tuple[int, int]:
-        """Attach every probe of the table to one library file; (ok, failed).  Once per identity.
+        """Attach every probe of the table to one library file; (ok, failed).  Once per identity and kind.
 
         ``addresses``: a runtime linked into a program, whose functions are local
         symbols (static_runtime.py): attached at these addresses, not by name."""
-        if identity in self._attached_ids:
+        key = (*identity, kind)  # NVIDIA's libnccl is two: NCCL by name, its linked-in runtime by address
+        if key in self._attached_ids:
             return 0, 0
-        self._attached_ids.add(identity)
+        self._attached_ids.add(key)
         ok = failed = 0
         no_return: set[str] = set()
         for a in probes.plan_library(str(path), kind, frozenset(exported)):

@@ -1,11 +1,11 @@
-"""What attaches where: the one table of CUDA symbols and kernel tracepoints.
+"""What attaches where: the one table of CUDA and NCCL symbols and kernel tracepoints.
 
-Each CUDA row names a base symbol, the library it lives in, the op it is
-stored as, the BPF entry function (bpf/cuda.bpf.c) that reads its
-arguments, and how. Every exported variant of a base (``_ptds``/``_ptsz``
-per-thread-default-stream builds, ``_v2`` revisions when the base itself is
-listed without one) is attached, not only the first that works. All
-uretprobes share ``cuda_return``.
+Each row names a base symbol, the library it lives in, the op it is
+stored as, the BPF entry function (bpf/cuda.bpf.c, bpf/nccl.bpf.c) that
+reads its arguments, and how. Every exported variant of a base
+(``_ptds``/``_ptsz`` per-thread-default-stream builds, ``_v2`` revisions
+when the base itself is listed without one) is attached, not only the first
+that works. CUDA uretprobes share ``cuda_return``, NCCL ones ``nccl_return``.
 """
 
 from __future__ import annotations
@@ -17,23 +17,29 @@ from ingero.collect.records import OP_NAMES, Op
 
 RUNTIME = "runtime"
 DRIVER = "driver"
+NCCL = "nccl"
 RETURN_FN = "cuda_return"
+NCCL_RETURN_FN = "nccl_return"  # also sends the call's comm / rank out (struct ingero_nccl_ext)
 
 
 @dataclass(frozen=True)
 class CudaProbe:
     symbol: str  # base name as exported (variants found per library)
-    library: str  # RUNTIME (libcudart) | DRIVER (libcuda)
+    library: str  # RUNTIME (libcudart) | DRIVER (libcuda) | NCCL (libnccl)
     op: Op
-    entry_fn: str  # BPF function in bpf/cuda.bpf.c
+    entry_fn: str  # BPF function in bpf/cuda.bpf.c / bpf/nccl.bpf.c
     args: str  # how the entry reads the arguments (documentation; --print-bpf shows it)
+
+    @property
+    def return_fn(self) -> str:
+        return NCCL_RETURN_FN if self.library == NCCL else RETURN_FN
 
     @property
     def op_name(self) -> str:
         return OP_NAMES[self.op]
 
 
-_R, _D = RUNTIME, DRIVER
+_R, _D, _N = RUNTIME, DRIVER, NCCL
 
 CUDA_PROBES: tuple[CudaProbe, ...] = (
     # ---- runtime (libcudart)
@@ -72,6 +78,36 @@ CUDA_PROBES: tuple[CudaProbe, ...] = (
     CudaProbe("cuStreamSynchronize", _D, Op.CU_STREAM_SYNC, "cu_stream_sync_enter", "stream = arg1"),
     CudaProbe("cuMemAlloc_v2", _D, Op.CU_MEM_ALLOC, "cu_mem_alloc_enter", "bytes = arg2"),
     CudaProbe("cuMemFree_v2", _D, Op.CU_MEM_FREE, "cu_mem_free_enter", "-"),
+    CudaProbe("cuGraphLaunch", _D, Op.CU_GRAPH_LAUNCH, "cu_graph_launch_enter", "stream = arg2"),
+    # ---- NCCL (libnccl.so.2); kind = '<redop>:<dtype>', bytes = count x datatype size
+    CudaProbe("ncclAllReduce", _N, Op.NCCL_ALL_REDUCE, "nccl_all_reduce_enter",
+              "count = arg3, datatype = arg4, redop = arg5, comm = arg6, stream = stack slot 1"),
+    CudaProbe("ncclReduceScatter", _N, Op.NCCL_REDUCE_SCATTER, "nccl_reduce_scatter_enter",
+              "recvcount = arg3, datatype = arg4, redop = arg5, comm = arg6, stream = stack slot 1"),
+    CudaProbe("ncclAllGather", _N, Op.NCCL_ALL_GATHER, "nccl_all_gather_enter",
+              "sendcount = arg3, datatype = arg4, comm = arg5, stream = arg6"),
+    CudaProbe("ncclBroadcast", _N, Op.NCCL_BROADCAST, "nccl_broadcast_enter",
+              "count = arg3, datatype = arg4, peer = root = arg5, comm = arg6, stream = stack slot 1"),
+    CudaProbe("ncclBcast", _N, Op.NCCL_BROADCAST, "nccl_bcast_enter",
+              "in place: count = arg2, datatype = arg3, peer = root = arg4, comm = arg5, stream = arg6"),
+    CudaProbe("ncclReduce", _N, Op.NCCL_REDUCE, "nccl_reduce_enter",
+              "count = arg3, datatype = arg4, redop = arg5, peer = root = arg6, comm, stream = stack slots 1, 2"),
+    CudaProbe("ncclSend", _N, Op.NCCL_SEND, "nccl_send_enter",
+              "count = arg2, datatype = arg3, peer = arg4, comm = arg5, stream = arg6"),
+    CudaProbe("ncclRecv", _N, Op.NCCL_RECV, "nccl_recv_enter",
+              "count = arg2, datatype = arg3, peer = arg4, comm = arg5, stream = arg6"),
+    CudaProbe("ncclGroupStart", _N, Op.NCCL_GROUP_START, "nccl_group_start_enter", "-"),
+    CudaProbe("ncclGroupEnd", _N, Op.NCCL_GROUP_END, "nccl_group_end_enter", "-"),
+    CudaProbe("ncclCommInitRank", _N, Op.NCCL_COMM_INIT_RANK, "nccl_comm_init_rank_enter",
+              "nranks = arg2, ncclUniqueId by value at SP+8 (16 bytes kept), rank = arg3; comm = *arg1 at return"),
+    CudaProbe("ncclCommInitRankConfig", _N, Op.NCCL_COMM_INIT_RANK_CONFIG, "nccl_comm_init_rank_config_enter",
+              "as ncclCommInitRank"),
+    CudaProbe("ncclCommInitAll", _N, Op.NCCL_COMM_INIT_ALL, "nccl_comm_init_all_enter",
+              "nranks = ndev = arg2; comm = comms[0] (rank 0) at return"),
+    CudaProbe("ncclCommSplit", _N, Op.NCCL_COMM_SPLIT, "nccl_comm_split_enter",
+              "parent = arg1, color = arg2, key = arg3; comm = *arg4 at return"),
+    CudaProbe("ncclCommDestroy", _N, Op.NCCL_COMM_DESTROY, "nccl_comm_destroy_enter", "comm = arg1"),
+    CudaProbe("ncclCommAbort", _N, Op.NCCL_COMM_ABORT, "nccl_comm_abort_enter", "comm = arg1"),
 )
 
 # Per-thread-default-stream builds of a call: same arguments, same op.
@@ -104,7 +140,7 @@ def plan_library(path: str, kind: str, exported: frozenset[str] | set[str]) -> l
         for sym in variants(probe.symbol, exported):
             # Return probe first: a call entering between the two attaches
             # would otherwise leave entry state whose return is never seen.
-            out.append(Attachment(path, sym, probe.op, RETURN_FN, "uretprobe"))
+            out.append(Attachment(path, sym, probe.op, probe.return_fn, "uretprobe"))
             out.append(Attachment(path, sym, probe.op, probe.entry_fn, "uprobe"))
     return out
 

@@ -35,6 +35,23 @@ class Op(enum.IntEnum):
     CU_STREAM_SYNC = 36
     CU_MEM_ALLOC = 37
     CU_MEM_FREE = 38
+    CU_GRAPH_LAUNCH = 39
+    NCCL_EXT = 79
+    NCCL_ALL_REDUCE = 80
+    NCCL_REDUCE_SCATTER = 81
+    NCCL_ALL_GATHER = 82
+    NCCL_BROADCAST = 83
+    NCCL_REDUCE = 84
+    NCCL_SEND = 85
+    NCCL_RECV = 86
+    NCCL_GROUP_START = 87
+    NCCL_GROUP_END = 88
+    NCCL_COMM_INIT_RANK = 89
+    NCCL_COMM_INIT_ALL = 90
+    NCCL_COMM_INIT_RANK_CONFIG = 91
+    NCCL_COMM_SPLIT = 92
+    NCCL_COMM_DESTROY = 93
+    NCCL_COMM_ABORT = 94
     SCHED_SWITCH = 64
     PAGE_FAULT = 65
     BLOCK_IO = 66
@@ -64,6 +81,23 @@ OP_NAMES: dict[Op, str] = {
     Op.CU_STREAM_SYNC: "cuStreamSynchronize",
     Op.CU_MEM_ALLOC: "cuMemAlloc",
     Op.CU_MEM_FREE: "cuMemFree",
+    Op.CU_GRAPH_LAUNCH: "cuGraphLaunch",
+    Op.NCCL_EXT: "nccl_ext",  # never stored: joined to the call it extends (NcclExt)
+    Op.NCCL_ALL_REDUCE: "ncclAllReduce",
+    Op.NCCL_REDUCE_SCATTER: "ncclReduceScatter",
+    Op.NCCL_ALL_GATHER: "ncclAllGather",
+    Op.NCCL_BROADCAST: "ncclBroadcast",
+    Op.NCCL_REDUCE: "ncclReduce",
+    Op.NCCL_SEND: "ncclSend",
+    Op.NCCL_RECV: "ncclRecv",
+    Op.NCCL_GROUP_START: "ncclGroupStart",
+    Op.NCCL_GROUP_END: "ncclGroupEnd",
+    Op.NCCL_COMM_INIT_RANK: "ncclCommInitRank",
+    Op.NCCL_COMM_INIT_ALL: "ncclCommInitAll",
+    Op.NCCL_COMM_INIT_RANK_CONFIG: "ncclCommInitRankConfig",
+    Op.NCCL_COMM_SPLIT: "ncclCommSplit",
+    Op.NCCL_COMM_DESTROY: "ncclCommDestroy",
+    Op.NCCL_COMM_ABORT: "ncclCommAbort",
     Op.SCHED_SWITCH: "sched_switch",
     Op.PAGE_FAULT: "page_fault",
     Op.BLOCK_IO: "block_io",
@@ -73,6 +107,23 @@ OP_NAMES: dict[Op, str] = {
 }
 
 CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
+# NCCL calls (80-95): enqueue calls like launches; a collective's device work
+# starts when the last rank of the communicator has entered it.
+NCCL_OPS = frozenset(o for o in Op if 80 <= o < 96)
+# Collectives and point-to-point transfers: the rows whose entry time ranks
+# are compared by (events.bytes = count x datatype size, events.comm, stream).
+NCCL_TRANSFER_OPS = frozenset(
+    OP_NAMES[o]
+    for o in (
+        Op.NCCL_ALL_REDUCE,
+        Op.NCCL_REDUCE_SCATTER,
+        Op.NCCL_ALL_GATHER,
+        Op.NCCL_BROADCAST,
+        Op.NCCL_REDUCE,
+        Op.NCCL_SEND,
+        Op.NCCL_RECV,
+    )
+)
 # What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
 # op_class; the contract of events.queued): launches and async copies that
 # return 0 queue device work; syncs and synchronous copies wait for it.
@@ -83,9 +134,10 @@ ASYNC_OPS = frozenset(
         Op.CUDA_GRAPH_LAUNCH,
         Op.CUDA_MEMCPY_ASYNC,
         Op.CU_LAUNCH_KERNEL,
+        Op.CU_GRAPH_LAUNCH,
         Op.CU_MEMCPY_ASYNC,
     )
-)
+) | NCCL_TRANSFER_OPS  # a collective enqueues device work like a launch (bpf/cuda.bpf.c op_class)
 SYNC_OPS = frozenset(
     OP_NAMES[o]
     for o in (
@@ -118,6 +170,25 @@ class Kind(enum.IntEnum):
     WRITE = 25
     FLUSH = 26
     DISCARD = 27
+    NCCL = 128  # NCCL calls: NCCL | redop << 4 | datatype (nccl_kind_name)
+
+
+# NCCL's ncclRedOp_t and ncclDataType_t values, as events.kind spells them.
+NCCL_REDOPS = ("sum", "prod", "max", "min", "avg", "custom")  # 5: made by ncclRedOpCreatePreMulSum
+NCCL_REDOP_NONE = 7
+NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+               "bfloat16", "float8e4m3", "float8e5m2")
+
+
+def nccl_kind_name(kind: int) -> str | None:
+    """'<redop>:<dtype>' ('sum:float32'), or '<dtype>' for calls without a reduction; None for no NCCL kind."""
+    if not Kind.NCCL <= kind <= 255:
+        return None
+    redop, dtype = (kind >> 4) & 7, kind & 15
+    dname = NCCL_DTYPES[dtype] if dtype < len(NCCL_DTYPES) else "unknown"
+    if redop == NCCL_REDOP_NONE:
+        return dname
+    return f"{NCCL_REDOPS[redop] if redop < len(NCCL_REDOPS) else 'unknown'}:{dname}"
 
 
 KIND_NAMES: dict[Kind, str | None] = {
@@ -159,6 +230,24 @@ class Event(ctypes.Structure):
     ]
 
 
+class NcclExt(ctypes.Structure):
+    """struct ingero_nccl_ext: what an NCCL call's record (op NCCL_*) has no room for."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("comm", ctypes.c_uint64),
+        ("id", ctypes.c_uint64 * 2),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("rank", ctypes.c_int32),
+        ("nranks", ctypes.c_int32),
+        ("color", ctypes.c_int32),
+        ("op", ctypes.c_uint8),
+        ("call_op", ctypes.c_uint8),
+        ("cpu", ctypes.c_uint16),
+    ]
+
+
 class ProcStat(ctypes.Structure):
     """struct ingero_proc_stat."""
 
@@ -196,8 +285,9 @@ def _numpy_mirrors() -> dict[str, Any]:
     return {
         "EVENT_DTYPE": np.dtype(Event),
         "PROC_STAT_DTYPE": np.dtype(ProcStat),
+        "NCCL_EXT_DTYPE": np.dtype(NcclExt),
         "OP_NAME_TABLE": np.array([OP_NAMES.get(i, f"op{i}") for i in range(256)], dtype=object),  # type: ignore[call-overload]
-        "KIND_NAME_TABLE": np.array([KIND_NAMES.get(i) for i in range(256)], dtype=object),  # type: ignore[call-overload]
+        "KIND_NAME_TABLE": np.array([KIND_NAMES.get(i, nccl_kind_name(i)) for i in range(256)], dtype=object),  # type: ignore[call-overload]
     }
 
 
@@ -209,12 +299,13 @@ if TYPE_CHECKING:
 
     EVENT_DTYPE: np.dtype
     PROC_STAT_DTYPE: np.dtype
+    NCCL_EXT_DTYPE: np.dtype
     OP_NAME_TABLE: np.ndarray
     KIND_NAME_TABLE: np.ndarray
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("EVENT_DTYPE", "PROC_STAT_DTYPE", "OP_NAME_TABLE", "KIND_NAME_TABLE"):
+    if name in ("EVENT_DTYPE", "PROC_STAT_DTYPE", "NCCL_EXT_DTYPE", "OP_NAME_TABLE", "KIND_NAME_TABLE"):
         globals().update(_numpy_mirrors())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -223,6 +314,7 @@ def __getattr__(name: str) -> Any:
 MIRRORS = {
     "struct ingero_event": Event,
     "struct ingero_proc_stat": ProcStat,
+    "struct ingero_nccl_ext": NcclExt,
 }
 ENUM_MIRRORS = {
     "OP_": Op,

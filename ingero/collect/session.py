@@ -31,7 +31,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, targets
+from ingero.collect import decode, ranks, targets
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
 from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
@@ -84,6 +84,8 @@ class TraceOptions:
     retain_s: float | None = None  # --retain: drop events older than this
     max_db_bytes: int | None = None  # --max-db: prune oldest data to stay under this size
     serve: bool = True  # answer `ingero query/explain/status` over a local socket while tracing
+    # --metrics-port: an ingero.metrics.server.MetricsServer, told of each stored batch (on_flush)
+    metrics: Any = None
 
 
 @dataclass
@@ -205,6 +207,8 @@ class _Percentiles:
         ops = np.concatenate([w[0] for w in parts]) if parts else np.empty(0, np.uint8)
         durs = np.concatenate([w[1] for w in parts]) if parts else np.empty(0, np.uint64)
         for op in np.flatnonzero(self.counts):
+            if op == Op.NCCL_EXT:  # half of an NCCL call's records, not a call
+                continue
             st = OpStats(count=int(self.counts[op]))
             d = durs[ops == op]
             if d.size:
@@ -250,6 +254,9 @@ class TraceSession:
         self._probe_rows_written = 0
         self.last_counters: np.ndarray | None = None  # BPF counters as last read (once a second)
         self.probe_misses = 0  # Program.probe_misses as last read, with the counters
+        self.nccl = ranks.NcclJoin(session_id, self.offset_ns)
+        self.env_read: set[int] = set()  # pids whose environment was read for ranks (again after an exec)
+        self.env_rows: dict[int, tuple] = {}  # pid -> its last 'env' row's values (an exec may keep them)
 
     # -- events ----------------------------------------------------------------
 
@@ -288,12 +295,14 @@ class TraceSession:
             n -= n % ROW_GROUP_ROWS
         if n == 0:
             return
+        t0 = time.monotonic()
         recs = decode.storage_order(self.pending_buf[:n])
+        recs, comm, rank_rows = self.nccl.join(recs)
         stack_ids = None
         if self.stacks is not None:
             stack_ids = self._resolve_stacks(recs)
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
-                                    stream_ops=self.stream_ops)
+                                    stream_ops=self.stream_ops, comm=comm)
         # the table may hold views of pending_buf: the rest moves down only after the append
         rest = self.pending_rows - n
         self.pending_rows = 0
@@ -301,17 +310,21 @@ class TraceSession:
         try:
             with self.store.transaction():
                 added = self.store.append("events", table)
+                if rank_rows:
+                    self.store.append("ranks", pa.Table.from_pylist(rank_rows))
                 self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
                                           **self._counter_fields())
         except STORAGE_ERRORS as exc:  # the disk or the file; anything else is a bug and keeps its traceback
             self.drops_user += n + rest
             raise write_error(exc, self.store.path) from None
-        del table, recs
+        del table
         if rest:
             opaque = self.pending_buf.view(_OPAQUE)
             opaque[:rest] = opaque[n : n + rest].copy()
         self.pending_rows = rest
         self.events += added
+        if self.opts.metrics is not None:  # per flush, never per event: aggregates for /metrics
+            self.opts.metrics.on_flush(self, recs, time.monotonic() - t0)
 
     def _resolve_stacks(self, recs: np.ndarray) -> np.ndarray:
         """Stored stack ids for the records; on a resolver failure, none (-1) and a note.
@@ -339,11 +352,32 @@ class TraceSession:
         pids, first = np.unique(pid[heads], return_index=True)
         first_ns = recs["ts_ns"][heads[first]].astype(np.int64) + self.offset_ns
         since: dict[int, int | None] = dict(zip(pids.tolist(), first_ns.tolist()))
+        self._note_env(since)
         switch = recs["op"] == int(Op.SCHED_SWITCH)
         if switch.any():
             for p in np.unique(recs["other_pid"][switch]).tolist():
                 since.setdefault(p, None)
         self.upsert_names(since)
+
+    def _note_env(self, pids: dict[int, int | None]) -> None:
+        """ranks 'env' rows: the torchrun / Slurm environment of each traced process, read once."""
+        rows = []
+        now = time.time_ns()
+        for pid in pids:
+            if pid <= 0 or pid in self.env_read:
+                continue
+            self.env_read.add(pid)
+            env = ranks.read_environ(pid)
+            row = ranks.env_row(env, session_id=self.session_id, pid=pid, seen_ns=now) if env else None
+            values = tuple(row[k] for k in ("rank", "nranks", "local_rank", "job")) if row else None
+            if row is not None and self.env_rows.get(pid) != values:
+                self.env_rows[pid] = values
+                rows.append(row)
+        if rows:
+            try:
+                self.store.append("ranks", pa.Table.from_pylist(rows))
+            except STORAGE_ERRORS as exc:  # called from the poll loop, outside the flush's handling
+                raise write_error(exc, self.store.path) from None
 
     def upsert_names(self, pids: Any) -> None:
         """Name the pids not named yet; ``pids`` may map each to its first record's time (else: now)."""
@@ -367,6 +401,8 @@ class TraceSession:
         for pid, ts in zip(execs["pid"].tolist(), (execs["ts_ns"].astype(np.int64) + self.offset_ns).tolist()):
             last[pid] = max(ts, last.get(pid, 0))
         self._name_now(last)
+        self.env_read.difference_update(last)  # `env RANK=1 prog`, torchrun's workers: set before the exec
+        self._note_env(last)
 
     def _name_now(self, from_ns: dict[int, int | None]) -> None:
         """Name pids from /proc: process_names (latest) and a process_history row from ``from_ns`` (None: now)."""

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, db_option, json_option, resolve_db
+from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, Value, db_option, json_option, resolve_db
+from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
 
 
 @click.command("trace")
@@ -30,10 +31,15 @@ from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, db_option, j
               help="Prune the oldest data to keep the DB under SIZE (e.g. 10GB; at least 64MB).")
 @click.option("--no-serve", is_flag=True,
               help="Do not answer `ingero query/explain/status` from other shells over the local socket.")
+@click.option("--metrics-port", type=Value("port", parse_port), default=None,
+              help="Serve Prometheus metrics on this port (/metrics): CUDA calls, off-CPU time, faults, "
+                   "block I/O, tracer health, active causal chains. Off by default.")
+@click.option("--metrics-addr", type=Value("address", parse_address), default=None,
+              help=f"Address the metrics endpoint binds (default {DEFAULT_ADDR}; 0.0.0.0: every interface).")
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
-            no_serve, db_path, as_json) -> None:
+            no_serve, metrics_port, metrics_addr, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -48,6 +54,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
       sudo ingero trace --pid 4242 --stack --json
       sudo ingero trace --cmd "python3 train.py" --streams   (launch streams too)
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
+      sudo ingero trace --retain 24h --metrics-port 9464   (Prometheus scrapes it)
     """
     from ingero.collect import session, targets
 
@@ -78,6 +85,17 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         return
     from ingero.render.live import LiveView
 
+    if metrics_addr is not None and metrics_port is None:
+        raise click.UsageError("--metrics-addr needs --metrics-port")
+    if metrics_port is not None:
+        from ingero.metrics.server import MetricsServer
+
+        # bound before anything is loaded or attached: a port in use is one line, nothing traced
+        opts.metrics = MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port)
     view = LiveView(as_json=as_json)
-    summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
+    try:
+        summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
+    finally:
+        if opts.metrics is not None:
+            opts.metrics.close()
     view.finish(summary)

@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -61,6 +61,9 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #   9: process_history (a process's names over time, one row per exec'd
 #      image); older sessions have none, and analyze names them from
 #      process_names as before.
+#  10: NCCL: events.comm, events.peer (collectives' communicator, send/recv
+#      peer or root) and ranks (each process' rank per communicator and its
+#      torchrun/Slurm environment).
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -87,6 +90,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "import_unused VARCHAR", "clock_offset_ns BIGINT")],
     8: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS notes VARCHAR"],
     9: [REAPPLY_SCHEMA],  # creates process_history
+    10: [
+        "ALTER TABLE events ADD COLUMN IF NOT EXISTS comm UBIGINT",
+        "ALTER TABLE events ADD COLUMN IF NOT EXISTS peer INTEGER",
+        REAPPLY_SCHEMA,  # creates ranks
+    ],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -497,6 +505,7 @@ TABLES = (
     "probes",
     "device_activity",
     "spans",
+    "ranks",
 )
 
 

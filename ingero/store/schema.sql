@@ -62,7 +62,9 @@ CREATE TABLE IF NOT EXISTS events (
     runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
     stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL
     in_call VARCHAR,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
-    queued BOOLEAN               -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
+    queued BOOLEAN,              -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
+    comm UBIGINT,                -- NCCL calls: the ncclComm_t (ncclCommInit*: the communicator created); NULL for other ops; NULL: before schema 10
+    peer INTEGER                 -- ncclSend / ncclRecv: the peer rank; ncclBroadcast / ncclReduce: the root rank; NULL otherwise
 );
 
 -- A readable name per process: JOIN process_names USING (pid).
@@ -211,4 +213,23 @@ CREATE TABLE IF NOT EXISTS process_history (
     comm VARCHAR,
     cmdline VARCHAR,             -- NULL when it exited before /proc could be read (name = its comm)
     ppid INTEGER
+);
+
+-- Which rank of which job each traced process is (schema 10).  One row per
+-- (process, communicator) from its ncclCommInit* / ncclCommSplit call, plus one
+-- row with comm NULL from the torchrun / Slurm environment when it has one.
+-- Ranks of one job share comm_id (the same ncclUniqueId) or job.  A process
+-- whose communicator was created before the trace began has only its
+-- environment row, or none: its rank is then unknown, never guessed.
+CREATE TABLE IF NOT EXISTS ranks (
+    session_id INTEGER,
+    pid INTEGER NOT NULL,
+    seen_ns BIGINT NOT NULL,     -- when it was learned (the init call's return, or the first read of /proc/PID/environ)
+    source VARCHAR NOT NULL,     -- 'nccl' (a communicator init call) | 'env' (the process environment)
+    comm UBIGINT,                -- ncclComm_t; NULL for 'env' rows
+    comm_id VARCHAR,             -- hex of the ncclUniqueId passed to ncclCommInitRank*: the same in every rank of one communicator
+    rank INTEGER,                -- rank in that communicator ('nccl'), or RANK ('env')
+    nranks INTEGER,              -- ranks in that communicator ('nccl'), or WORLD_SIZE ('env')
+    local_rank INTEGER,          -- LOCAL_RANK ('env')
+    job VARCHAR                  -- TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else MASTER_ADDR:MASTER_PORT ('env'); NULL for 'nccl' rows
 );

@@ -14,13 +14,20 @@ from ingero.store.db import schema_sql
 
 IMPORT_V7 = "-- ---- Imported traces (schema 7)"
 HISTORY_V9 = "-- What each process was called over time"
+RANKS_V10 = "-- Which rank of which job each traced process is"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
-def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
+def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: str = "") -> str:
     """Undo columns a migration appended to a table: remove the lines of the ``added`` columns
     and take the comma off the line that was the table's last before them (it starts with
-    ``last``).  Every line must be found exactly once, or the fixture is out of date."""
+    ``last``).  Every line must be found exactly once, or the fixture is out of date.  ``table``
+    narrows the search to one CREATE TABLE statement (for a column name other tables use too)."""
+    if table:
+        head, sep, rest = sql.partition(f"CREATE TABLE IF NOT EXISTS {table} (")
+        assert sep, f"schema.sql changed shape ({table}): update this fixture"
+        body, end, tail = rest.partition("\n);")
+        return head + sep + _drop_trailing_columns(body, added, last) + end + tail
     lines = sql.splitlines(keepends=True)
     for name in added:
         found = [ln for ln in lines if ln.lstrip().startswith(name + " ")]
@@ -32,8 +39,14 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str) -> str:
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 8), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 9), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 10 added ranks (appended at the end) and events.comm, events.peer
+    assert sql.count(RANKS_V10) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(RANKS_V10)]
+    sql = _drop_trailing_columns(sql, ("comm", "peer"), last="queued BOOLEAN", table="events")
+    if version >= 9:
+        return sql
     # 9 added process_history (appended at the end)
     assert sql.count(HISTORY_V9) == 1, "schema.sql changed shape: update this fixture"
     sql = sql[: sql.index(HISTORY_V9)]

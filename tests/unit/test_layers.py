@@ -42,7 +42,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "daemon": {"store", "analyze", "render"},
     "demo": {"store", "analyze", "render"},
     "check": {"collect", "sample", "store"},
-    "commands": {"collect", "sample", "importer", "store", "analyze", "render", "export", "daemon", "demo", "check", "cli"},
+    # metrics (Prometheus, per flush; diagnosis through the tracer's socket) and mcpserver
+    # (the MCP tools over daemon.access) are services above the daemon, like demo
+    "metrics": {"collect", "store", "daemon"},
+    "mcpserver": {"store", "analyze", "render", "daemon", "check"},
+    "commands": {"collect", "sample", "importer", "store", "analyze", "render", "export", "daemon", "demo", "check",
+                 "metrics", "mcpserver", "cli"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }

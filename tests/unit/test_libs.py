@@ -163,8 +163,8 @@ def test_extra_paths(host, built, tmp_path):
         ("missing.so", "no such file or directory"),
         ("lib/libcuda.so", "not an ELF shared library"),
         ("lib/libcudart_static.a", "not an ELF shared library"),
-        ("lib/libcudart.so.99", "exports no CUDA runtime or driver functions"),
-        ("lib/stubs", "directory holds no libcudart.so*/libcuda.so*"),
+        ("lib/libcudart.so.99", "exports no CUDA runtime or driver functions (nor NCCL ones)"),
+        ("lib/stubs", "directory holds no libcudart.so*/libcuda.so*/libnccl.so*"),
     ],
 )
 def test_bad_extra_path_is_a_user_error(host, name, message):

@@ -18,6 +18,7 @@ import threading
 import types
 from pathlib import Path
 
+import prereqs
 import pytest
 
 from ingero.collect import pyframes, stacks
@@ -99,7 +100,7 @@ def test_linetable_311_long_and_negative_forms():
 
 def test_layout_311_fields_point_at_the_right_objects():
     if sys.version_info[:2] != (3, 11):
-        pytest.skip("checks the 3.11 table in a 3.11 process")
+        prereqs.missing("a Python 3.11 interpreter running the tests", "the venv is built on Debian 12's python3.11 by make setup")
     lay = pyframes.LAYOUTS[(3, 11)]
     code = test_layout_311_fields_point_at_the_right_objects.__code__
 
@@ -181,7 +182,7 @@ def _pythons():
         if m and m.group(1) in ("3.10", "3.11", "3.12", "3.13"):
             found[m.group(1)] = p
     if not found:
-        pytest.skip("no other CPython under /root/.pyenv")
+        prereqs.missing("other CPython versions under /root/.pyenv", "pyenv install 3.10 3.12 3.13")
     return found
 
 
@@ -189,7 +190,7 @@ def _pythons():
 def test_other_interpreters_line_tables_and_frames(version, tmp_path):
     py = _pythons().get(version)
     if py is None:
-        pytest.skip(f"python{version} not installed")
+        prereqs.missing(f"python{version} under /root/.pyenv", f"pyenv install {version}")
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen([str(py), str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -71,7 +71,7 @@ def test_streams_flag_compiles_launch_stream_reads():
 def test_every_probe_entry_function_exists_in_the_bpf_source():
     """probes.py and the BPF programs cannot drift: each named function is defined."""
     src = (loader.bpf_dir() / "ingero.bpf.c").read_text()
-    for fn in {p.entry_fn for p in probes.CUDA_PROBES} | {probes.RETURN_FN}:
+    for fn in {p.entry_fn for p in probes.CUDA_PROBES} | {p.return_fn for p in probes.CUDA_PROBES}:
         assert f"UPROBE_PROGRAM({fn})" in src, fn
 
 

@@ -1,0 +1,1 @@
+"""Prometheus metrics of a running trace (`ingero trace --metrics-port`)."""

@@ -1,0 +1,177 @@
+"""`ingero trace --metrics-port` scraped by Debian's real Prometheus, with deploy/'s scrape config and
+alert rules, while the demo training loop runs on the simulated runtime; `ingero mcp` asked during
+the same run answers through the tracer's socket.  One traced run for the whole module.
+
+The loop (demos/workloads/train.py, run in-process by a holder script) stays alive HOLD_S seconds
+after its last CUDA call: the tracer stores the last calls within a second and Prometheus scrapes
+every second, so its last scraped counters are the store's counts exactly.  Then the loop exits
+while the tracer runs on (the shell sleeps TAIL_S): its series must be gone from the next scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import prereqs
+from workloads import REPO, Tracer, query, simcuda, wait_for
+
+pytestmark = pytest.mark.live
+
+HOLD_S = 5  # the loop lingers after its last call (> flush 1 s + a few 1 s scrapes)
+TAIL_S = 4  # the tracer outlives the loop by this (scrapes without it)
+TRAIN_S = 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _prom(port: int, promql: str) -> list[dict]:
+    body = json.loads(_get(f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})))
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+HOLDER = """
+import runpy, sys, time
+train, hold = sys.argv[1], float(sys.argv[2])
+sys.argv = [train, *sys.argv[3:]]
+try:
+    runpy.run_path(train, run_name="__main__")
+except SystemExit:
+    pass
+time.sleep(hold)
+"""
+
+
+async def _ask_mcp(db: Path) -> dict:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "ingero", "mcp", "--db", str(db)],
+                                   env={"PYTHONPATH": str(REPO)}, cwd=str(REPO))
+    async with Client(params) as client:
+        status = await client.call_tool("status", {})
+        count = await client.call_tool("query", {"sql": "SELECT count(*) AS n FROM events"})
+    return {"status": json.loads(status.content[0].text), "count": json.loads(count.content[0].text)}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    prom_bin = prereqs.needs(shutil.which("prometheus"), "Debian's prometheus", "apt-get install prometheus, or make setup")
+    tmp = tmp_path_factory.mktemp("metrics")
+    metrics_port, prom_port = _free_port(), _free_port()
+    config = (REPO / "deploy" / "prometheus.yml").read_text()
+    for old, new in (("scrape_interval: 15s", "scrape_interval: 1s"), ("evaluation_interval: 15s", "evaluation_interval: 1s"),
+                     ("127.0.0.1:9464", f"127.0.0.1:{metrics_port}")):
+        assert old in config
+        config = config.replace(old, new)
+    (tmp / "prometheus.yml").write_text(config)
+    shutil.copy(REPO / "deploy" / "ingero-alerts.yml", tmp / "ingero-alerts.yml")
+    prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"))
+    scrapes: list[str] = []
+    done = threading.Event()
+
+    def scrape() -> None:  # our own scrapes too: to see a series leave while the tracer runs
+        while not done.wait(0.25):
+            try:
+                scrapes.append(_get(f"http://127.0.0.1:{metrics_port}/metrics"))
+            except OSError:
+                pass
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    try:
+        def ready() -> bool:
+            try:
+                return "Ready" in _get(f"http://127.0.0.1:{prom_port}/-/ready", timeout=1)
+            except OSError:
+                return False
+
+        assert wait_for(ready, timeout=30, step=0.2), (tmp / "prometheus.log").read_text()[-2000:]
+        holder = tmp / "holder.py"
+        holder.write_text(HOLDER)
+        lib = simcuda()
+        cmd = (f"sh -c '{sys.executable} {holder} {REPO / 'demos/workloads/train.py'} {HOLD_S} "
+               f"--duration {TRAIN_S} --workers 0 --lib {lib}; sleep {TAIL_S}'")
+        db = tmp / "t.duckdb"
+        tracer = Tracer(db, "--metrics-port", str(metrics_port), "--cuda-lib", str(lib), "--cmd", cmd)
+        tracer.wait_started()
+        scraper.start()
+        mcp = asyncio.run(_ask_mcp(db))  # during the run: answered by the tracer over its socket
+        summary = tracer.finish(sig=None, timeout=120)
+        done.set()
+        scraper.join(5)
+        time.sleep(1.5)  # Prometheus' last scrape of a target that went away is already in; its rules ran
+        yield {"db": db, "prom": prom_port, "scrapes": scrapes, "mcp": mcp, "summary": summary}
+    finally:
+        done.set()
+        prom.terminate()
+        try:
+            prom.wait(20)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+        shutil.rmtree(tmp / "tsdb", ignore_errors=True)
+
+
+def _loop_pid(db: Path) -> int:
+    rows = query(db, "SELECT DISTINCT pid FROM events WHERE op = 'cudaStreamSync'")
+    assert len(rows) == 1, rows
+    return int(rows[0][0])
+
+
+def test_prometheus_counter_equals_the_store(run):
+    pid = _loop_pid(run["db"])
+    store = dict(query(run["db"], "SELECT op, count(*) FROM events WHERE pid = $pid AND op LIKE 'cuda%' GROUP BY op",
+                       {"pid": pid}))
+    assert store.get("cudaStreamSync", 0) > 50
+    # the call counter is the duration histogram's _count (a counter series of its own)
+    got = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_count{{pid="{pid}"}}[10m]))')
+    assert {r["metric"]["op"]: int(float(r["value"][1])) for r in got} == store
+    inf = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_bucket{{pid="{pid}",le="+Inf"}}[10m]))')
+    assert {r["metric"]["op"]: int(float(r["value"][1])) for r in inf} == store
+
+
+def test_the_alert_examples_load_in_prometheus(run):
+    body = json.loads(_get(f"http://127.0.0.1:{run['prom']}/api/v1/rules"))
+    rules = [r for g in body["data"]["groups"] for r in g["rules"]]
+    assert sorted(r["name"] for r in rules) == ["IngeroCausalChainHigh", "IngeroCpuContention", "IngeroDown",
+                                                "IngeroDroppingEvents", "IngeroSyncLatencyHigh"]
+    assert {r["health"] for r in rules} == {"ok"}, [(r["name"], r.get("lastError")) for r in rules]
+
+
+def test_an_exited_process_leaves_the_next_scrape(run):
+    pid = _loop_pid(run["db"])
+    mine = [f'pid="{pid}"' in s for s in run["scrapes"]]
+    assert any(mine), "the loop's series were never served"
+    last = max(i for i, m in enumerate(mine) if m)
+    later = run["scrapes"][last + 1:]
+    # the tracer served on for TAIL_S seconds after the loop exited, without the loop's series
+    assert len(later) >= 2 and all("ingero_events_stored_total" in s for s in later)
+
+
+def test_mcp_answers_through_the_running_tracer(run):
+    status = run["mcp"]["status"]
+    assert status["running"] is True and status["source"] == "daemon"
+    assert status["session"]["session_id"] == run["summary"]["session_id"]
+    assert run["mcp"]["count"]["columns"] == ["n"]
