@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.collect import decode, ranks, targets
+from ingero.collect.hooks import TraceHook
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
 from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
@@ -84,8 +85,8 @@ class TraceOptions:
     retain_s: float | None = None  # --retain: drop events older than this
     max_db_bytes: int | None = None  # --max-db: prune oldest data to stay under this size
     serve: bool = True  # answer `ingero query/explain/status` over a local socket while tracing
-    # --metrics-port: an ingero.metrics.server.MetricsServer, told of each stored batch (on_flush)
-    metrics: Any = None
+    # Services the trace command wires in (Prometheus metrics, ...): see TraceHook.
+    hooks: list["TraceHook"] = field(default_factory=list)
 
 
 @dataclass
@@ -323,8 +324,9 @@ class TraceSession:
             opaque[:rest] = opaque[n : n + rest].copy()
         self.pending_rows = rest
         self.events += added
-        if self.opts.metrics is not None:  # per flush, never per event: aggregates for /metrics
-            self.opts.metrics.on_flush(self, recs, time.monotonic() - t0)
+        flush_s = time.monotonic() - t0
+        for hook in self.opts.hooks:  # per flush, never per event
+            hook.on_flush(self, recs, flush_s)
 
     def _resolve_stacks(self, recs: np.ndarray) -> np.ndarray:
         """Stored stack ids for the records; on a resolver failure, none (-1) and a note.
@@ -823,6 +825,8 @@ def _loop(
     try:
         sess.harvest_process_cpu()
         sess.write_probe_rows()
+        for hook in sess.opts.hooks:
+            hook.on_end(sess)
         sess.store.end_session(sess.session_id, events=sess.events, drops_kernel=drops_kernel,
                                drops_user=sess.drops_user, stale_calls=stale_calls, probe_misses=probe_misses)
     except duckdb.Error as exc:
@@ -866,6 +870,8 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
     for pid in traced:
         if not targets.alive(pid):
             sess.program.remove_targets([pid])
+    for hook in sess.opts.hooks:
+        hook.every_second(sess)
 
 
 def _write_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> set[int]:

@@ -91,11 +91,11 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         from ingero.metrics.server import MetricsServer
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
-        opts.metrics = MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port)
+        opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
     finally:
-        if opts.metrics is not None:
-            opts.metrics.close()
+        for hook in opts.hooks:
+            hook.close()
     view.finish(summary)

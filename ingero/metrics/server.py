@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
+from ingero.collect.hooks import TraceHook
 from ingero.collect.records import Counter
 from ingero.daemon.state import file_sizes
 from ingero.errors import IngeroError
@@ -24,7 +25,7 @@ from ingero.metrics.collector import IngeroCollector
 from ingero.metrics.diagnosis import Diagnosis
 
 
-class MetricsServer:
+class MetricsServer(TraceHook):
     """The HTTP endpoint (prometheus_client's own server, on a daemon thread) over one Aggregates."""
 
     def __init__(self, addr: str, port: int) -> None:
