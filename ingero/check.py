@@ -13,18 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-# Tracepoints the tracer attaches (sched for off-CPU/runqueue, exceptions for
-# page faults, block for I/O latency).
-TRACEPOINTS = (
-    "sched/sched_switch",
-    "sched/sched_wakeup",
-    "sched/sched_wakeup_new",
-    "sched/sched_process_fork",
-    "sched/sched_process_exit",
-    "exceptions/page_fault_user",
-    "block/block_rq_issue",
-    "block/block_rq_complete",
-)
+from ingero import ops
+
+# The tracepoints the tracer attaches, as tracefs paths (the one table: ingero/ops.py).
+TRACEPOINTS = tuple(tp.replace(":", "/") for tp, _op in ops.TRACEPOINTS)
 
 
 @dataclass

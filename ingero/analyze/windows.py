@@ -27,17 +27,18 @@ in the next window, so shares stay exact and never exceed 100%.
 
 from __future__ import annotations
 
+from ingero import ops
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
 
-# Op categories.  Names are events.op values (collect/records.py OP_NAMES).
-LAUNCH_OPS = ["cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch"]
-SYNC_OPS = ["cudaStreamSync", "cudaDeviceSync", "cudaEventSync", "cuCtxSynchronize", "cuStreamSynchronize"]
-COPY_OPS = ["cudaMemcpy", "cudaMemcpyAsync", "cuMemcpy", "cuMemcpyAsync"]
+# Op categories (ingero/ops.py, the one table), as lists: DuckDB takes them as list parameters.
+LAUNCH_OPS = list(ops.LAUNCH_OPS)
+SYNC_OPS = [name for name in ops.OP_NAMES.values() if name in ops.SYNC_OPS]  # in Op order
+COPY_OPS = list(ops.COPY_OPS)
 # Synchronous copy entry points: the host waits for the whole transfer.
-SYNC_COPY_OPS = ["cudaMemcpy", "cuMemcpy"]
-PINNED_OPS = ["cudaMallocHost", "cudaHostRegister"]
-HOST_OPS = ["sched_switch", "page_fault", "block_io", "proc_exec", "proc_exit", "bench", "none"]
+SYNC_COPY_OPS = list(ops.SYNC_COPY_OPS)
+PINNED_OPS = list(ops.PINNED_OPS)
+HOST_OPS = list(ops.HOST_OPS)
 
 _FILTER = """session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"""
 _PID_FILTER = """($all_pids OR list_contains($pids, pid))"""

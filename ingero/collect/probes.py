@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ingero.collect.records import OP_NAMES, Op
+from ingero.ops import TRACEPOINTS  # noqa: F401  (the loader attaches these; the one table is ingero/ops.py)
 
 RUNTIME = "runtime"
 DRIVER = "driver"
@@ -143,18 +144,3 @@ def plan_library(path: str, kind: str, exported: frozenset[str] | set[str]) -> l
             out.append(Attachment(path, sym, probe.op, probe.return_fn, "uretprobe"))
             out.append(Attachment(path, sym, probe.op, probe.entry_fn, "uprobe"))
     return out
-
-
-# Kernel tracepoints the object attaches (declared in bpf/ingero.bpf.c);
-# name -> op stored (None: feeds state or the process_cpu table only).
-TRACEPOINTS: tuple[tuple[str, str | None], ...] = (
-    ("sched:sched_switch", OP_NAMES[Op.SCHED_SWITCH]),
-    ("sched:sched_wakeup", None),
-    ("sched:sched_wakeup_new", None),
-    ("sched:sched_process_fork", None),
-    ("sched:sched_process_exec", OP_NAMES[Op.PROC_EXEC]),
-    ("sched:sched_process_exit", OP_NAMES[Op.PROC_EXIT]),
-    ("exceptions:page_fault_user", OP_NAMES[Op.PAGE_FAULT]),
-    ("block:block_rq_issue", OP_NAMES[Op.BLOCK_IO]),
-    ("block:block_rq_complete", OP_NAMES[Op.BLOCK_IO]),
-)

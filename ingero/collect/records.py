@@ -12,145 +12,17 @@ import ctypes
 import enum
 from typing import TYPE_CHECKING, Any
 
-
-class Op(enum.IntEnum):
-    """enum ingero_op.  ``OP_NAMES`` gives the public name stored in ``events.op``."""
-
-    NONE = 0
-    CUDA_LAUNCH_KERNEL = 1
-    CUDA_MEMCPY = 2
-    CUDA_MEMCPY_ASYNC = 3
-    CUDA_STREAM_SYNC = 4
-    CUDA_DEVICE_SYNC = 5
-    CUDA_EVENT_SYNC = 6
-    CUDA_MALLOC = 7
-    CUDA_FREE = 8
-    CUDA_GRAPH_LAUNCH = 9
-    CUDA_MALLOC_HOST = 10
-    CUDA_HOST_REGISTER = 11
-    CU_LAUNCH_KERNEL = 32
-    CU_MEMCPY = 33
-    CU_MEMCPY_ASYNC = 34
-    CU_CTX_SYNC = 35
-    CU_STREAM_SYNC = 36
-    CU_MEM_ALLOC = 37
-    CU_MEM_FREE = 38
-    CU_GRAPH_LAUNCH = 39
-    NCCL_EXT = 79
-    NCCL_ALL_REDUCE = 80
-    NCCL_REDUCE_SCATTER = 81
-    NCCL_ALL_GATHER = 82
-    NCCL_BROADCAST = 83
-    NCCL_REDUCE = 84
-    NCCL_SEND = 85
-    NCCL_RECV = 86
-    NCCL_GROUP_START = 87
-    NCCL_GROUP_END = 88
-    NCCL_COMM_INIT_RANK = 89
-    NCCL_COMM_INIT_ALL = 90
-    NCCL_COMM_INIT_RANK_CONFIG = 91
-    NCCL_COMM_SPLIT = 92
-    NCCL_COMM_DESTROY = 93
-    NCCL_COMM_ABORT = 94
-    SCHED_SWITCH = 64
-    PAGE_FAULT = 65
-    BLOCK_IO = 66
-    PROC_EXEC = 67
-    PROC_EXIT = 68
-    BENCH = 127
-
-
-# Public names (the events.op column).  Never rename: users' SQL depends on them.
-OP_NAMES: dict[Op, str] = {
-    Op.NONE: "none",
-    Op.CUDA_LAUNCH_KERNEL: "cudaLaunchKernel",
-    Op.CUDA_MEMCPY: "cudaMemcpy",
-    Op.CUDA_MEMCPY_ASYNC: "cudaMemcpyAsync",
-    Op.CUDA_STREAM_SYNC: "cudaStreamSync",
-    Op.CUDA_DEVICE_SYNC: "cudaDeviceSync",
-    Op.CUDA_EVENT_SYNC: "cudaEventSync",
-    Op.CUDA_MALLOC: "cudaMalloc",
-    Op.CUDA_FREE: "cudaFree",
-    Op.CUDA_GRAPH_LAUNCH: "cudaGraphLaunch",
-    Op.CUDA_MALLOC_HOST: "cudaMallocHost",
-    Op.CUDA_HOST_REGISTER: "cudaHostRegister",
-    Op.CU_LAUNCH_KERNEL: "cuLaunchKernel",
-    Op.CU_MEMCPY: "cuMemcpy",
-    Op.CU_MEMCPY_ASYNC: "cuMemcpyAsync",
-    Op.CU_CTX_SYNC: "cuCtxSynchronize",
-    Op.CU_STREAM_SYNC: "cuStreamSynchronize",
-    Op.CU_MEM_ALLOC: "cuMemAlloc",
-    Op.CU_MEM_FREE: "cuMemFree",
-    Op.CU_GRAPH_LAUNCH: "cuGraphLaunch",
-    Op.NCCL_EXT: "nccl_ext",  # never stored: joined to the call it extends (NcclExt)
-    Op.NCCL_ALL_REDUCE: "ncclAllReduce",
-    Op.NCCL_REDUCE_SCATTER: "ncclReduceScatter",
-    Op.NCCL_ALL_GATHER: "ncclAllGather",
-    Op.NCCL_BROADCAST: "ncclBroadcast",
-    Op.NCCL_REDUCE: "ncclReduce",
-    Op.NCCL_SEND: "ncclSend",
-    Op.NCCL_RECV: "ncclRecv",
-    Op.NCCL_GROUP_START: "ncclGroupStart",
-    Op.NCCL_GROUP_END: "ncclGroupEnd",
-    Op.NCCL_COMM_INIT_RANK: "ncclCommInitRank",
-    Op.NCCL_COMM_INIT_ALL: "ncclCommInitAll",
-    Op.NCCL_COMM_INIT_RANK_CONFIG: "ncclCommInitRankConfig",
-    Op.NCCL_COMM_SPLIT: "ncclCommSplit",
-    Op.NCCL_COMM_DESTROY: "ncclCommDestroy",
-    Op.NCCL_COMM_ABORT: "ncclCommAbort",
-    Op.SCHED_SWITCH: "sched_switch",
-    Op.PAGE_FAULT: "page_fault",
-    Op.BLOCK_IO: "block_io",
-    Op.PROC_EXEC: "proc_exec",
-    Op.PROC_EXIT: "proc_exit",
-    Op.BENCH: "bench",
-}
-
-CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
-# NCCL calls (80-95): enqueue calls like launches; a collective's device work
-# starts when the last rank of the communicator has entered it.
-NCCL_OPS = frozenset(o for o in Op if 80 <= o < 96)
-# Collectives and point-to-point transfers: the rows whose entry time ranks
-# are compared by (events.bytes = count x datatype size, events.comm, stream).
-NCCL_TRANSFER_OPS = frozenset(
-    OP_NAMES[o]
-    for o in (
-        Op.NCCL_ALL_REDUCE,
-        Op.NCCL_REDUCE_SCATTER,
-        Op.NCCL_ALL_GATHER,
-        Op.NCCL_BROADCAST,
-        Op.NCCL_REDUCE,
-        Op.NCCL_SEND,
-        Op.NCCL_RECV,
-    )
+# Op and its categories live in the dependency-free ingero.ops; re-exported here, the mirror of events.h
+from ingero.ops import (  # noqa: F401
+    ASYNC_OPS,
+    CUDA_OPS,
+    DRAINING_OPS,
+    NCCL_OPS,
+    NCCL_TRANSFER_OPS,
+    OP_NAMES,
+    SYNC_OPS,
+    Op,
 )
-# What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
-# op_class; the contract of events.queued): launches and async copies that
-# return 0 queue device work; syncs and synchronous copies wait for it.
-ASYNC_OPS = frozenset(
-    OP_NAMES[o]
-    for o in (
-        Op.CUDA_LAUNCH_KERNEL,
-        Op.CUDA_GRAPH_LAUNCH,
-        Op.CUDA_MEMCPY_ASYNC,
-        Op.CU_LAUNCH_KERNEL,
-        Op.CU_GRAPH_LAUNCH,
-        Op.CU_MEMCPY_ASYNC,
-    )
-) | NCCL_TRANSFER_OPS  # a collective enqueues device work like a launch (bpf/cuda.bpf.c op_class)
-SYNC_OPS = frozenset(
-    OP_NAMES[o]
-    for o in (
-        Op.CUDA_STREAM_SYNC,
-        Op.CUDA_DEVICE_SYNC,
-        Op.CUDA_EVENT_SYNC,
-        Op.CU_CTX_SYNC,
-        Op.CU_STREAM_SYNC,
-    )
-)
-# Calls after whose return the thread has nothing of its own queued: the syncs
-# and the synchronous copies (which wait for the copy and the work before it).
-DRAINING_OPS = SYNC_OPS | {OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY]}
 
 
 class Kind(enum.IntEnum):

@@ -17,12 +17,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "ingero"
 
-# Imported by every layer: the package (its __version__), the one error type, the
-# Python mirror of bpf/events.h (op names and categories: one definition for every
-# layer, as the record structs are), the one set of value parsers (the CLI and the
+# Imported by every layer: the package (its __version__), the one error type, the op
+# table (ingero.ops: op names, categories and tracepoints, dependency-free), the Python
+# mirror of bpf/events.h, the one set of value parsers (the CLI and the
 # socket's request decoder) and the host facts (who invoked us, autogroups, live
 # pids).  Each imports nothing of ingero but errors.
-BASE = {"ingero", "ingero.errors", "ingero.collect.records", "ingero.values", "ingero.host"}
+BASE = {"ingero", "ingero.errors", "ingero.ops", "ingero.collect.records", "ingero.values", "ingero.host"}
 
 # layer -> the layers its modules may import (besides their own and BASE).  The data
 # flows bpf -> collect -> store -> analyze -> render -> commands; sample (host and GPU
