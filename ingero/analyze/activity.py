@@ -60,9 +60,7 @@ def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     step_stats = None
     if steps is not None:
         step_stats = StepStats(steps.count, round(steps.median_ms, 3), round(steps.p99_ms, 3), "marked")
-        total = sum(s.end_ns - s.start_ns for s in steps.steps)
-        if total > 0:
-            step_stats.breakdown["data_wait"] = round(sum(s.dataloader_ns for s in steps.steps) / total, 4)
+        step_stats.breakdown.update(timeline.breakdown(con, ctx.session_id, steps).shares())
     measured = timeline.device(con, ctx.session_id, lo, hi)
     if measured is None:
         return None, step_stats

@@ -14,6 +14,11 @@ rows, so a caller tells "not measured" from "idle".
   the steps' span (first step's start to last step's end) when steps are
   marked, else the span of the session's CUDA calls, else of the device
   activity; clipped to the range asked for.
+- ``breakdown(con, sid, steps)``: where the marked steps' wall clock goes, from
+  the trace's own calls and spans: data loading, launches, copies, waits for the
+  device (syncs, and launches held by a full launch queue), other CUDA calls,
+  and host work (the rest: operators, Python).  The trace has no scheduler or
+  fault events, so CPU wait and faults are not parts of it.
 - ``device(con, sid)``: the MEASURED device-busy share of that span (the union
   of all kernel/copy/memset intervals, every device and stream together), and
   per stream: busy time, and overlap (the part of it during which another
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from ingero import ops
 from ingero.collect.records import CUDA_OPS, OP_NAMES
 
 STEP_PREFIX = "ProfilerStep#"
@@ -95,6 +101,71 @@ class Steps:
     @property
     def dataloader_ms_median(self) -> float:
         return _quantile([s.dataloader_ns / 1e6 for s in self.steps], 0.5)
+
+
+# A launch that takes this many times the session's median launch, with the device busy when it
+# returns, waited for room in the launch queue (about a thousand entries): back-pressure from a
+# busy device, not host overhead.  Real V100 launches are bimodal: median 5.2 µs, and 696 of 4,350
+# over 50 µs holding 89% of all launch time on a device 97% busy (issue 26); 4x puts the cut at
+# ~21 µs, between the modes.  Only the part above the median counts as waiting.
+BACKPRESSURE_FACTOR = 4.0
+
+# The calls of the steps' process inside the steps, by category; a launch's part above the
+# median launch is a wait for the device when the device was running something as it returned,
+# and so is a copy call's time beyond its own transfer on the device (matched by the call's
+# thread and start, as the importer links them).
+BREAKDOWN_SQL = """
+WITH st AS (SELECT * FROM (VALUES {steps}) t(s, e)),
+calls AS (
+    SELECT e.timestamp AS t, e.timestamp + e.duration_ns AS t_end, e.duration_ns AS d, e.tid,
+           CASE WHEN list_contains($launch, e.op) THEN 'launch'
+                WHEN list_contains($copy, e.op) THEN 'copy'
+                WHEN list_contains($sync, e.op) THEN 'sync' ELSE 'other' END AS cat
+    FROM events e JOIN st ON e.timestamp >= st.s AND e.timestamp < st.e
+    WHERE e.session_id = $sid AND e.duration_ns > 0 AND list_contains($cuda, e.op)
+), xfer AS (
+    -- a copy call's own transfer, as the device ran it: the rest of the call waited for the
+    -- work queued before it (a D2H copy into pageable memory waits for the step's kernels)
+    SELECT least(c.d, coalesce(sum(a.end_ns - a.start_ns), c.d)) AS moving
+    FROM calls c LEFT JOIN device_activity a
+      ON a.session_id = $sid AND a.call_tid = c.tid AND a.call_ns = c.t AND a.kind = 'memcpy'
+    WHERE c.cat = 'copy' GROUP BY c.t, c.tid, c.d
+), med AS (SELECT coalesce(median(d), 0) AS m FROM calls WHERE cat = 'launch'),
+busy AS ({islands}),
+held AS (
+    SELECT c.d - med.m AS excess
+    FROM calls c CROSS JOIN med ASOF JOIN busy b ON c.t_end >= b.s
+    WHERE c.cat = 'launch' AND c.d > $factor * med.m AND b.e >= c.t_end
+)
+SELECT coalesce(sum(d) FILTER (cat = 'launch'), 0), coalesce(sum(d) FILTER (cat = 'copy'), 0),
+       coalesce(sum(d) FILTER (cat = 'sync'), 0), coalesce(sum(d) FILTER (cat = 'other'), 0),
+       (SELECT coalesce(sum(excess), 0) FROM held), (SELECT coalesce(sum(moving), 0) FROM xfer)
+FROM calls
+"""
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Where the marked steps' wall clock went, summed over the steps, in ns: the parts sum to ``total_ns``."""
+
+    data_wait_ns: int
+    host_ns: int
+    launch_ns: int
+    copy_ns: int
+    device_wait_ns: int
+    other_cuda_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return (self.data_wait_ns + self.host_ns + self.launch_ns + self.copy_ns + self.device_wait_ns
+                + self.other_cuda_ns)
+
+    def shares(self) -> dict[str, float]:
+        """Each part's share of the steps, keyed as explain's step breakdown (steps.PARTS)."""
+        total = self.total_ns
+        if total <= 0:
+            return {}
+        return {k[:-3]: round(v / total, 4) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -165,6 +236,36 @@ def steps(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None 
         out.append(Step(int(suffix) if suffix.isdigit() else None, s, e, loader, busy))
     durations = [st.duration_ms for st in out]
     return Steps(len(out), _quantile(durations, 0.5), _quantile(durations, 0.99), tuple(out))
+
+
+def breakdown(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps) -> StepParts:
+    """Where the marked steps' time went, from the trace's CUDA calls and spans (see BREAKDOWN_SQL).
+
+    Calls of every thread count (PyTorch launches backward's kernels from its autograd
+    thread while the step's own thread waits for it); a part is clipped so that the
+    parts never exceed the steps, and host work is what is left.
+    """
+    total = sum(st.end_ns - st.start_ns for st in marked.steps)
+    loader = sum(st.dataloader_ns for st in marked.steps)
+    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
+    lo = min(st.start_ns for st in marked.steps)
+    hi = max(st.end_ns for st in marked.steps)
+    islands = ISLANDS.format(src=DEVICE_IN_SPAN.format(key="0"))
+    launch, copy, sync, other, held, moving = con.execute(
+        BREAKDOWN_SQL.format(steps=values, islands=f"SELECT s, e FROM ({islands})"),
+        {"sid": session_id, "lo": lo, "hi": hi, "launch": list(ops.LAUNCH_OPS), "copy": list(ops.COPY_OPS),
+         "sync": sorted(ops.SYNC_OPS), "cuda": CUDA_OP_NAMES, "factor": BACKPRESSURE_FACTOR}).fetchone()
+    held = min(int(held), int(launch))
+    moving = min(int(moving), int(copy))
+    parts = [loader, int(launch) - held, moving, int(sync) + held + int(copy) - moving, int(other)]
+    room = total
+    clipped = []
+    for v in parts:  # in this order: data loading first, then the calls, so the sum never passes the steps
+        v = max(0, min(v, room))
+        clipped.append(v)
+        room -= v
+    data_wait, launch_ns, copy_ns, wait_ns, other_ns = clipped
+    return StepParts(data_wait, room, launch_ns, copy_ns, wait_ns, other_ns)
 
 
 def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None = None,

@@ -58,3 +58,45 @@ def test_inline_data_loading_in_a_torch_trace_is_input_bound_and_names_the_datal
     assert chain.share == pytest.approx(w0.steps.breakdown["data_wait"], abs=1e-3)
     # the same loop with two workers keeps up: no input-bound
     assert [c.rule_id for c in w2.chains if c.rule_id == "input-bound"] == []
+
+
+def _kineto(tmp_path: Path) -> Path:
+    """One 1000 µs step, every part known: the DataLoader 50 µs; launches of 5, 5 and 50 µs, the
+    long one returning while a kernel runs (45 µs above the 5 µs median: held by the queue); a
+    copy call of 100 µs whose transfer took 20; a 100 µs stream sync; a 10 µs cudaMalloc."""
+    import json
+
+    base = 1_700_000_000_000_000.0  # µs, as Kineto writes them
+
+    def x(name, cat, ts, dur, **args):
+        return {"ph": "X", "name": name, "cat": cat, "pid": 7, "tid": 7, "ts": base + ts, "dur": dur,
+                "args": args}
+
+    def dev(name, cat, ts, dur, corr):
+        return {"ph": "X", "name": name, "cat": cat, "pid": 0, "tid": 7, "ts": base + ts, "dur": dur,
+                "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 4096}}
+
+    events = [
+        x("ProfilerStep#1", "user_annotation", 0, 1000),
+        x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 0, 50),
+        x("cudaLaunchKernel", "cuda_runtime", 100, 5, correlation=1),
+        x("cudaLaunchKernel", "cuda_runtime", 110, 5, correlation=2),
+        x("cudaLaunchKernel", "cuda_runtime", 200, 50, correlation=3),
+        x("cudaMemcpyAsync", "cuda_runtime", 500, 100, correlation=4),
+        x("cudaStreamSynchronize", "cuda_runtime", 700, 100, correlation=5),
+        x("cudaMalloc", "cuda_runtime", 900, 10, correlation=6),
+        dev("k1", "kernel", 120, 300, 1),
+        dev("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 580, 20, 4),
+    ]
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_marked_steps_break_down_into_the_traces_own_calls(tmp_path):
+    [report] = _report(_kineto(tmp_path))
+    assert (report.steps.count, report.steps.source) == (1, "marked")
+    parts = {k: round(v * 1000, 1) for k, v in report.steps.breakdown.items()}  # µs of the 1000 µs step
+    assert parts == {"data_wait": 50.0, "launch": 15.0, "copy": 20.0, "device_wait": 225.0,
+                     "other_cuda": 10.0, "host": 680.0}
+    assert sum(report.steps.breakdown.values()) == pytest.approx(1.0, abs=1e-3)
