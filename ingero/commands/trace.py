@@ -70,9 +70,6 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         ring_mb=ring_mb,
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,
-        retain_s=retain,
-        max_db_bytes=max_db,
-        serve=not no_serve,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source
@@ -92,6 +89,11 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    from ingero.daemon.hook import DaemonHook
+    from ingero.sample.hook import SamplerHook
+
+    # what rides on the trace, in this order: the query daemon first (metrics' diagnosis asks its socket)
+    opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook()]
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)

@@ -1,6 +1,6 @@
-"""The three calls the trace session makes to run as a daemon.
+"""The three calls that run the query daemon beside a trace (made by ``daemon/hook.py``).
 
-    daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes).start()
+    daemon = Daemon(store, retain_s=..., max_db_bytes=...).start()
     ...  in the run loop, on the writer's thread, once a second:
     daemon.tick()                      # applies retention every RETENTION_INTERVAL_S
     ...  on exit (before store.close()):
