@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ingero.daemon.retention import RETENTION_INTERVAL_S, Retention
+from ingero.store.retention import RETENTION_INTERVAL_S, Retention
 from ingero.daemon.server import DEFAULT_MEMORY_LIMIT_BYTES, QueryServer, default_socket_path, lock_down
 from ingero.errors import IngeroError
 from ingero.store.db import Store

@@ -17,7 +17,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from ingero.traceapi import TraceHook
 from ingero.collect.records import Counter
-from ingero.daemon.state import file_sizes
+from ingero.store.files import file_sizes
 from ingero.errors import IngeroError
 from ingero.metrics.aggregate import Aggregates
 from ingero.metrics.bind import DEFAULT_ADDR, DEFAULT_PORT, parse_address
