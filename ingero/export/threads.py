@@ -1,4 +1,4 @@
-"""The per-thread tracks of the Perfetto export, encoded in bulk (numpy, protowire.py).
+"""The per-thread tracks of the Perfetto export, encoded in bulk (_wire.c, else numpy).
 
 Every traced thread writes on its own packet sequence, which makes each
 event packet small (~12 bytes for a slice begin, ~10 for an end):
@@ -9,34 +9,45 @@ event packet small (~12 bytes for a slice begin, ~10 for an end):
   bytes), numbers that are NULL are left out, and so is a return code of 0
   (success): an absent ``ret`` reads as success.
 
-Rows come in time windows, each sorted by (thread, start, longest first).
-Slices on one track must nest: an interval crossing the end of the slice
-around it (clock skew between probes) is clipped to it.  Nesting is computed
-with array passes for the usual depth of two (an off-CPU interval or a fault
-inside a CUDA call); a deeper or overlapping cluster falls back to a stack
-walk over that thread's rows.  Markers (begin, end, instant) are then sorted
-by time; at one instant, ends of older slices come first (innermost first),
-then begins in start order, a zero-length slice's end right after its begin.
-A slice still open at a window's end is carried into the next window.
+Rows come in time windows (unsorted; perfetto.py's SQL gives every string
+as a code into lists known up front) and are sorted here by (thread, start,
+longest first).  Slices on one track must nest: an interval crossing the end
+of the slice around it (clock skew between probes) is clipped to it.
+Markers (begin, end, instant) are then written in time order per thread; at
+one instant, ends of older slices come first (innermost first), then begins
+in start order, a zero-length slice's end right after its begin.  A slice
+still open at a window's end is carried into the next window.
+
+Two implementations give the same bytes (tests/unit/test_export_perfetto.py
+compares them): ``_wire`` (C, built with the package by setup.py) walks each
+thread's rows once with a stack of open slices and writes the packets in one
+pass; without it, numpy clips with array passes (a stack walk only for a
+cluster deeper than two), sorts the markers with lexsort and writes the
+wire format with protowire.py, ~3x the CPU time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingero.export import protowire as pw
 
+try:  # the per-event loops in C (setup.py builds it with the package); else numpy
+    from ingero.export import _wire
+except ImportError:  # pragma: no cover - a build without a compiler
+    _wire = None
+
 CLOCK_ID = 64  # first sequence-scoped clock id
 BOOTTIME = 6  # the trace's default clock; the clock snapshot maps 64 onto it
-SLICE_CUDA, SLICE_SCHED, INSTANT = 0, 1, 2
+SLICE_CUDA, SLICE_SCHED, INSTANT = 0, 1, 2  # the SQL's cls column
 BEGIN, END, INSTANT_T = 1, 2, 3  # TrackEvent.Type
 DELAYED = "delayed (see arrow)"
 _MIN = np.iinfo(np.int64).min
+_NO_CUTOFF = np.iinfo(np.int64).max
 
 # TracePacket / TrackEvent / DebugAnnotation / InternedData field keys
 _T_PACKET = pw.tag(1, 2)  # Trace.packet
@@ -45,46 +56,16 @@ _T_TYPE, _T_NAME, _T_ANN = pw.tag(9, 0), pw.tag(10, 0), pw.tag(4, 2)
 _T_ANN_NAME, _T_INT, _T_UINT, _T_STR_IID = pw.tag(1, 0), pw.tag(4, 0), pw.tag(3, 0), pw.tag(17, 0)
 _T_FLOW, _T_TERM_FLOW = pw.tag(47, 1), pw.tag(48, 1)
 
-# Numeric args: (arg name, column, value tag); present where the column is not NULL.
+# Numeric args: (arg name, column of the window's table, value tag); bit k of the table's
+# ``has`` column says whether NUM_ARGS[k] is present (the SQL decides: NULL, or a ret of 0).
 NUM_ARGS = (("bytes", "bytes", _T_INT), ("stream", "stream", _T_UINT), ("ret", "ret", _T_INT),
-            ("runq_ns", "runq_ns", _T_INT), ("latency_ns", "latency_ns", _T_INT))
+            ("runq_ns", "runq_ns", _T_INT), ("latency_ns", "dur", _T_INT))
+# DebugAnnotation field number of each one's value (int_value 4, uint_value 3), for _wire.encode
+_NUM_FIELDS = bytes(t[0] >> 3 for _, _, t in NUM_ARGS)
+# String args: (arg name, column of codes into the strings list; 0 = none)
 STR_ARGS = (("kind", "kind"), ("in_call", "in_call"))
-
-
-class Interner:
-    """One iid per string across the trace; which iids each sequence has been sent."""
-
-    def __init__(self) -> None:
-        self.iids: dict[str, int] = {}
-        self.strings: list[str] = [""]
-
-    def codes(self, col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-        """iid per row (0 for NULL)."""
-        enc = pc.dictionary_encode(col)
-        if isinstance(enc, pa.ChunkedArray):
-            enc = enc.combine_chunks()
-        lut = np.zeros(len(enc.dictionary) + 1, dtype=np.int64)
-        for i, s in enumerate(enc.dictionary.to_pylist()):
-            lut[i] = self.iid(s)
-        idx = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
-        return lut[idx]
-
-    def iid(self, s: str) -> int:
-        got = self.iids.get(s)
-        if got is None:
-            got = self.iids[s] = len(self.strings)
-            self.strings.append(s)
-        return got
-
-
-@dataclass
-class _Thread:
-    seq: int
-    last_ts: int  # time of the sequence's last timestamped packet (its clock's running value)
-    names_sent: set[int] = field(default_factory=set)
-    strings_sent: set[int] = field(default_factory=set)
-    carry: dict[str, np.ndarray] | None = None  # rows with markers not written yet
-    next_idx: int = 0
+# The interned-iid sets of all sequences as one boolean matrix while it stays this small
+_SENT_MATRIX_MAX = 1 << 26
 
 
 def _take(rows: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.ndarray]:
@@ -157,31 +138,94 @@ def _clip_stack(ts: np.ndarray, end: np.ndarray, is_slice: np.ndarray, fixed: np
     return endc
 
 
+def _merge(carry: dict[str, np.ndarray] | None, new: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows carried from the last window before the new rows of their thread (sorted by thread)."""
+    if carry is None or not len(carry["ts"]):
+        return new
+    rows = _concat(carry, new)
+    return _take(rows, np.argsort(rows["tidx"], kind="stable"))
+
+
+def _order(tidx: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Permutation sorting rows by (thread, start, longest first)."""
+    if not len(ts):
+        return np.zeros(0, np.int64)
+    t0 = int(ts.min())
+    span, threads = int(ts.max()) - t0, int(tidx.max()) + 1
+    if span < 1 << 44 and threads < 1 << 19:  # one int64 key, a stable sort (timsort: runs are long)
+        key = (tidx << 44) | (ts - t0)
+        perm = np.argsort(key, kind="stable")
+        k = key[perm]
+        if not (k[1:] == k[:-1]).any():  # no two rows of a thread start together: dur plays no part
+            return perm
+    return np.lexsort((-dur, ts, tidx))
+
+
+class _Interned:
+    """Which interned iids each sequence has been sent (a boolean matrix, or sets when it would be large)."""
+
+    def __init__(self, threads: int, iids: int) -> None:
+        self.width = iids + 1
+        self.matrix = np.zeros(threads * self.width, bool) if threads * self.width <= _SENT_MATRIX_MAX else None
+        self.sets: list[set[int]] = [set() for _ in range(threads)] if self.matrix is None else []
+
+    def new(self, tidx: np.ndarray, iid: np.ndarray) -> dict[int, list[int]]:
+        """The (thread, iid) pairs (iid > 0) not sent yet, now marked sent: thread -> sorted iids."""
+        keep = iid > 0
+        key = tidx[keep] * self.width + iid[keep]
+        if self.matrix is not None:
+            key = np.unique(key[~self.matrix[key]])
+            self.matrix[key] = True
+        else:
+            key = np.unique(key)
+            key = key[[int(k) % self.width not in self.sets[int(k) // self.width] for k in key]]
+            for k in key.tolist():
+                self.sets[k // self.width].add(k % self.width)
+        out: dict[int, list[int]] = {}
+        for k in key.tolist():
+            out.setdefault(k // self.width, []).append(k % self.width)
+        return out
+
+
 class ThreadTracks:
-    """Writes the thread tracks' packets to ``f``: setup, then window after window."""
+    """Writes the thread tracks' packets to ``f``: setup, then window after window.
+
+    ``labels``: the slice names the window SQL's ``label`` column codes (1-based), ``strings``:
+    the string args its ``kind`` and ``in_call`` columns code; ``threads``: (pid, tid) in
+    track order, ``flows_out``/``flows_in``: flow ids by event (pid, tid or None, timestamp, op)."""
 
     def __init__(self, f: BinaryIO, threads: list[tuple[int, int]], uuid_of, arg_iids: dict[str, int],
-                 base_ns: int, flows_out: dict, flows_in: dict, first_seq: int = 2) -> None:
-        self.f = f
-        self.names = Interner()
-        self.strings = Interner()
-        self.delayed_iid = self.names.iid(DELAYED)
-        self.arg_iids = arg_iids
-        self.base_ns = base_ns
-        self.threads: dict[int, _Thread] = {}
-        self.packets = 0
-        self.events = 0
-        # flow ids by event key (pid, tid or None, timestamp, op), and the timestamps to look for
-        self.flows_out, self.flows_in = flows_out, flows_in
-        self.flow_ts = np.array(sorted({k[2] for k in (*flows_out, *flows_in)}), dtype=np.int64)
-        self.flow_lists: list[list[int]] = []
+                 base_ns: int, flows_out: dict, flows_in: dict, labels: list[str], strings: list[str],
+                 first_seq: int = 2) -> None:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
         self.pb = pb
+        self.f = f
+        self.arg_iids = arg_iids
+        self.packets = 0
+        self.events = 0
+        # names and string values: one iid each across the trace (label code k -> iid k)
+        self.labels = labels
+        self.names = [""] + labels + [DELAYED]
+        self.delayed_iid = len(self.names) - 1
+        self.strings = [""] + strings
+        self.threads = threads
+        self.seq = first_seq + np.arange(len(threads), dtype=np.int64)
+        tids = np.array([t for _, t in threads], np.int64)
+        self.tid_order = np.argsort(tids, kind="stable")
+        self.tid_sorted = tids[self.tid_order]
+        self.last_ts = np.full(len(threads), base_ns, np.int64)  # time of each sequence's last packet
+        self.names_sent = _Interned(len(threads), len(self.names))
+        self.strings_sent = _Interned(len(threads), len(self.strings))
+        self.carry: dict[str, np.ndarray] | None = None
+        # flow ids by event key (pid, tid, timestamp, op) (a NULL tid is the pid, as on the tracks)
+        norm = lambda d: {(k[0], k[0] if k[1] is None else k[1], *k[2:]): v for k, v in d.items()}  # noqa: E731
+        self.flows_out, self.flows_in = norm(flows_out), norm(flows_in)
+        self.flow_ts = np.array(sorted({k[2] for k in (*self.flows_out, *self.flows_in)}), dtype=np.int64)
+        self.flow_lists: list[bytes] = [b""]  # encoded flow_ids / terminating_flow_ids; 0: none
         trace = pb.Trace()
         for i, (_, tid) in enumerate(threads):
-            seq = first_seq + i
-            self.threads[tid] = _Thread(seq, base_ns)
+            seq = int(self.seq[i])
             p = trace.packet.add()
             p.trusted_packet_sequence_id = seq
             p.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -202,147 +246,165 @@ class ThreadTracks:
 
     # -- rows ----------------------------------------------------------------
 
-    def _rows(self, t: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """(tid per row, the columns the markers need) of one window's table."""
-        n = t.num_rows
-        tid = t.column("tid").to_numpy().astype(np.int64)
-        ts = t.column("timestamp").to_numpy().astype(np.int64)
-        dur = t.column("dur").to_numpy().astype(np.int64)
-        cls = t.column("cls").to_numpy().astype(np.int8)
+    def _rows(self, t: pa.Table) -> dict[str, np.ndarray]:
+        """One window's table as arrays, sorted by (thread, start, longest first)."""
+        col = lambda name: t.column(name).to_numpy()  # noqa: E731  (the SQL leaves no NULLs)
+        tid = col("tid").astype(np.int64)
+        tidx = self.tid_order[np.searchsorted(self.tid_sorted, tid)]
+        ts = col("timestamp").astype(np.int64, copy=False)
+        dur = col("dur").astype(np.int64, copy=False)
+        perm = _order(tidx, ts, dur)
+        tidx, ts, dur = tidx[perm], ts[perm], dur[perm]
+        cls = col("cls")[perm]
+        label = col("label")[perm].astype(np.int64)
+        is_slice = cls != INSTANT
+        n = len(ts)
         rows: dict[str, np.ndarray] = {
-            "ts": ts, "end": ts + np.where(cls == INSTANT, 0, dur), "cls": cls,
-            "name": self.names.codes(t.column("label")),
+            "tidx": tidx, "ts": ts, "end": np.where(is_slice, ts + dur, ts), "is_slice": is_slice,
+            "name": label, "has": col("has")[perm].astype(np.uint8, copy=False),
         }
-        for _, col, _ in NUM_ARGS:
-            c = t.column(col)
-            rows["h_" + col] = c.is_valid().to_numpy(zero_copy_only=False)
-            rows["v_" + col] = c.fill_null(0).to_numpy().astype(np.int64, copy=False) if n else np.zeros(0, np.int64)
-        for _, col in STR_ARGS:
-            rows["s_" + col] = self.strings.codes(t.column(col))
-        fout = np.full(n, -1, dtype=np.int64)
-        fin = np.full(n, -1, dtype=np.int64)
-        if len(self.flow_ts):
-            for i in np.nonzero(np.isin(ts, self.flow_ts))[0]:
-                r = t.slice(int(i), 1).to_pylist()[0]
-                key = (r["pid"], None if r["no_tid"] else r["tid"], r["timestamp"], r["op"])
+        for _, c, _ in NUM_ARGS:
+            rows["v_" + c] = dur if c == "dur" else col(c)[perm].astype(np.int64, copy=False)
+        for _, c in STR_ARGS:
+            rows["s_" + c] = col(c)[perm].astype(np.int64)
+        fout = np.zeros(n, np.int64)
+        fin = np.zeros(n, np.int64)
+        if len(self.flow_ts) and n:
+            at = np.minimum(np.searchsorted(self.flow_ts, ts), len(self.flow_ts) - 1)
+            for i in np.nonzero(self.flow_ts[at] == ts)[0].tolist():
+                pid, tid_ = self.threads[int(tidx[i])]
+                op = "sched_switch" if cls[i] == SLICE_SCHED else self.labels[int(label[i]) - 1]
+                key = (pid, tid_, int(ts[i]), op)
                 if key in self.flows_out:
-                    fout[i] = len(self.flow_lists)
-                    self.flow_lists.append(self.flows_out[key])
+                    fout[i] = self._flow_bytes(_T_FLOW, self.flows_out[key])
                 if key in self.flows_in:
-                    fin[i] = len(self.flow_lists)
-                    self.flow_lists.append(self.flows_in[key])
-        rows.update(fout=fout, fin=fin, begun=np.zeros(n, bool), delayed=np.zeros(n, bool),
-                    endc=np.zeros(n, np.int64), idx=np.zeros(n, np.int64))
-        return tid, rows
+                    fin[i] = self._flow_bytes(_T_TERM_FLOW, self.flows_in[key])
+        rows.update(fout=fout, fin=fin, fixed=np.zeros(n, bool), delayed=np.zeros(n, bool),
+                    endc=np.zeros(n, np.int64))
+        return rows
+
+    def _flow_bytes(self, tag: bytes, ids: list[int]) -> int:
+        self.flow_lists.append(b"".join(tag + int(f).to_bytes(8, "little") for f in ids))
+        return len(self.flow_lists) - 1
 
     def window(self, t: pa.Table, cutoff: int | None) -> None:
-        """Write the markers of a window's rows (sorted by tid, start, longest first) before ``cutoff``.
-
-        ``cutoff`` None: the last window; everything is written."""
-        tid, rows = self._rows(t)
-        self.events += t.num_rows
-        starts = np.nonzero(np.r_[True, tid[1:] != tid[:-1]])[0] if len(tid) else np.zeros(0, np.int64)
-        bounds = list(zip(starts, np.r_[starts[1:], len(tid)]))
-        segs = [(int(tid[a]), _take(rows, slice(a, b))) for a, b in bounds]
-        seen = {k for k, _ in segs}
-        segs += [(k, None) for k, th in self.threads.items() if th.carry is not None and k not in seen]
-        parts = [self._markers(k, r, cutoff) for k, r in segs]
-        parts = [p for p in parts if p is not None]
-        if parts:
-            self._write(parts)
+        """Write the markers of a window's rows before ``cutoff`` (None: the last window, everything)."""
+        new = self._rows(t)
+        self.events += len(new["ts"])
+        self._emit(_merge(self.carry, new), cutoff)
 
     def finish(self) -> None:
         """Write what is still open (the last window was cut at its end)."""
-        parts = [self._markers(k, None, None) for k, th in self.threads.items() if th.carry is not None]
-        parts = [p for p in parts if p is not None]
-        if parts:
-            self._write(parts)
+        if self.carry is not None:
+            self._emit(self.carry, None)
 
     # -- markers -------------------------------------------------------------
 
-    def _markers(self, tid: int, new: dict[str, np.ndarray] | None, cutoff: int | None):
-        th = self.threads[tid]
-        if new is not None:
-            m = len(new["ts"])
-            new["idx"] = th.next_idx + np.arange(m)
-            th.next_idx += m
-        rows = new if th.carry is None else (th.carry if new is None else _concat(th.carry, new))
-        th.carry = None
-        if rows is None or not len(rows["ts"]):
-            return None
-        ts, cls, idx = rows["ts"], rows["cls"], rows["idx"]
-        is_slice = cls != INSTANT
-        fixed = rows["begun"]
-        endc = clip(ts, np.where(fixed, rows["endc"], rows["end"]), is_slice, fixed)
-        rows["endc"] = endc
-        dly_t = np.maximum(ts, endc - 1)
-        has_dly = is_slice & (rows["fin"] >= 0) & ~rows["delayed"]
-        # markers: (time, group, order, type, row); group 0 = ends of slices begun earlier
-        b = np.nonzero(~fixed)[0]  # begins and instants not written yet
-        e = np.nonzero(is_slice)[0]
-        d = np.nonzero(has_dly)[0]
-        zero = endc[e] == ts[e]
-        time = np.concatenate((ts[b], endc[e], dly_t[d]))
-        grp = np.concatenate((np.ones(len(b), np.int64), np.where(zero, 1, 0), np.ones(len(d), np.int64)))
-        order = np.concatenate((3 * idx[b], np.where(zero, 3 * idx[e] + 2, -idx[e]), 3 * idx[d] + 1))
-        typ = np.concatenate((np.where(is_slice[b], BEGIN, INSTANT_T), np.full(len(e), END), np.full(len(d), INSTANT_T)))
-        row = np.concatenate((b, e, d))
-        what = np.concatenate((np.zeros(len(b), np.int8), np.ones(len(e), np.int8), np.full(len(d), 2, np.int8)))
-        srt = np.lexsort((order, grp, time))
-        time, typ, row, what = time[srt], typ[srt], row[srt], what[srt]
+    def _emit(self, rows: dict[str, np.ndarray], cutoff: int | None) -> None:
+        self.carry = None
+        if not len(rows["ts"]):
+            return
+        is_slice, fixed = rows["is_slice"], rows["fixed"]
+        has_dly = is_slice & (rows["fin"] > 0) & ~rows["delayed"]
+        end = np.where(fixed, rows["endc"], rows["end"])
+        cut = _NO_CUTOFF if cutoff is None else cutoff
+        markers = _markers_c if _wire is not None else _markers_numpy
+        endc, row, what, delta = markers(rows["tidx"], rows["ts"], end, is_slice, fixed, has_dly, cut, self.last_ts)
         if cutoff is not None:
-            now = time < cutoff
             # rows whose end is not written stay open: carried with their begin (and delay mark) done
             open_ = is_slice & (endc >= cutoff)
             if open_.any():
                 carry = _take(rows, open_)
-                carry["begun"] = np.ones(int(open_.sum()), bool)
-                carry["delayed"] = carry["delayed"] | (dly_t[open_] < cutoff) | (carry["fin"] < 0)
-                th.carry = carry
-            time, typ, row, what = time[now], typ[now], row[now], what[now]
-        if not len(time):
-            return None
-        delta = np.diff(time, prepend=th.last_ts)
-        th.last_ts = int(time[-1])
-        return th, rows, time, delta, typ, row, what
+                carry["fixed"] = np.ones(int(open_.sum()), bool)
+                carry["endc"] = endc[open_]
+                dly_t = np.maximum(carry["ts"], carry["endc"] - 1)
+                carry["delayed"] = carry["delayed"] | (dly_t < cutoff) | (carry["fin"] == 0)
+                self.carry = carry
+        if not len(row):
+            return
+        head = self._interned(rows, row, what)
+        body = (self._encode_c if _wire is not None else self._encode_numpy)(rows, row, what, delta)
+        if head:
+            self.f.write(head)
+        self.f.write(body)
+        self.packets += len(row)
 
     # -- encoding ------------------------------------------------------------
 
-    def _write(self, parts: list) -> None:
-        head = bytearray()
-        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("seq", "delta", "typ", "name", "extra_out",
-                                                               "extra_in")}
-        argv: dict[str, list[np.ndarray]] = {}
-        for th, rows, time, delta, typ, row, what in parts:
-            n = len(row)
-            opens = what == 0
-            name = np.where(opens, rows["name"][row], np.where(what == 2, self.delayed_iid, 0))
-            head += self._interned(th, name, [np.where(opens, rows["s_" + c][row], 0) for _, c in STR_ARGS])
-            cols["seq"].append(np.full(n, th.seq, np.int64))
-            cols["delta"].append(delta)
-            cols["typ"].append(typ)
-            cols["name"].append(name)
-            cols["extra_out"].append(np.where(opens, rows["fout"][row], -1))
-            cols["extra_in"].append(np.where(what == 2, rows["fin"][row], -1))
-            for _, c, _ in NUM_ARGS:
-                has = rows["h_" + c][row] & opens
-                if c == "ret":
-                    has &= rows["v_ret"][row] != 0
-                argv.setdefault("h_" + c, []).append(has)
-                argv.setdefault("v_" + c, []).append(rows["v_" + c][row])
-            for _, c in STR_ARGS:
-                argv.setdefault("s_" + c, []).append(np.where(opens, rows["s_" + c][row], 0))
-        a = {k: np.concatenate(v) for k, v in {**cols, **argv}.items()}
-        if head:
-            self.f.write(head)
-        self.f.write(self._encode(a))
-        self.packets += len(a["seq"])
+    def _interned(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray) -> bytes:
+        """Packets interning the names and string args each sequence is sent for the first time."""
+        begun = ~rows["fixed"]  # every row not carried writes its begin in this window
+        tidx = rows["tidx"][begun]
+        dly = row[what == 2]
+        names = self.names_sent.new(np.concatenate((tidx, rows["tidx"][dly])),
+                                    np.concatenate((rows["name"][begun], np.full(len(dly), self.delayed_iid))))
+        strings = self.strings_sent.new(np.concatenate([tidx] * len(STR_ARGS)),
+                                        np.concatenate([rows["s_" + c][begun] for _, c in STR_ARGS]))
+        if not names and not strings:
+            return b""
+        t = self.pb.Trace()
+        for k in sorted({*names, *strings}):
+            p = t.packet.add()
+            p.trusted_packet_sequence_id = int(self.seq[k])
+            for i in names.get(k, ()):
+                e = p.interned_data.event_names.add()
+                e.iid, e.name = i, self.names[i]
+            for i in strings.get(k, ()):
+                e = p.interned_data.debug_annotation_string_values.add()
+                e.iid, e.str = i, self.strings[i].encode()
+        self.packets += len(t.packet)
+        return t.SerializeToString()
 
-    def _encode(self, a: dict[str, np.ndarray]) -> bytes:
-        """The packets in order.  Packets with the same fields (a signature) are encoded together,
-        so each group's matrix is only as wide as its own fields, then put back in their places."""
+    def _extras(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, bytes]:
+        """Offsets (n + 1) of each row's flow_ids and terminating_flow_ids in one byte string."""
+        n = len(rows["ts"])
+        out_off, in_off = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+        fout, fin = rows["fout"], rows["fin"]
+        if not (fout.any() or fin.any()):
+            return out_off, in_off, b""
+        blob = bytearray()
+        for col, off in ((fout, out_off), (fin, in_off)):
+            sizes = np.zeros(n, np.int64)
+            base = len(blob)
+            for i in np.nonzero(col)[0].tolist():
+                x = self.flow_lists[int(col[i])]
+                sizes[i] = len(x)
+                blob += x
+            off[1:] = base + np.cumsum(sizes)
+            off[0] = base
+        return out_off, in_off, bytes(blob)
+
+    def _encode_c(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray, delta: np.ndarray) -> bytes:
+        n = len(rows["ts"])
+        val = np.empty((len(NUM_ARGS), n), np.int64)
+        for k, (_, c, _) in enumerate(NUM_ARGS):
+            val[k] = rows["v_" + c]
+        sval = np.empty((len(STR_ARGS), n), np.int64)
+        for k, (_, c) in enumerate(STR_ARGS):
+            sval[k] = rows["s_" + c]
+        iids = bytes(self.arg_iids[x] for x, _, _ in NUM_ARGS) + bytes(self.arg_iids[x] for x, _ in STR_ARGS)
+        out_off, in_off, blob = self._extras(rows)
+        return _wire.encode(row, what, delta, self.seq[rows["tidx"]], rows["is_slice"].view(np.uint8),
+                            rows["name"], rows["has"], val, sval, iids, _NUM_FIELDS, self.delayed_iid,
+                            out_off, in_off, blob)
+
+    def _encode_numpy(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray,
+                      delta: np.ndarray) -> bytes:
+        """The same bytes as _wire.encode.  Packets with the same fields (a signature) are encoded
+        together, so each group's matrix is only as wide as its own fields, then put back in order."""
+        opens, dly = what == 0, what == 2
+        a = {"seq": self.seq[rows["tidx"][row]], "delta": delta,
+             "typ": np.where(opens, np.where(rows["is_slice"][row], BEGIN, INSTANT_T), np.where(dly, INSTANT_T, END)),
+             "name": np.where(opens, rows["name"][row], np.where(dly, self.delayed_iid, 0)),
+             "extra_out": np.where(opens, rows["fout"][row], 0), "extra_in": np.where(dly, rows["fin"][row], 0)}
+        has = rows["has"][row]
+        for k, (_, c, _) in enumerate(NUM_ARGS):
+            a["h_" + c] = opens & (has >> k & 1).astype(bool)
+            a["v_" + c] = rows["v_" + c][row]
+        for _, c in STR_ARGS:
+            a["s_" + c] = np.where(opens, rows["s_" + c][row], 0)
         present = [a["name"] > 0] + [a["h_" + c] for _, c, _ in NUM_ARGS] + [a["s_" + c] > 0 for _, c in STR_ARGS]
-        present.append((a["extra_out"] >= 0) | (a["extra_in"] >= 0))
+        present.append((a["extra_out"] > 0) | (a["extra_in"] > 0))
         sig = np.zeros(len(a["seq"]), np.int64)
         for bit, p in enumerate(present):
             sig |= p.astype(np.int64) << bit
@@ -391,41 +453,58 @@ class ThreadTracks:
                                            pw.varint(a["s_" + c], None, _T_STR_IID)])
             bit += 1
         if sig >> bit & 1:
-            body.append(self._flow_ids(a))
+            extras = [self.flow_lists[int(o or i)] for o, i in zip(a["extra_out"], a["extra_in"])]
+            mat = np.zeros((n, max(len(x) for x in extras)), np.uint8)
+            for i, x in enumerate(extras):
+                mat[i, :len(x)] = np.frombuffer(x, np.uint8)
+            body.append((mat, np.array([len(x) for x in extras], np.int64)))
         packet = [pw.varint(a["delta"], None, _T_TS), pw.varint(a["seq"], None, _T_SEQ), *pw.nested(_T_TE, body)]
         return pw.nested(_T_PACKET, packet)
 
-    def _flow_ids(self, a: dict[str, np.ndarray]) -> pw.Field:
-        """flow_ids (from a cause) and terminating_flow_ids (into an effect): fixed64 each, few rows."""
-        extras = []
-        for fo, fi in zip(a["extra_out"], a["extra_in"]):
-            x = b"".join(_T_FLOW + int(f).to_bytes(8, "little") for f in (self.flow_lists[fo] if fo >= 0 else ()))
-            x += b"".join(_T_TERM_FLOW + int(f).to_bytes(8, "little")
-                          for f in (self.flow_lists[fi] if fi >= 0 else ()))
-            extras.append(x)
-        mat = np.zeros((len(extras), max(len(x) for x in extras)), np.uint8)
-        for i, x in enumerate(extras):
-            mat[i, :len(x)] = np.frombuffer(x, np.uint8)
-        return mat, np.array([len(x) for x in extras], np.int64)
 
-    def _interned(self, th: _Thread, names: np.ndarray, strings: list[np.ndarray]) -> bytes:
-        """A packet interning the names and string args this sequence has not been sent yet."""
-        new_names = [int(i) for i in np.unique(names) if i and int(i) not in th.names_sent]
-        new_strings = [int(i) for s in strings for i in np.unique(s) if i and int(i) not in th.strings_sent]
-        new_strings = sorted(set(new_strings))
-        if not new_names and not new_strings:
-            return b""
-        p = self.pb.TracePacket()
-        p.trusted_packet_sequence_id = th.seq
-        for i in new_names:
-            e = p.interned_data.event_names.add()
-            e.iid, e.name = i, self.names.strings[i]
-            th.names_sent.add(i)
-        for i in new_strings:
-            e = p.interned_data.debug_annotation_string_values.add()
-            e.iid, e.str = i, self.strings.strings[i].encode()
-            th.strings_sent.add(i)
-        self.packets += 1
-        t = self.pb.Trace()
-        t.packet.append(p)
-        return t.SerializeToString()
+def _markers_c(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
+    """(clipped end per row, then per marker: row, what (0 begin/instant, 1 end, 2 delayed), time delta)."""
+    n = len(ts)
+    cap = 2 * n + int(has_dly.sum())
+    endc = np.empty(n, np.int64)
+    row, what, delta = np.empty(cap, np.int64), np.empty(cap, np.uint8), np.empty(cap, np.int64)
+    k = _wire.markers(np.ascontiguousarray(tidx, np.int64), np.ascontiguousarray(ts, np.int64),
+                      np.ascontiguousarray(end, np.int64), is_slice.view(np.uint8), fixed.view(np.uint8),
+                      has_dly.view(np.uint8), int(cutoff), last_ts, endc, row, what, delta)
+    return endc, row[:k], what[:k], delta[:k]
+
+
+def _markers_numpy(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
+    """The same as _markers_c, thread after thread: clip, then lexsort of (time, group, order)."""
+    endc = np.empty(len(ts), np.int64)
+    out = []
+    starts = np.nonzero(np.r_[True, tidx[1:] != tidx[:-1]])[0]
+    for a, z in zip(starts.tolist(), np.r_[starts[1:], len(ts)].tolist()):
+        s = slice(a, z)
+        t, sl, fx = ts[s], is_slice[s], fixed[s]
+        ec = clip(t, end[s], sl, fx)
+        ec = np.where(sl, ec, t)
+        endc[s] = ec
+        idx = np.arange(z - a)
+        dly_t = np.maximum(t, ec - 1)
+        # markers: (time, group, order, row, what); group 0 = ends of slices begun earlier
+        b = np.nonzero(~fx)[0]  # begins and instants not written yet
+        e = np.nonzero(sl)[0]
+        d = np.nonzero(has_dly[s])[0]
+        zero = ec[e] == t[e]
+        time = np.concatenate((t[b], ec[e], dly_t[d]))
+        grp = np.concatenate((np.ones(len(b), np.int64), np.where(zero, 1, 0), np.ones(len(d), np.int64)))
+        order = np.concatenate((3 * idx[b], np.where(zero, 3 * idx[e] + 2, -idx[e]), 3 * idx[d] + 1))
+        row = np.concatenate((b, e, d)) + a
+        what = np.concatenate((np.zeros(len(b), np.uint8), np.ones(len(e), np.uint8), np.full(len(d), 2, np.uint8)))
+        srt = np.lexsort((order, grp, time))
+        time, row, what = time[srt], row[srt], what[srt]
+        now = time < cutoff
+        time, row, what = time[now], row[now], what[now]
+        if len(time):
+            k = int(tidx[a])
+            out.append((row, what, np.diff(time, prepend=last_ts[k])))
+            last_ts[k] = time[-1]
+    if not out:
+        return endc, np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    return (endc, *(np.concatenate(x) for x in zip(*out)))
