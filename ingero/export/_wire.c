@@ -26,16 +26,18 @@ static inline uint8_t *put(uint8_t *p, uint64_t v) {
 static inline uint8_t *key(uint8_t *p, unsigned field, unsigned wire) { return put(p, (field << 3) | wire); }
 static inline int key_len(unsigned field, unsigned wire) { return vlen((field << 3) | wire); }
 
-/* Markers of one window, thread after thread (rows sorted by thread, start, longest first).
+/* Markers of one window, thread after thread.
  *
- * markers(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts, endc, row, what, delta) -> count
- *   The stack walk of clip() (end: a fixed row's final end), and in the same pass the markers in
- *   the order threads._markers sorts them, i.e. by (time, group, order) per thread:
- *   a begin or instant (ts, 1, 3i), an end (endc, 0, -i) or for a zero-length slice (ts, 1, 3i+2),
- *   a "delayed" instant (max(ts, endc - 1), 1, 3i+1); ends come off the stack innermost first.
- *   Markers at or after cutoff are not written (the rows stay open: the caller carries them).
- *   what: 0 begin/instant, 1 end, 2 delayed; delta: time since the thread's previous marker,
- *   last_ts[thread] updated.  Fixed rows (carried, begun) write no begin.
+ * markers(order, tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts, endc, row, what, delta) -> count
+ *   order: the rows sorted by (thread, start, longest first).  The stack walk of clip() (end: a
+ *   fixed row's final end; endc[row] written), and in the same pass the markers in the order
+ *   threads._markers_numpy sorts them, i.e. by (time, group, order) per thread, i the row's place
+ *   among its thread's rows: a begin or instant (ts, 1, 3i), an end (endc, 0, -i) or for a
+ *   zero-length slice (ts, 1, 3i+2), a "delayed" instant (max(ts, endc - 1), 1, 3i+1); ends come
+ *   off the stack innermost first.  Markers at or after cutoff are not written (the rows stay
+ *   open: the caller carries them).  Per marker: row, what (0 begin/instant, 1 end, 2 delayed),
+ *   delta (time since the thread's previous marker; last_ts[thread] updated).  Fixed rows
+ *   (carried, begun) write no begin.
  */
 typedef struct { int64_t time, order, row; } pend_t;
 
@@ -74,88 +76,94 @@ static PyObject *markers(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *o[12];
     long long cutoff;
-    if (!PyArg_ParseTuple(args, "OOOOOOLOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &cutoff, &o[6],
-                          &o[7], &o[8], &o[9], &o[10]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOLOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &cutoff,
+                          &o[7], &o[8], &o[9], &o[10], &o[11]))
         return NULL;
-    const int nb = 11;
-    Py_buffer b[11];
+    const int nb = 12;
+    Py_buffer b[12];
     int got = 0;
     PyObject *result = NULL;
+    int64_t *stack = NULL;
+    pend_t *pend = NULL;
     for (; got < nb; got++) {
-        int flags = PyBUF_C_CONTIGUOUS | (got >= 6 ? PyBUF_WRITABLE : 0);
+        int flags = PyBUF_C_CONTIGUOUS | (got >= 7 ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(o[got], &b[got], flags) < 0) goto done;
     }
-    Py_ssize_t n = b[0].len / 8, cap = b[8].len / 8, nthreads = b[6].len / 8;
-    if (b[1].len != n * 8 || b[2].len != n * 8 || b[3].len != n || b[4].len != n || b[5].len != n ||
-        b[7].len != n * 8 || b[9].len != cap || b[10].len != cap * 8) {
+    Py_ssize_t n = b[0].len / 8, cap = b[9].len / 8, nthreads = b[7].len / 8;
+    if (b[1].len != n * 8 || b[2].len != n * 8 || b[3].len != n * 8 || b[4].len != n || b[5].len != n ||
+        b[6].len != n || b[8].len != n * 8 || b[10].len != cap || b[11].len != cap * 8) {
         PyErr_SetString(PyExc_ValueError, "markers: arrays of inconsistent sizes");
         goto done;
     }
-    const int64_t *tidx = b[0].buf, *ts = b[1].buf, *end = b[2].buf;
-    const uint8_t *is_slice = b[3].buf, *fixed = b[4].buf, *has_dly = b[5].buf;
+    const int64_t *order = b[0].buf, *tidx = b[1].buf, *ts = b[2].buf, *end = b[3].buf;
+    const uint8_t *is_slice = b[4].buf, *fixed = b[5].buf, *has_dly = b[6].buf;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (tidx[i] < 0 || tidx[i] >= nthreads || (i && tidx[i] < tidx[i - 1])) {
-            PyErr_SetString(PyExc_ValueError, "markers: thread index out of range or not sorted");
+        if (order[i] < 0 || order[i] >= n || tidx[order[i]] < 0 || tidx[order[i]] >= nthreads ||
+            (i && tidx[order[i]] < tidx[order[i - 1]])) {
+            PyErr_SetString(PyExc_ValueError, "markers: order or thread index out of range, or not sorted");
             goto done;
         }
-    int64_t *endc = b[7].buf;
-    int64_t *stack = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));
-    pend_t *pend = PyMem_Malloc((n ? n : 1) * sizeof(pend_t));
-    if (!stack || !pend) { PyMem_Free(stack); PyMem_Free(pend); PyErr_NoMemory(); goto done; }
-    sink_t s = {b[8].buf, b[10].buf, NULL, b[9].buf, 0, cap, (int64_t)cutoff, 0};
-    int64_t *last_ts = b[6].buf;
+    int64_t *endc = b[8].buf, *last_ts = b[7].buf;
+    stack = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));  /* places in order of the open slices */
+    pend = PyMem_Malloc((n ? n : 1) * sizeof(pend_t));
+    if (!stack || !pend) { PyErr_NoMemory(); goto done; }
+    sink_t s = {b[9].buf, b[11].buf, NULL, b[10].buf, 0, cap, (int64_t)cutoff, 0};
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t a = 0;
     while (a < n) {
         Py_ssize_t z = a;
-        while (z < n && tidx[z] == tidx[a]) z++;
-        s.last = &last_ts[tidx[a]];
+        int64_t thread = tidx[order[a]];
+        while (z < n && tidx[order[z]] == thread) z++;
+        s.last = &last_ts[thread];
         Py_ssize_t depth = 0, npend = 0;
         for (Py_ssize_t i = a; i < z; i++) {
-            int64_t t = ts[i], r = i - a;
-            while (depth && endc[stack[depth - 1]] <= t) {  /* ends due: innermost first */
+            Py_ssize_t r = order[i];
+            int64_t t = ts[r], pos = i - a;
+            while (depth && endc[order[stack[depth - 1]]] <= t) {  /* ends due: innermost first */
                 Py_ssize_t top = stack[--depth];
-                flush_pend(&s, pend, &npend, endc[top], 0, -(top - a));
-                emit(&s, endc[top], top, 1);
+                int64_t e = endc[order[top]];
+                flush_pend(&s, pend, &npend, e, 0, -(top - a));
+                emit(&s, e, order[top], 1);
             }
             int64_t e = t;
-            if (is_slice[i]) {
-                e = end[i];
-                if (!fixed[i] && depth && e > endc[stack[depth - 1]]) e = endc[stack[depth - 1]];
+            if (is_slice[r]) {
+                e = end[r];
+                if (!fixed[r] && depth && e > endc[order[stack[depth - 1]]]) e = endc[order[stack[depth - 1]]];
             }
-            endc[i] = e;
-            if (!fixed[i]) {
-                flush_pend(&s, pend, &npend, t, 1, 3 * r);
-                emit(&s, t, i, 0);
+            endc[r] = e;
+            if (!fixed[r]) {
+                flush_pend(&s, pend, &npend, t, 1, 3 * pos);
+                emit(&s, t, r, 0);
             }
-            if (!is_slice[i]) continue;
-            if (has_dly[i]) {
+            if (!is_slice[r]) continue;
+            if (has_dly[r]) {
                 pend[npend].time = e - 1 > t ? e - 1 : t;
-                pend[npend].order = 3 * r + 1;
-                pend[npend].row = i;
+                pend[npend].order = 3 * pos + 1;
+                pend[npend].row = r;
                 npend++;
             }
             if (e == t) {
-                flush_pend(&s, pend, &npend, t, 1, 3 * r + 2);
-                emit(&s, t, i, 1);
+                flush_pend(&s, pend, &npend, t, 1, 3 * pos + 2);
+                emit(&s, t, r, 1);
             } else {
                 stack[depth++] = i;
             }
         }
         while (depth) {
             Py_ssize_t top = stack[--depth];
-            flush_pend(&s, pend, &npend, endc[top], 0, -(top - a));
-            emit(&s, endc[top], top, 1);
+            int64_t e = endc[order[top]];
+            flush_pend(&s, pend, &npend, e, 0, -(top - a));
+            emit(&s, e, order[top], 1);
         }
         flush_pend(&s, pend, &npend, INT64_MAX, 1, INT64_MAX);
         a = z;
     }
     Py_END_ALLOW_THREADS
-    PyMem_Free(stack);
-    PyMem_Free(pend);
     if (s.full) PyErr_SetString(PyExc_ValueError, "markers: more markers than room");
     else result = PyLong_FromSsize_t(s.k);
 done:
+    PyMem_Free(stack);
+    PyMem_Free(pend);
     for (int j = 0; j < got; j++) PyBuffer_Release(&b[j]);
     return result;
 }

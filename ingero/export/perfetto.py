@@ -74,25 +74,20 @@ SELECT list(DISTINCT op ORDER BY op),
        list(DISTINCT in_call ORDER BY in_call) FILTER (op IN ('page_fault', 'block_io'))
 FROM events WHERE {WHERE}
 """
-# One time window of the selection's events, in storage order (threads.py sorts them).  Presentation
-# is decided here, as codes: the slice name (label: 1-based into $ops, then "blocked", then the
-# preempting processes of $others, then an unknown one), the class (0 CUDA call, 1 off-CPU, 2
-# instant), string args as codes into $strs (0: none), and which numeric args a row has (bit k of
-# has: threads.NUM_ARGS[k]; a ret of 0 is success and left out); NULL numbers are 0.
+# One time window of the selection's events, in storage order (threads.py sorts them), as
+# numbers: strings as codes into lists known up front (1-based; 0: none): op into $ops, the
+# preempting process into $others (len + 1: unknown), kind and in_call into $strs; which numeric
+# args are not NULL (bit k of has: threads.NUM_ARGS[k]; a ret of 0, success, counts as absent);
+# NULL numbers are 0.  Which args and names a row's op shows is decided in threads.py (tables
+# by op code); doing it here in CASEs cost 0.3-0.8 CPU-s more per 10 M rows.
 _WINDOW_SQL = f"""
 SELECT coalesce(tid, pid) AS tid, timestamp, coalesce(duration_ns, 0) AS dur,
-       CASE WHEN op <> 'sched_switch' THEN list_position($ops::VARCHAR[], op)
-            WHEN preempted THEN len($ops::VARCHAR[]) + 1 + coalesce(list_position($others::INTEGER[], other_pid), len($others::INTEGER[]) + 1)
-            ELSE len($ops::VARCHAR[]) + 1 END AS label,
-       CASE WHEN op = 'sched_switch' THEN 1 WHEN op IN ('page_fault', 'block_io') THEN 2 ELSE 0 END::UTINYINT AS cls,
-       CASE WHEN op = 'sched_switch' AND preempted THEN 0
-            ELSE coalesce(list_position($strs::VARCHAR[], nullif(kind, '')), 0) END AS kind,
-       CASE WHEN op IN ('page_fault', 'block_io') THEN coalesce(list_position($strs::VARCHAR[], in_call), 0) ELSE 0 END AS in_call,
-       ((op <> 'sched_switch' AND bytes IS NOT NULL)::INTEGER
-        + 2 * (op NOT IN ('sched_switch', 'page_fault', 'block_io') AND stream IS NOT NULL)::INTEGER
-        + 4 * (op NOT IN ('sched_switch', 'page_fault', 'block_io') AND coalesce(ret, 0) <> 0)::INTEGER
-        + 8 * (op = 'sched_switch' AND runq_ns IS NOT NULL)::INTEGER
-        + 16 * (op IN ('page_fault', 'block_io') AND coalesce(duration_ns, 0) <> 0)::INTEGER)::UTINYINT AS has,
+       list_position($ops::VARCHAR[], op)::USMALLINT AS op, coalesce(preempted, false) AS preempted,
+       coalesce(list_position($others::INTEGER[], other_pid), len($others::INTEGER[]) + 1) AS other,
+       coalesce(list_position($strs::VARCHAR[], nullif(kind, '')), 0) AS kind,
+       coalesce(list_position($strs::VARCHAR[], in_call), 0) AS in_call,
+       ((bytes IS NOT NULL)::INTEGER + 2 * (stream IS NOT NULL)::INTEGER + 4 * (coalesce(ret, 0) <> 0)::INTEGER
+        + 8 * (runq_ns IS NOT NULL)::INTEGER + 16 * (coalesce(duration_ns, 0) <> 0)::INTEGER)::UTINYINT AS has,
        coalesce(bytes, 0) AS bytes, coalesce(stream, 0) AS stream, coalesce(ret, 0) AS ret,
        coalesce(runq_ns, 0) AS runq_ns
 FROM events WHERE {WHERE} AND timestamp >= $w0 AND timestamp < $w1
@@ -266,20 +261,19 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
     w.flush()
     vocab = _vocabulary(con, params)
     tracks = ThreadTracks(f, threads, lambda tid: _uuid(_THREAD, tid), w.arg_names, params["t0"],
-                          arrows.out_of, arrows.into, vocab["labels"], vocab["strs"])
+                          arrows.out_of, arrows.into, vocab["ops"], vocab["preempted"], vocab["strs"])
     with bounded_memory(con):
         _events(con, tracks, {**params, **{k: vocab[k] for k in ("ops", "others", "strs")}})
     return Summary(path, tracks.events, w.packets + tracks.packets, f.tell(), len(chains), arrows.next_id - 1)
 
 
 def _vocabulary(con: duckdb.DuckDBPyConnection, params: dict) -> dict[str, list]:
-    """The ops, preempting processes and string args of the selection, and the slice names they give."""
+    """The ops, preempting processes (and their slice names) and string args of the selection."""
     ops, others, kinds, calls = run(con, _VOCAB_SQL, params).fetchone()
     ops, others = ops or [], others or []
     strs = sorted({*(kinds or []), *(calls or [])} - {None})
     preempted = [r[0] for r in run(con, _LABELS_SQL, {**params, "others": others}).fetchall()] if others else []
-    labels = [*ops, "blocked", *preempted, "preempted by pid (?)"]  # the codes of _WINDOW_SQL's label
-    return {"ops": ops, "others": others, "strs": strs, "labels": labels}
+    return {"ops": ops, "others": others, "strs": strs, "preempted": [*preempted, "preempted by pid (?)"]}
 
 
 def _windows(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple[int, int]]:

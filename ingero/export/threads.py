@@ -43,7 +43,10 @@ except ImportError:  # pragma: no cover - a build without a compiler
 
 CLOCK_ID = 64  # first sequence-scoped clock id
 BOOTTIME = 6  # the trace's default clock; the clock snapshot maps 64 onto it
-SLICE_CUDA, SLICE_SCHED, INSTANT = 0, 1, 2  # the SQL's cls column
+SLICE_CUDA, SLICE_SCHED, INSTANT = 0, 1, 2  # the classes of rows
+# the NUM_ARGS (bits of ``has``) each class shows: CUDA calls bytes, stream, ret; off-CPU
+# intervals runq_ns; faults and block I/O bytes and latency_ns
+_CLASS_ARGS = np.array([1 | 2 | 4, 8, 1 | 16], np.uint8)
 BEGIN, END, INSTANT_T = 1, 2, 3  # TrackEvent.Type
 DELAYED = "delayed (see arrow)"
 _MIN = np.iinfo(np.int64).min
@@ -57,7 +60,7 @@ _T_ANN_NAME, _T_INT, _T_UINT, _T_STR_IID = pw.tag(1, 0), pw.tag(4, 0), pw.tag(3,
 _T_FLOW, _T_TERM_FLOW = pw.tag(47, 1), pw.tag(48, 1)
 
 # Numeric args: (arg name, column of the window's table, value tag); bit k of the table's
-# ``has`` column says whether NUM_ARGS[k] is present (the SQL decides: NULL, or a ret of 0).
+# ``has`` column says whether NUM_ARGS[k] is not NULL (a ret of 0 counts as NULL: success).
 NUM_ARGS = (("bytes", "bytes", _T_INT), ("stream", "stream", _T_UINT), ("ret", "ret", _T_INT),
             ("runq_ns", "runq_ns", _T_INT), ("latency_ns", "dur", _T_INT))
 # DebugAnnotation field number of each one's value (int_value 4, uint_value 3), for _wire.encode
@@ -138,27 +141,23 @@ def _clip_stack(ts: np.ndarray, end: np.ndarray, is_slice: np.ndarray, fixed: np
     return endc
 
 
-def _merge(carry: dict[str, np.ndarray] | None, new: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows carried from the last window before the new rows of their thread (sorted by thread)."""
-    if carry is None or not len(carry["ts"]):
-        return new
-    rows = _concat(carry, new)
-    return _take(rows, np.argsort(rows["tidx"], kind="stable"))
-
-
 def _order(tidx: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Permutation sorting rows by (thread, start, longest first)."""
     if not len(ts):
         return np.zeros(0, np.int64)
     t0 = int(ts.min())
-    span, threads = int(ts.max()) - t0, int(tidx.max()) + 1
-    if span < 1 << 44 and threads < 1 << 19:  # one int64 key, a stable sort (timsort: runs are long)
-        key = (tidx << 44) | (ts - t0)
-        perm = np.argsort(key, kind="stable")
-        k = key[perm]
-        if not (k[1:] == k[:-1]).any():  # no two rows of a thread start together: dur plays no part
-            return perm
-    return np.lexsort((-dur, ts, tidx))
+    if int(ts.max()) - t0 >= 1 << 44 or int(tidx.max()) >= 1 << 19:
+        return np.lexsort((-dur, ts, tidx))
+    key = (tidx << 44) | (ts - t0)  # one int64 key, a stable sort (timsort: the runs are long)
+    perm = np.argsort(key, kind="stable")
+    k = key[perm]
+    eq = k[1:] == k[:-1]
+    if eq.any():  # rows of a thread starting together (few): longest first
+        pos = np.nonzero(np.r_[eq, False] | np.r_[False, eq])[0]
+        run = np.cumsum(np.r_[True, ~eq])[pos]
+        sub = perm[pos]
+        perm[pos] = sub[np.lexsort((-dur[sub], run))]
+    return perm
 
 
 class _Interned:
@@ -190,13 +189,13 @@ class _Interned:
 class ThreadTracks:
     """Writes the thread tracks' packets to ``f``: setup, then window after window.
 
-    ``labels``: the slice names the window SQL's ``label`` column codes (1-based), ``strings``:
-    the string args its ``kind`` and ``in_call`` columns code; ``threads``: (pid, tid) in
-    track order, ``flows_out``/``flows_in``: flow ids by event (pid, tid or None, timestamp, op)."""
+    The window SQL's codes (1-based, 0 none) index ``ops`` (op), ``preempted`` ("preempted by
+    <name> (<pid>)" per code of other) and ``strings`` (kind, in_call); ``threads``: (pid, tid)
+    in track order; ``flows_out``/``flows_in``: flow ids by event (pid, tid or None, timestamp, op)."""
 
     def __init__(self, f: BinaryIO, threads: list[tuple[int, int]], uuid_of, arg_iids: dict[str, int],
-                 base_ns: int, flows_out: dict, flows_in: dict, labels: list[str], strings: list[str],
-                 first_seq: int = 2) -> None:
+                 base_ns: int, flows_out: dict, flows_in: dict, ops: list[str], preempted: list[str],
+                 strings: list[str], first_seq: int = 2) -> None:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
         self.pb = pb
@@ -204,10 +203,15 @@ class ThreadTracks:
         self.arg_iids = arg_iids
         self.packets = 0
         self.events = 0
-        # names and string values: one iid each across the trace (label code k -> iid k)
-        self.labels = labels
-        self.names = [""] + labels + [DELAYED]
+        # names and string values: one iid each across the trace: the ops (op code k -> iid k),
+        # "blocked", the preempting processes, "delayed"
+        self.ops = ops
+        self.names = [""] + ops + ["blocked"] + preempted + [DELAYED]
+        self.blocked_iid = len(ops) + 1
         self.delayed_iid = len(self.names) - 1
+        self.op_class = np.array([SLICE_CUDA] + [SLICE_SCHED if o == "sched_switch" else
+                                                 INSTANT if o in ("page_fault", "block_io") else SLICE_CUDA
+                                                 for o in ops], np.uint8)
         self.strings = [""] + strings
         self.threads = threads
         self.seq = first_seq + np.arange(len(threads), dtype=np.int64)
@@ -247,34 +251,35 @@ class ThreadTracks:
     # -- rows ----------------------------------------------------------------
 
     def _rows(self, t: pa.Table) -> dict[str, np.ndarray]:
-        """One window's table as arrays, sorted by (thread, start, longest first)."""
+        """One window's table as arrays (in the table's order); names and args by op."""
         col = lambda name: t.column(name).to_numpy()  # noqa: E731  (the SQL leaves no NULLs)
         tid = col("tid").astype(np.int64)
         tidx = self.tid_order[np.searchsorted(self.tid_sorted, tid)]
         ts = col("timestamp").astype(np.int64, copy=False)
         dur = col("dur").astype(np.int64, copy=False)
-        perm = _order(tidx, ts, dur)
-        tidx, ts, dur = tidx[perm], ts[perm], dur[perm]
-        cls = col("cls")[perm]
-        label = col("label")[perm].astype(np.int64)
+        op = col("op").astype(np.int64)
+        cls = self.op_class[op]
         is_slice = cls != INSTANT
+        sched = cls == SLICE_SCHED
+        preempted = sched & col("preempted")
+        # off-CPU intervals: "preempted by <name> (<pid>)" or "blocked"; the others their op
+        name = np.where(sched, np.where(preempted, self.blocked_iid + col("other"), self.blocked_iid), op)
         n = len(ts)
         rows: dict[str, np.ndarray] = {
             "tidx": tidx, "ts": ts, "end": np.where(is_slice, ts + dur, ts), "is_slice": is_slice,
-            "name": label, "has": col("has")[perm].astype(np.uint8, copy=False),
+            "name": name, "has": col("has") & _CLASS_ARGS[cls],
+            "s_kind": np.where(preempted, 0, col("kind")).astype(np.int64),
+            "s_in_call": np.where(cls == INSTANT, col("in_call"), 0).astype(np.int64),
         }
         for _, c, _ in NUM_ARGS:
-            rows["v_" + c] = dur if c == "dur" else col(c)[perm].astype(np.int64, copy=False)
-        for _, c in STR_ARGS:
-            rows["s_" + c] = col(c)[perm].astype(np.int64)
+            rows["v_" + c] = dur if c == "dur" else col(c).astype(np.int64, copy=False)
         fout = np.zeros(n, np.int64)
         fin = np.zeros(n, np.int64)
         if len(self.flow_ts) and n:
             at = np.minimum(np.searchsorted(self.flow_ts, ts), len(self.flow_ts) - 1)
             for i in np.nonzero(self.flow_ts[at] == ts)[0].tolist():
                 pid, tid_ = self.threads[int(tidx[i])]
-                op = "sched_switch" if cls[i] == SLICE_SCHED else self.labels[int(label[i]) - 1]
-                key = (pid, tid_, int(ts[i]), op)
+                key = (pid, tid_, int(ts[i]), self.ops[int(op[i]) - 1])
                 if key in self.flows_out:
                     fout[i] = self._flow_bytes(_T_FLOW, self.flows_out[key])
                 if key in self.flows_in:
@@ -291,7 +296,8 @@ class ThreadTracks:
         """Write the markers of a window's rows before ``cutoff`` (None: the last window, everything)."""
         new = self._rows(t)
         self.events += len(new["ts"])
-        self._emit(_merge(self.carry, new), cutoff)
+        # rows carried from the last window (open slices) sort before the new rows of their thread
+        self._emit(new if self.carry is None else _concat(self.carry, new), cutoff)
 
     def finish(self) -> None:
         """Write what is still open (the last window was cut at its end)."""
@@ -308,8 +314,10 @@ class ThreadTracks:
         has_dly = is_slice & (rows["fin"] > 0) & ~rows["delayed"]
         end = np.where(fixed, rows["endc"], rows["end"])
         cut = _NO_CUTOFF if cutoff is None else cutoff
+        order = _order(rows["tidx"], rows["ts"], rows["v_dur"])
         markers = _markers_c if _wire is not None else _markers_numpy
-        endc, row, what, delta = markers(rows["tidx"], rows["ts"], end, is_slice, fixed, has_dly, cut, self.last_ts)
+        endc, row, what, delta = markers(order, rows["tidx"], rows["ts"], end, is_slice, fixed, has_dly, cut,
+                                         self.last_ts)
         if cutoff is not None:
             # rows whose end is not written stay open: carried with their begin (and delay mark) done
             open_ = is_slice & (endc >= cutoff)
@@ -462,20 +470,22 @@ class ThreadTracks:
         return pw.nested(_T_PACKET, packet)
 
 
-def _markers_c(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
+def _markers_c(order, tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
     """(clipped end per row, then per marker: row, what (0 begin/instant, 1 end, 2 delayed), time delta)."""
     n = len(ts)
     cap = 2 * n + int(has_dly.sum())
     endc = np.empty(n, np.int64)
     row, what, delta = np.empty(cap, np.int64), np.empty(cap, np.uint8), np.empty(cap, np.int64)
-    k = _wire.markers(np.ascontiguousarray(tidx, np.int64), np.ascontiguousarray(ts, np.int64),
-                      np.ascontiguousarray(end, np.int64), is_slice.view(np.uint8), fixed.view(np.uint8),
-                      has_dly.view(np.uint8), int(cutoff), last_ts, endc, row, what, delta)
+    k = _wire.markers(np.ascontiguousarray(order, np.int64), np.ascontiguousarray(tidx, np.int64),
+                      np.ascontiguousarray(ts, np.int64), np.ascontiguousarray(end, np.int64),
+                      is_slice.view(np.uint8), fixed.view(np.uint8), has_dly.view(np.uint8), int(cutoff),
+                      last_ts, endc, row, what, delta)
     return endc, row[:k], what[:k], delta[:k]
 
 
-def _markers_numpy(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
+def _markers_numpy(order, tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
     """The same as _markers_c, thread after thread: clip, then lexsort of (time, group, order)."""
+    tidx, ts, end, is_slice, fixed, has_dly = (x[order] for x in (tidx, ts, end, is_slice, fixed, has_dly))
     endc = np.empty(len(ts), np.int64)
     out = []
     starts = np.nonzero(np.r_[True, tidx[1:] != tidx[:-1]])[0]
@@ -494,10 +504,10 @@ def _markers_numpy(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
         zero = ec[e] == t[e]
         time = np.concatenate((t[b], ec[e], dly_t[d]))
         grp = np.concatenate((np.ones(len(b), np.int64), np.where(zero, 1, 0), np.ones(len(d), np.int64)))
-        order = np.concatenate((3 * idx[b], np.where(zero, 3 * idx[e] + 2, -idx[e]), 3 * idx[d] + 1))
-        row = np.concatenate((b, e, d)) + a
+        seq = np.concatenate((3 * idx[b], np.where(zero, 3 * idx[e] + 2, -idx[e]), 3 * idx[d] + 1))
+        row = order[np.concatenate((b, e, d)) + a]
         what = np.concatenate((np.zeros(len(b), np.uint8), np.ones(len(e), np.uint8), np.full(len(d), 2, np.uint8)))
-        srt = np.lexsort((order, grp, time))
+        srt = np.lexsort((seq, grp, time))
         time, row, what = time[srt], row[srt], what[srt]
         now = time < cutoff
         time, row, what = time[now], row[now], what[now]
@@ -505,6 +515,8 @@ def _markers_numpy(tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_ts):
             k = int(tidx[a])
             out.append((row, what, np.diff(time, prepend=last_ts[k])))
             last_ts[k] = time[-1]
+    endc_rows = np.empty(len(ts), np.int64)
+    endc_rows[order] = endc
     if not out:
-        return endc, np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64)
-    return (endc, *(np.concatenate(x) for x in zip(*out)))
+        return endc_rows, np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    return (endc_rows, *(np.concatenate(x) for x in zip(*out)))
