@@ -171,42 +171,47 @@ done:
 enum { MAXARGS = 8 };
 
 /* encode(row, what, delta, seq, is_slice, name, has, val, sval, ann_iids, vfields, delayed_iid,
- *        out_off, in_off, extra) -> bytes: one TracePacket per marker (see the top of the file);
+ *        fout, fin, xoff, extra) -> bytes: one TracePacket per marker (see the top of the file);
  *   a begin/instant (what 0) carries row's name, args (has: bit a = numeric arg a present;
- *   sval: string iids, 0 absent) and extra[out_off[row]:out_off[row+1]] (flow_ids); an end
- *   (what 1) only its type; a delayed instant (what 2) delayed_iid and
- *   extra[in_off[row]:in_off[row+1]] (terminating_flow_ids). */
+ *   sval: string iids, 0 absent) and its flow_ids, extra[xoff[f]:xoff[f + 1]] for f = fout[row];
+ *   an end (what 1) only its type; a delayed instant (what 2) delayed_iid and its
+ *   terminating_flow_ids, the same for f = fin[row] (entry 0: none). */
 static PyObject *encode(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o[14];
+    PyObject *o[15];
     long long delayed;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOLOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
-                          &o[8], &o[9], &o[10], &delayed, &o[11], &o[12], &o[13]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOLOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &delayed, &o[11], &o[12], &o[13], &o[14]))
         return NULL;
-    Py_buffer b[14];
+    Py_buffer b[15];
     int got = 0;
     PyObject *result = NULL;
     int64_t *te = NULL;
-    for (; got < 14; got++)
+    for (; got < 15; got++)
         if (PyObject_GetBuffer(o[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
     Py_ssize_t q = b[0].len / 8;              /* markers */
     Py_ssize_t n = b[3].len / 8;              /* rows */
     Py_ssize_t k = b[10].len;                 /* numeric args */
     Py_ssize_t m = b[9].len - k;              /* string args */
     if (b[1].len != q || b[2].len != q * 8 || b[4].len != n || b[5].len != n * 8 || b[6].len != n ||
-        b[7].len != k * n * 8 || m < 0 || b[8].len != m * n * 8 || b[11].len != (n + 1) * 8 ||
-        b[12].len != (n + 1) * 8 || k + m > MAXARGS || k > 8) {
+        b[7].len != k * n * 8 || m < 0 || b[8].len != m * n * 8 || b[11].len != n * 8 ||
+        b[12].len != n * 8 || b[13].len < 16 || b[13].len % 8 || k + m > MAXARGS || k > 8) {
         PyErr_SetString(PyExc_ValueError, "encode: arrays of inconsistent sizes");
         goto done;
     }
     const int64_t *row = b[0].buf, *delta = b[2].buf, *seq = b[3].buf, *name = b[5].buf;
     const uint8_t *what = b[1].buf, *is_slice = b[4].buf, *has = b[6].buf;
-    const int64_t *val = b[7].buf, *sval = b[8].buf, *ooff = b[11].buf, *ioff = b[12].buf;
-    const uint8_t *iid = b[9].buf, *vfield = b[10].buf, *extra = b[13].buf;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (ooff[i] < 0 || ooff[i + 1] < ooff[i] || ooff[i + 1] > b[13].len || ioff[i] < 0 ||
-            ioff[i + 1] < ioff[i] || ioff[i + 1] > b[13].len) {
+    const int64_t *val = b[7].buf, *sval = b[8].buf, *fout = b[11].buf, *fin = b[12].buf, *xoff = b[13].buf;
+    const uint8_t *iid = b[9].buf, *vfield = b[10].buf, *extra = b[14].buf;
+    Py_ssize_t nx = b[13].len / 8 - 1;  /* entries of the extra table */
+    for (Py_ssize_t f = 0; f < nx; f++)
+        if (xoff[f] < 0 || xoff[f + 1] < xoff[f] || xoff[f + 1] > b[14].len) {
             PyErr_SetString(PyExc_ValueError, "encode: extra offsets out of range");
+            goto done;
+        }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (fout[i] < 0 || fout[i] >= nx || fin[i] < 0 || fin[i] >= nx) {
+            PyErr_SetString(PyExc_ValueError, "encode: flow entry out of range");
             goto done;
         }
     for (Py_ssize_t i = 0; i < q; i++)
@@ -229,7 +234,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         if (w == 1) {
             body = 2;  /* type END */
         } else if (w == 2) {
-            body = 2 + 1 + vlen((uint64_t)delayed) + (ioff[i + 1] - ioff[i]);
+            body = 2 + 1 + vlen((uint64_t)delayed) + (xoff[fin[i] + 1] - xoff[fin[i]]);
         } else {
             body = 2;  /* type BEGIN or INSTANT */
             if (name[i]) body += 1 + vlen((uint64_t)name[i]);
@@ -237,7 +242,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                 if (has[i] >> a & 1) body += 2 + 2 + vkey[a] + vlen((uint64_t)val[a * n + i]);
             for (Py_ssize_t a = 0; a < m; a++)
                 if (sval[a * n + i]) body += 2 + 2 + skey + vlen((uint64_t)sval[a * n + i]);
-            body += ooff[i + 1] - ooff[i];
+            body += xoff[fout[i] + 1] - xoff[fout[i]];
         }
         te[j] = body;
         int64_t pkt = 1 + vlen((uint64_t)delta[j]) + 1 + vlen((uint64_t)seq[i]) + 1 + vlen((uint64_t)body) + body;
@@ -261,8 +266,8 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         if (w == 2) {
             *p++ = 3;                                                /* TYPE_INSTANT */
             p = key(p, 10, 0); p = put(p, (uint64_t)delayed);        /* name_iid */
-            int64_t x = ioff[i + 1] - ioff[i];
-            if (x) { memcpy(p, extra + ioff[i], (size_t)x); p += x; }
+            int64_t x = xoff[fin[i] + 1] - xoff[fin[i]];
+            if (x) { memcpy(p, extra + xoff[fin[i]], (size_t)x); p += x; }
             continue;
         }
         *p++ = is_slice[i] ? 1 : 3;                                  /* TYPE_SLICE_BEGIN / TYPE_INSTANT */
@@ -281,8 +286,8 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                 p = key(p, 1, 0); *p++ = iid[k + a];
                 p = key(p, 17, 0); p = put(p, v);                                /* string_value_iid */
             }
-        int64_t x = ooff[i + 1] - ooff[i];
-        if (x) { memcpy(p, extra + ooff[i], (size_t)x); p += x; }
+        int64_t x = xoff[fout[i] + 1] - xoff[fout[i]];
+        if (x) { memcpy(p, extra + xoff[fout[i]], (size_t)x); p += x; }
     }
     Py_END_ALLOW_THREADS
 done:

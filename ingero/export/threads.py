@@ -154,7 +154,7 @@ def _order(tidx: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     eq = k[1:] == k[:-1]
     if eq.any():  # rows of a thread starting together (few): longest first
         pos = np.nonzero(np.r_[eq, False] | np.r_[False, eq])[0]
-        run = np.cumsum(np.r_[True, ~eq])[pos]
+        run = np.cumsum(~np.r_[False, eq][pos])  # a new run where a row differs from the one before
         sub = perm[pos]
         perm[pos] = sub[np.lexsort((-dur[sub], run))]
     return perm
@@ -166,17 +166,18 @@ class _Interned:
     def __init__(self, threads: int, iids: int) -> None:
         self.width = iids + 1
         self.matrix = np.zeros(threads * self.width, bool) if threads * self.width <= _SENT_MATRIX_MAX else None
+        if self.matrix is not None:
+            self.matrix[::self.width] = True  # iid 0: no name or string, never sent
         self.sets: list[set[int]] = [set() for _ in range(threads)] if self.matrix is None else []
 
     def new(self, tidx: np.ndarray, iid: np.ndarray) -> dict[int, list[int]]:
         """The (thread, iid) pairs (iid > 0) not sent yet, now marked sent: thread -> sorted iids."""
-        keep = iid > 0
-        key = tidx[keep] * self.width + iid[keep]
+        key = tidx * self.width + iid
         if self.matrix is not None:
             key = np.unique(key[~self.matrix[key]])
             self.matrix[key] = True
         else:
-            key = np.unique(key)
+            key = np.unique(key[iid > 0])
             key = key[[int(k) % self.width not in self.sets[int(k) // self.width] for k in key]]
             for k in key.tolist():
                 self.sets[k // self.width].add(k % self.width)
@@ -218,6 +219,11 @@ class ThreadTracks:
         tids = np.array([t for _, t in threads], np.int64)
         self.tid_order = np.argsort(tids, kind="stable")
         self.tid_sorted = tids[self.tid_order]
+        # thread index by tid: a table while tids are small (pid_max is 4 M by default), else a search
+        self.tid_lut = None
+        if len(tids) and 0 <= tids.min() and tids.max() < 1 << 23:
+            self.tid_lut = np.zeros(int(tids.max()) + 1, np.int64)
+            self.tid_lut[tids] = np.arange(len(tids))
         self.last_ts = np.full(len(threads), base_ns, np.int64)  # time of each sequence's last packet
         self.names_sent = _Interned(len(threads), len(self.names))
         self.strings_sent = _Interned(len(threads), len(self.strings))
@@ -253,8 +259,8 @@ class ThreadTracks:
     def _rows(self, t: pa.Table) -> dict[str, np.ndarray]:
         """One window's table as arrays (in the table's order); names and args by op."""
         col = lambda name: t.column(name).to_numpy()  # noqa: E731  (the SQL leaves no NULLs)
-        tid = col("tid").astype(np.int64)
-        tidx = self.tid_order[np.searchsorted(self.tid_sorted, tid)]
+        tid = col("tid")
+        tidx = self.tid_lut[tid] if self.tid_lut is not None else self.tid_order[np.searchsorted(self.tid_sorted, tid)]
         ts = col("timestamp").astype(np.int64, copy=False)
         dur = col("dur").astype(np.int64, copy=False)
         op = col("op").astype(np.int64)
@@ -340,14 +346,18 @@ class ThreadTracks:
     # -- encoding ------------------------------------------------------------
 
     def _interned(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray) -> bytes:
-        """Packets interning the names and string args each sequence is sent for the first time."""
-        begun = ~rows["fixed"]  # every row not carried writes its begin in this window
-        tidx = rows["tidx"][begun]
+        """Packets interning the names and string args each sequence is sent for the first time
+        (of every row: a carried row's were sent when it began)."""
+        tidx = rows["tidx"]
+        names = self.names_sent.new(tidx, rows["name"])
         dly = row[what == 2]
-        names = self.names_sent.new(np.concatenate((tidx, rows["tidx"][dly])),
-                                    np.concatenate((rows["name"][begun], np.full(len(dly), self.delayed_iid))))
-        strings = self.strings_sent.new(np.concatenate([tidx] * len(STR_ARGS)),
-                                        np.concatenate([rows["s_" + c][begun] for _, c in STR_ARGS]))
+        if len(dly):
+            for k, v in self.names_sent.new(tidx[dly], np.full(len(dly), self.delayed_iid)).items():
+                names[k] = sorted({*names.get(k, ()), *v})
+        strings: dict[int, list[int]] = {}
+        for _, c in STR_ARGS:
+            for k, v in self.strings_sent.new(tidx, rows["s_" + c]).items():
+                strings[k] = sorted({*strings.get(k, ()), *v})
         if not names and not strings:
             return b""
         t = self.pb.Trace()
@@ -363,25 +373,6 @@ class ThreadTracks:
         self.packets += len(t.packet)
         return t.SerializeToString()
 
-    def _extras(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, bytes]:
-        """Offsets (n + 1) of each row's flow_ids and terminating_flow_ids in one byte string."""
-        n = len(rows["ts"])
-        out_off, in_off = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
-        fout, fin = rows["fout"], rows["fin"]
-        if not (fout.any() or fin.any()):
-            return out_off, in_off, b""
-        blob = bytearray()
-        for col, off in ((fout, out_off), (fin, in_off)):
-            sizes = np.zeros(n, np.int64)
-            base = len(blob)
-            for i in np.nonzero(col)[0].tolist():
-                x = self.flow_lists[int(col[i])]
-                sizes[i] = len(x)
-                blob += x
-            off[1:] = base + np.cumsum(sizes)
-            off[0] = base
-        return out_off, in_off, bytes(blob)
-
     def _encode_c(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray, delta: np.ndarray) -> bytes:
         n = len(rows["ts"])
         val = np.empty((len(NUM_ARGS), n), np.int64)
@@ -391,10 +382,11 @@ class ThreadTracks:
         for k, (_, c) in enumerate(STR_ARGS):
             sval[k] = rows["s_" + c]
         iids = bytes(self.arg_iids[x] for x, _, _ in NUM_ARGS) + bytes(self.arg_iids[x] for x, _ in STR_ARGS)
-        out_off, in_off, blob = self._extras(rows)
+        xoff = np.zeros(len(self.flow_lists) + 1, np.int64)
+        np.cumsum([len(x) for x in self.flow_lists], out=xoff[1:])
         return _wire.encode(row, what, delta, self.seq[rows["tidx"]], rows["is_slice"].view(np.uint8),
                             rows["name"], rows["has"], val, sval, iids, _NUM_FIELDS, self.delayed_iid,
-                            out_off, in_off, blob)
+                            rows["fout"], rows["fin"], xoff, b"".join(self.flow_lists))
 
     def _encode_numpy(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray,
                       delta: np.ndarray) -> bytes:
