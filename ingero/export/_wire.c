@@ -10,11 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline int vlen(uint64_t v) {
-    int n = 1;
-    while (v >= 0x80) { v >>= 7; n++; }
-    return n;
-}
+static inline int vlen(uint64_t v) { return 1 + (63 - __builtin_clzll(v | 1)) / 7; }
 
 static inline uint8_t *put(uint8_t *p, uint64_t v) {
     while (v >= 0x80) { *p++ = (uint8_t)(v | 0x80); v >>= 7; }
@@ -172,7 +168,9 @@ enum { MAXARGS = 8 };
 
 /* encode(row, what, delta, seq, is_slice, name, has, val, sval, ann_iids, vfields, delayed_iid,
  *        fout, fin, xoff, extra) -> bytes: one TracePacket per marker (see the top of the file);
- *   a begin/instant (what 0) carries row's name, args (has: bit a = numeric arg a present;
+ *   name, has, val, sval and fout cover the first rows only (the new ones); the others
+ *   (carried from the last window) write no begin.
+ *   A begin/instant (what 0) carries row's name, args (has: bit a = numeric arg a present;
  *   sval: string iids, 0 absent) and its flow_ids, extra[xoff[f]:xoff[f + 1]] for f = fout[row];
  *   an end (what 1) only its type; a delayed instant (what 2) delayed_iid and its
  *   terminating_flow_ids, the same for f = fin[row] (entry 0: none). */
@@ -190,11 +188,13 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     for (; got < 15; got++)
         if (PyObject_GetBuffer(o[got], &b[got], PyBUF_C_CONTIGUOUS) < 0) goto done;
     Py_ssize_t q = b[0].len / 8;              /* markers */
-    Py_ssize_t n = b[3].len / 8;              /* rows */
+    Py_ssize_t n = b[3].len / 8;              /* rows: seq, is_slice, fin */
+    Py_ssize_t nn = b[5].len / 8;             /* the new rows, first (name, has, val, sval, fout): carried
+                                                 rows write no begin */
     Py_ssize_t k = b[10].len;                 /* numeric args */
     Py_ssize_t m = b[9].len - k;              /* string args */
-    if (b[1].len != q || b[2].len != q * 8 || b[4].len != n || b[5].len != n * 8 || b[6].len != n ||
-        b[7].len != k * n * 8 || m < 0 || b[8].len != m * n * 8 || b[11].len != n * 8 ||
+    if (b[1].len != q || b[2].len != q * 8 || b[4].len != n || nn > n || b[6].len != nn ||
+        b[7].len != k * nn * 8 || m < 0 || b[8].len != m * nn * 8 || b[11].len != nn * 8 ||
         b[12].len != n * 8 || b[13].len < 16 || b[13].len % 8 || k + m > MAXARGS || k > 8) {
         PyErr_SetString(PyExc_ValueError, "encode: arrays of inconsistent sizes");
         goto done;
@@ -210,12 +210,12 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             goto done;
         }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (fout[i] < 0 || fout[i] >= nx || fin[i] < 0 || fin[i] >= nx) {
+        if ((i < nn && (fout[i] < 0 || fout[i] >= nx)) || fin[i] < 0 || fin[i] >= nx) {
             PyErr_SetString(PyExc_ValueError, "encode: flow entry out of range");
             goto done;
         }
     for (Py_ssize_t i = 0; i < q; i++)
-        if (row[i] < 0 || row[i] >= n || what[i] > 2) {
+        if (row[i] < 0 || row[i] >= n || what[i] > 2 || (what[i] == 0 && row[i] >= nn)) {
             PyErr_SetString(PyExc_ValueError, "encode: marker out of range");
             goto done;
         }
@@ -239,9 +239,9 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             body = 2;  /* type BEGIN or INSTANT */
             if (name[i]) body += 1 + vlen((uint64_t)name[i]);
             for (Py_ssize_t a = 0; a < k; a++)
-                if (has[i] >> a & 1) body += 2 + 2 + vkey[a] + vlen((uint64_t)val[a * n + i]);
+                if (has[i] >> a & 1) body += 2 + 2 + vkey[a] + vlen((uint64_t)val[a * nn + i]);
             for (Py_ssize_t a = 0; a < m; a++)
-                if (sval[a * n + i]) body += 2 + 2 + skey + vlen((uint64_t)sval[a * n + i]);
+                if (sval[a * nn + i]) body += 2 + 2 + skey + vlen((uint64_t)sval[a * nn + i]);
             body += xoff[fout[i] + 1] - xoff[fout[i]];
         }
         te[j] = body;
@@ -274,14 +274,14 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         if (name[i]) { p = key(p, 10, 0); p = put(p, (uint64_t)name[i]); }
         for (Py_ssize_t a = 0; a < k; a++)
             if (has[i] >> a & 1) {
-                uint64_t v = (uint64_t)val[a * n + i];
+                uint64_t v = (uint64_t)val[a * nn + i];
                 p = key(p, 4, 2); p = put(p, (uint64_t)(2 + vkey[a] + vlen(v)));  /* debug_annotations */
                 p = key(p, 1, 0); *p++ = iid[a];                                 /* name_iid */
                 p = key(p, vfield[a], 0); p = put(p, v);
             }
         for (Py_ssize_t a = 0; a < m; a++)
-            if (sval[a * n + i]) {
-                uint64_t v = (uint64_t)sval[a * n + i];
+            if (sval[a * nn + i]) {
+                uint64_t v = (uint64_t)sval[a * nn + i];
                 p = key(p, 4, 2); p = put(p, (uint64_t)(2 + skey + vlen(v)));
                 p = key(p, 1, 0); *p++ = iid[k + a];
                 p = key(p, 17, 0); p = put(p, v);                                /* string_value_iid */

@@ -67,6 +67,9 @@ NUM_ARGS = (("bytes", "bytes", _T_INT), ("stream", "stream", _T_UINT), ("ret", "
 _NUM_FIELDS = bytes(t[0] >> 3 for _, _, t in NUM_ARGS)
 # String args: (arg name, column of codes into the strings list; 0 = none)
 STR_ARGS = (("kind", "kind"), ("in_call", "in_call"))
+# What a row carried into the next window (a slice open at its end) still needs: its end and
+# delayed mark are left to write, not its begin (name and args)
+_CARRIED = ("tidx", "ts", "end", "is_slice", "fixed", "delayed", "fin", "v_dur")
 # The interned-iid sets of all sequences as one boolean matrix while it stays this small
 _SENT_MATRIX_MAX = 1 << 26
 
@@ -290,8 +293,7 @@ class ThreadTracks:
                     fout[i] = self._flow_bytes(_T_FLOW, self.flows_out[key])
                 if key in self.flows_in:
                     fin[i] = self._flow_bytes(_T_TERM_FLOW, self.flows_in[key])
-        rows.update(fout=fout, fin=fin, fixed=np.zeros(n, bool), delayed=np.zeros(n, bool),
-                    endc=np.zeros(n, np.int64))
+        rows.update(fout=fout, fin=fin, fixed=np.zeros(n, bool), delayed=np.zeros(n, bool))
         return rows
 
     def _flow_bytes(self, tag: bytes, ids: list[int]) -> int:
@@ -302,42 +304,54 @@ class ThreadTracks:
         """Write the markers of a window's rows before ``cutoff`` (None: the last window, everything)."""
         new = self._rows(t)
         self.events += len(new["ts"])
-        # rows carried from the last window (open slices) sort before the new rows of their thread
-        self._emit(new if self.carry is None else _concat(self.carry, new), cutoff)
+        self._emit(new, cutoff)
 
     def finish(self) -> None:
         """Write what is still open (the last window was cut at its end)."""
         if self.carry is not None:
-            self._emit(self.carry, None)
+            self._emit(None, None)
 
     # -- markers -------------------------------------------------------------
 
-    def _emit(self, rows: dict[str, np.ndarray], cutoff: int | None) -> None:
-        self.carry = None
-        if not len(rows["ts"]):
+    def _emit(self, new: dict[str, np.ndarray] | None, cutoff: int | None) -> None:
+        """The markers of the new rows and of those carried open from the last window (after them:
+        the sort puts them first in their thread, they began earlier)."""
+        carry, self.carry = self.carry, None
+        if carry is None:
+            rows = new
+        elif new is None:
+            rows = carry
+        else:
+            rows = {k: np.concatenate((new[k], carry[k])) for k in _CARRIED}
+        if rows is None or not len(rows["ts"]):
             return
         is_slice, fixed = rows["is_slice"], rows["fixed"]
         has_dly = is_slice & (rows["fin"] > 0) & ~rows["delayed"]
-        end = np.where(fixed, rows["endc"], rows["end"])
         cut = _NO_CUTOFF if cutoff is None else cutoff
         order = _order(rows["tidx"], rows["ts"], rows["v_dur"])
         markers = _markers_c if _wire is not None else _markers_numpy
-        endc, row, what, delta = markers(order, rows["tidx"], rows["ts"], end, is_slice, fixed, has_dly, cut,
-                                         self.last_ts)
+        # a carried row's end is the clipped one, fixed
+        endc, row, what, delta = markers(order, rows["tidx"], rows["ts"], rows["end"], is_slice, fixed, has_dly,
+                                         cut, self.last_ts)
         if cutoff is not None:
             # rows whose end is not written stay open: carried with their begin (and delay mark) done
             open_ = is_slice & (endc >= cutoff)
             if open_.any():
-                carry = _take(rows, open_)
-                carry["fixed"] = np.ones(int(open_.sum()), bool)
-                carry["endc"] = endc[open_]
-                dly_t = np.maximum(carry["ts"], carry["endc"] - 1)
-                carry["delayed"] = carry["delayed"] | (dly_t < cutoff) | (carry["fin"] == 0)
-                self.carry = carry
+                kept = {k: rows[k][open_] for k in _CARRIED}
+                kept["fixed"] = np.ones(int(open_.sum()), bool)
+                kept["end"] = endc[open_]
+                dly_t = np.maximum(kept["ts"], kept["end"] - 1)
+                kept["delayed"] = kept["delayed"] | (dly_t < cutoff) | (kept["fin"] == 0)
+                self.carry = kept
         if not len(row):
             return
-        head = self._interned(rows, row, what)
-        body = (self._encode_c if _wire is not None else self._encode_numpy)(rows, row, what, delta)
+        if new is None:
+            new = {k: np.zeros(0, np.int64) for k in ("name", "has", "fout", *(f"v_{c}" for _, c, _ in NUM_ARGS),
+                                                         *(f"s_{c}" for _, c in STR_ARGS))}
+            new["has"] = new["has"].astype(np.uint8)
+            new["tidx"] = new["name"]
+        head = self._interned(new, rows, row, what)
+        body = (self._encode_c if _wire is not None else self._encode_numpy)(new, rows, row, what, delta)
         if head:
             self.f.write(head)
         self.f.write(body)
@@ -345,18 +359,18 @@ class ThreadTracks:
 
     # -- encoding ------------------------------------------------------------
 
-    def _interned(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray) -> bytes:
+    def _interned(self, new: dict[str, np.ndarray], rows: dict[str, np.ndarray], row: np.ndarray,
+                  what: np.ndarray) -> bytes:
         """Packets interning the names and string args each sequence is sent for the first time
-        (of every row: a carried row's were sent when it began)."""
-        tidx = rows["tidx"]
-        names = self.names_sent.new(tidx, rows["name"])
+        (of the new rows: a carried row's were sent when it began; and "delayed")."""
+        names = self.names_sent.new(new["tidx"], new["name"])
         dly = row[what == 2]
         if len(dly):
-            for k, v in self.names_sent.new(tidx[dly], np.full(len(dly), self.delayed_iid)).items():
+            for k, v in self.names_sent.new(rows["tidx"][dly], np.full(len(dly), self.delayed_iid)).items():
                 names[k] = sorted({*names.get(k, ()), *v})
         strings: dict[int, list[int]] = {}
         for _, c in STR_ARGS:
-            for k, v in self.strings_sent.new(tidx, rows["s_" + c]).items():
+            for k, v in self.strings_sent.new(new["tidx"], new["s_" + c]).items():
                 strings[k] = sorted({*strings.get(k, ()), *v})
         if not names and not strings:
             return b""
@@ -373,25 +387,29 @@ class ThreadTracks:
         self.packets += len(t.packet)
         return t.SerializeToString()
 
-    def _encode_c(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray, delta: np.ndarray) -> bytes:
-        n = len(rows["ts"])
-        val = np.empty((len(NUM_ARGS), n), np.int64)
+    def _encode_c(self, new: dict[str, np.ndarray], rows: dict[str, np.ndarray], row: np.ndarray,
+                  what: np.ndarray, delta: np.ndarray) -> bytes:
+        m = len(new["name"])
+        val = np.empty((len(NUM_ARGS), m), np.int64)
         for k, (_, c, _) in enumerate(NUM_ARGS):
-            val[k] = rows["v_" + c]
-        sval = np.empty((len(STR_ARGS), n), np.int64)
+            val[k] = new["v_" + c]
+        sval = np.empty((len(STR_ARGS), m), np.int64)
         for k, (_, c) in enumerate(STR_ARGS):
-            sval[k] = rows["s_" + c]
+            sval[k] = new["s_" + c]
         iids = bytes(self.arg_iids[x] for x, _, _ in NUM_ARGS) + bytes(self.arg_iids[x] for x, _ in STR_ARGS)
         xoff = np.zeros(len(self.flow_lists) + 1, np.int64)
         np.cumsum([len(x) for x in self.flow_lists], out=xoff[1:])
         return _wire.encode(row, what, delta, self.seq[rows["tidx"]], rows["is_slice"].view(np.uint8),
-                            rows["name"], rows["has"], val, sval, iids, _NUM_FIELDS, self.delayed_iid,
-                            rows["fout"], rows["fin"], xoff, b"".join(self.flow_lists))
+                            new["name"], new["has"], val, sval, iids, _NUM_FIELDS, self.delayed_iid,
+                            new["fout"], rows["fin"], xoff, b"".join(self.flow_lists))
 
-    def _encode_numpy(self, rows: dict[str, np.ndarray], row: np.ndarray, what: np.ndarray,
-                      delta: np.ndarray) -> bytes:
+    def _encode_numpy(self, new: dict[str, np.ndarray], rows: dict[str, np.ndarray], row: np.ndarray,
+                      what: np.ndarray, delta: np.ndarray) -> bytes:
         """The same bytes as _wire.encode.  Packets with the same fields (a signature) are encoded
         together, so each group's matrix is only as wide as its own fields, then put back in order."""
+        n, m = len(rows["ts"]), len(new["name"])  # new rows first, then carried (no begin: no name, args)
+        rows = {**rows, **{k: np.concatenate((v, np.zeros(n - m, v.dtype))) for k, v in new.items()
+                           if k not in _CARRIED}}
         opens, dly = what == 0, what == 2
         a = {"seq": self.seq[rows["tidx"][row]], "delta": delta,
              "typ": np.where(opens, np.where(rows["is_slice"][row], BEGIN, INSTANT_T), np.where(dly, INSTANT_T, END)),
