@@ -290,6 +290,10 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         if (x) { memcpy(p, extra + xoff[fout[i]], (size_t)x); p += x; }
     }
     Py_END_ALLOW_THREADS
+    if (p != (uint8_t *)PyBytes_AS_STRING(result) + total) {  /* the two passes disagree: a bug here */
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_SystemError, "encode: sized and written bytes differ");
+    }
 done:
     PyMem_Free(te);
     for (int j = 0; j < got; j++) PyBuffer_Release(&b[j]);

@@ -275,7 +275,10 @@ class ThreadTracks:
         name = np.where(sched, np.where(preempted, self.blocked_iid + col("other"), self.blocked_iid), op)
         n = len(ts)
         rows: dict[str, np.ndarray] = {
-            "tidx": tidx, "ts": ts, "end": np.where(is_slice, ts + dur, ts), "is_slice": is_slice,
+            "tidx": tidx, "ts": ts, "is_slice": is_slice,
+            # a negative duration (clock skew between probes) ends the slice where it begins:
+            # a sequence's incremental clock cannot run back
+            "end": np.where(is_slice, ts + np.maximum(dur, 0), ts),
             "name": name, "has": col("has") & _CLASS_ARGS[cls],
             "s_kind": np.where(preempted, 0, col("kind")).astype(np.int64),
             "s_in_call": np.where(cls == INSTANT, col("in_call"), 0).astype(np.int64),

@@ -280,3 +280,20 @@ def test_c_markers_equal_the_numpy_markers_on_random_rows() -> None:
             rows = order[tidx[order] == k]
             stack = _clip_stack(ts[rows], end[rows], is_slice[rows], fixed[rows])
             assert np.array_equal(got[0][rows][is_slice[rows]], stack[is_slice[rows]])
+
+
+def test_a_negative_duration_is_a_zero_length_slice(tmp_path: Path) -> None:
+    """Clock skew between probes can store an end before the start: the slice ends where it
+    begins (a sequence's incremental clock cannot run back), its neighbours are unchanged."""
+    db = make_db(tmp_path / "neg.duckdb")
+    con = duckdb.connect(str(db))
+    ts = con.execute("SELECT min(timestamp) FROM events WHERE op = 'cudaStreamSync'").fetchone()[0]
+    con.execute("UPDATE events SET duration_ns = -5000 WHERE op = 'cudaStreamSync' AND timestamp = $t", {"t": ts})
+    lo, hi = con.execute("SELECT min(timestamp), max(timestamp + greatest(duration_ns, 0)) FROM events").fetchone()
+    n = con.execute("SELECT count(*) FROM events WHERE op NOT IN ('page_fault', 'block_io')").fetchone()[0]
+    con.close()
+    d = decode(_export(db, tmp_path / "neg.pftrace"))
+    slices = _thread_slices(d)
+    assert len(slices) == n
+    assert [(s.ts, s.end) for s in slices if s.ts == ts and s.name == "cudaStreamSync"] == [(ts, ts)]
+    assert all(lo <= s.ts <= s.end <= hi for s in slices)
