@@ -297,3 +297,11 @@ def test_a_negative_duration_is_a_zero_length_slice(tmp_path: Path) -> None:
     assert len(slices) == n
     assert [(s.ts, s.end) for s in slices if s.ts == ts and s.name == "cudaStreamSync"] == [(ts, ts)]
     assert all(lo <= s.ts <= s.end <= hi for s in slices)
+
+
+def test_interned_sets_without_the_matrix_write_the_same_bytes(db: Path, tmp_path: Path, monkeypatch) -> None:
+    """Past _SENT_MATRIX_MAX (threads x names) which iids a sequence was sent is kept in sets:
+    the same packets."""
+    whole = _export(db, tmp_path / "matrix.pftrace").read_bytes()
+    monkeypatch.setattr(threads, "_SENT_MATRIX_MAX", 0)
+    assert _export(db, tmp_path / "sets.pftrace").read_bytes() == whole
