@@ -11,7 +11,7 @@ The box is shared (2 cores, load 5-20 from other jobs): beside the wall time it
 prints the child's CPU time (user + system, all its threads) and events per
 CPU-second, the rate a quiet core would give, and the load average at each run.
 
-    python -m bench.bench_export                  # 1 M events
+    python -m bench.bench_export                  # 10 M events (the targets are for 10 M)
     python -m bench.bench_export --sizes 1e6,1e7 --dir /tmp/ingero-bench --keep
     python -m bench.bench_export --sizes 1e7 --only perfetto --repeat 3
 """
@@ -75,7 +75,7 @@ def run_one(db: Path, args: list[str], out: Path) -> tuple[float, int, int, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1e6", help="comma-separated event counts")
+    ap.add_argument("--sizes", default="1e7", help="comma-separated event counts")
     ap.add_argument("--dir", default="/tmp/ingero-bench-export")
     ap.add_argument("--keep", action="store_true", help="reuse an existing DB file of the right size")
     ap.add_argument("--only", choices=[r[0] for r in RUNS], help="run one export only")
