@@ -47,7 +47,8 @@ if ! "$VENV/bin/python" -c "import bcc" 2>/dev/null; then
     "$SYS_PY" -m venv --system-site-packages "$VENV"
 fi
 stamp="$VENV/.ingero-deps"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# setup.py and ingero/export/_wire.c: the export's C part, built by this install (editable: in place)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ ingero/export/_wire.c -nt "$stamp" ]; then
     say "installing Python dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
     "$VENV/bin/python" -c "import duckdb, pyarrow, numpy, click, rich, psutil, bcc" 
