@@ -233,3 +233,47 @@ CREATE TABLE IF NOT EXISTS ranks (
     local_rank INTEGER,          -- LOCAL_RANK ('env')
     job VARCHAR                  -- TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else MASTER_ADDR:MASTER_PORT ('env'); NULL for 'nccl' rows
 );
+
+-- ---- Per-second summaries (schema 11): what explain reads instead of raw events.
+-- One row per (session, second, process, thread, op and its keys) written by
+-- the tracer once per flush for the rows that flush stored; a second that
+-- spans two flushes (or receives a late row: an off-CPU interval is stored
+-- when it ends, a call when it returns) has several rows with the same keys,
+-- and every column adds up: read them with sum() (the histogram by bucket).
+-- A session without rows here (imported, recorded before schema 11) is
+-- summarised on the fly by explain, with the same SQL (analyze/summaries.py).
+-- Durations are binned on a fixed log scale, 16 buckets per power of two:
+-- bucket b holds durations d with floor(16 * log2(d)) = b (bucket -1: d <= 0),
+-- so any quantile over merged rows is within 2.2% of the exact one.
+CREATE TABLE IF NOT EXISTS windows (
+    session_id INTEGER,
+    start_ns BIGINT NOT NULL,    -- start of the 1 s window: a whole epoch second, in ns
+    pid INTEGER,                 -- process id (tgid); block_io: the issuer
+    tid INTEGER,                 -- thread id; NULL for block_io
+    op VARCHAR NOT NULL,         -- events.op: a CUDA call, sched_switch, page_fault, block_io
+    kind VARCHAR,                -- events.kind (copy direction; sched_switch: preempted/sleep/io/other; block_io: read/write/...)
+    in_call VARCHAR,             -- sched_switch, page_fault: events.in_call (the CUDA call the thread was inside)
+    queued BOOLEAN,              -- sched_switch: events.queued
+    other_pid INTEGER,           -- sched_switch: events.other_pid (who ran instead)
+    events_n BIGINT,             -- rows of events summarised (calls, off-CPU intervals, faults, requests)
+    duration_ns BIGINT,          -- sum of events.duration_ns (whole intervals, counted in the second they start in)
+    overflow_ns BIGINT,          -- sched_switch: the part of those off-CPU intervals past the end of this second (at most one interval per thread crosses it)
+    runq_ns BIGINT,              -- sched_switch: sum of events.runq_ns
+    bytes BIGINT,                -- sum of events.bytes
+    small_copy_n BIGINT,         -- CUDA calls moving at most 1 KiB (scalar read-backs)
+    max_duration_ns BIGINT,      -- longest events.duration_ns
+    duration_hist_bucket SMALLINT[],  -- CUDA calls other than launches, block_io: log-scale buckets present (see above), ascending
+    duration_hist_n INTEGER[]         -- events in each of those buckets
+);
+
+-- Preempted waits that delayed a device wait's return (schema 11): one row per
+-- off-CPU interval, switched out while runnable inside a sync, that ended at most
+-- 50 us before the sync returned (explain's cpu-contention lateness estimate).
+CREATE TABLE IF NOT EXISTS window_late_waits (
+    session_id INTEGER,
+    start_ns BIGINT NOT NULL,    -- the 1 s window the interval starts in (a whole epoch second, in ns)
+    pid INTEGER,
+    tid INTEGER,
+    preempted_ns BIGINT,         -- the interval's length (events.duration_ns)
+    since_call_ns BIGINT         -- from the start of the sync call to the end of the interval
+);

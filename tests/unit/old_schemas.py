@@ -15,6 +15,7 @@ from ingero.store.db import schema_sql
 IMPORT_V7 = "-- ---- Imported traces (schema 7)"
 HISTORY_V9 = "-- What each process was called over time"
 RANKS_V10 = "-- Which rank of which job each traced process is"
+WINDOWS_V11 = "-- ---- Per-second summaries (schema 11)"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -39,8 +40,13 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 9), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 11 added windows and window_late_waits (appended at the end)
+    assert sql.count(WINDOWS_V11) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(WINDOWS_V11)]
+    if version >= 10:
+        return sql
     # 10 added ranks (appended at the end) and events.comm, events.peer
     assert sql.count(RANKS_V10) == 1, "schema.sql changed shape: update this fixture"
     sql = sql[: sql.index(RANKS_V10)]
