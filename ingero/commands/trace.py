@@ -92,6 +92,9 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    from ingero.commands.summaries_hook import SummaryHook
+
+    opts.hooks.append(SummaryHook())  # explain reads the per-second summaries it writes
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
