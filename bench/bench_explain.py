@@ -15,6 +15,15 @@ for compression), which lets explain's scans skip whole vectors of other ops;
     python bench/bench_explain.py                 # 1 M and 10 M
     python bench/bench_explain.py --sizes 1e6 --repeat 5 --dir /tmp/ingero-bench
     python -m bench.bench_explain --sizes 1e7 --keep --statements   # + where the time goes
+    python -m bench.bench_explain --sizes 1e6 --big 0        # skip the 1 B-event store
+
+Each size is measured twice: a store without per-second summaries (an imported
+session or one recorded before schema 11: explain summarises its range on the
+fly) and one with them, written chunk by chunk as the tracer's hook writes them
+per flush.  ``--big N`` (default 1e9) then builds one N-event store at a daemon's
+10 k events/s (1e9: 27.8 h) with summaries and times `explain --since 120s` and
+`--since 24h` (864 M events in range) on it; it needs ~9.5 B per event of disk,
+checked first, and is deleted afterwards unless --keep.
 
 ``--statements`` also prints, per size, the best-of-N wall and CPU time of
 every SQL statement explain runs (window tables by name, rules by module), so
@@ -114,17 +123,22 @@ class CallState:
         return in_call, queued
 
 
-def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float:
+def build(path: Path, n: int, seed: int = 0, interleaved: bool = False, summarise: bool = False,
+          rate: int = EVENTS_PER_S, only_summaries: bool = False) -> float:
     """Write an n-event DB at path; returns seconds taken.
 
     Rows are stored as the tracer stores them (each flush grouped by op);
     ``interleaved`` keeps plain time order across ops instead, a layout the
-    tracer never writes: the worst case for explain's scans."""
+    tracer never writes: the worst case for explain's scans.  ``summarise``:
+    also write the per-second summaries of each appended chunk, as the tracer's
+    hook does per flush (analyze/summaries.py, the same SQL); ``only_summaries``:
+    write the summaries of the generated events but not the events themselves
+    (a day of summaries without a day of raw rows to store)."""
     t = time.perf_counter()
     if path.exists():
         path.unlink()
     rng = np.random.default_rng(seed)
-    span_ns = int(n / EVENTS_PER_S * NS)
+    span_ns = int(n / rate * NS)
     store = Store.open(path)
     store.con.execute(
         "INSERT INTO sessions (session_id, started_ns, ended_ns, status, events, ncpu)"
@@ -132,6 +146,8 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
         {"t0": T0, "t1": T0 + span_ns, "n": n},
     )
     chunk = 2_000_000
+    if summarise or only_summaries:
+        from ingero.analyze import summaries
     shares = np.array([m[2] for m in MIX])
     shares /= shares.sum()
     state = CallState()
@@ -180,7 +196,12 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
             "in_call": pa.array(np.where(in_call >= 0, op_names[np.maximum(in_call, 0)], None), type=pa.string()),
             "queued": pa.array(queued == 1, mask=queued < 0),
         })
-        store.append("events", table)
+        if not only_summaries:
+            store.append("events", table)
+        if summarise or only_summaries:
+            store.con.register("_chunk", table)
+            summaries.summarise(store.con, "_chunk", session_id=1, stored="_chunk" if only_summaries else "events")
+            store.con.unregister("_chunk")
     secs = span_ns // NS + 1
     sample_ts = T0 + (np.arange(secs) + 1) * NS
     store.append("system_metrics", pa.table({
@@ -251,8 +272,8 @@ class _TimedConnection:
         return getattr(self._con, name)
 
 
-def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None
-                 ) -> tuple[list[float], list[float], int]:
+def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None,
+                 opts: Options | None = None) -> tuple[list[float], list[float], int]:
     """Wall and CPU seconds of each run (CPU time: this machine is shared, wall time is noisy).
     With ``statements``, fills it with the best (over runs) wall and CPU seconds per statement label."""
     times, cpus = [], []
@@ -262,7 +283,7 @@ def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | N
         spent: dict[str, list[float]] = {}
         con = _TimedConnection(store.con, spent) if statements is not None else store.con
         c, t = _cpu_s(), time.perf_counter()
-        report = explain(con, Options())
+        report = explain(con, opts or Options())
         times.append(time.perf_counter() - t)
         cpus.append(_cpu_s() - c)
         chains = len(report.chains)
@@ -292,30 +313,72 @@ def main() -> None:
     ap.add_argument("--statements", action="store_true", help="also time every SQL statement of explain")
     ap.add_argument("--interleaved", action="store_true",
                     help="store rows in time order across ops (the tracer groups each flush by op): worst case")
+    ap.add_argument("--big", default="1e9", help="events of the long store (0: skip it)")
     args = ap.parse_args()
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     per_statement = {}
     for size in (int(float(s)) for s in args.sizes.split(",")):
-        path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}.duckdb"
-        built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved)
-        statements: dict[str, list[float]] | None = {} if args.statements else None
-        times, cpus, chains = time_explain(path, args.repeat, statements)
-        rows.append((size, built, min(times), statistics.median(times), min(cpus), chains, path.stat().st_size))
-        per_statement[size] = statements
+        for summarise in (False, True):
+            path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}{'-summaries' if summarise else ''}.duckdb"
+            built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved,
+                                                                      summarise=summarise)
+            statements: dict[str, list[float]] | None = {} if args.statements else None
+            times, cpus, chains = time_explain(path, args.repeat, statements)
+            rows.append((size, summarise, built, min(times), statistics.median(times), min(cpus), chains,
+                         path.stat().st_size))
+            per_statement[(size, summarise)] = statements
     load = os.getloadavg()[0]
     layout = "time order across ops (worst case)" if args.interleaved else "each flush grouped by op, as the tracer stores"
     print(f"explain over N stored events ({os.cpu_count()} CPUs, load {load:.1f}, best of {args.repeat} runs, "
           f"read-only file DB; rows: {layout})\n")
-    print("| events | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for size, built, best, med, cpu, chains, nbytes in rows:
-        print(f"| {size:,} | {built:.1f} | {best:.3f} | {med:.3f} | {cpu:.3f} | {best / size * 1e9:.0f} | "
-              f"{chains} | {nbytes / 1e6:.0f} |")
-    for size, statements in per_statement.items():
+    print("| events | summaries | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for size, summarise, built, best, med, cpu, chains, nbytes in rows:
+        print(f"| {size:,} | {'stored' if summarise else 'on the fly'} | {built:.1f} | {best:.3f} | {med:.3f} | "
+              f"{cpu:.3f} | {best / size * 1e9:.0f} | {chains} | {nbytes / 1e6:.0f} |")
+    for (size, summarise), statements in per_statement.items():
         if statements is not None:
             print_statements(size, statements)
+    big = int(float(args.big))
+    if big:
+        big_store(out, big, args)
+
+
+DAEMON_EVENTS_PER_S = 10_000  # the issue's always-on daemon: 864 M events a day
+BYTES_PER_EVENT_ROOM = 9.5
+
+
+def big_store(out: Path, n: int, args: argparse.Namespace) -> None:
+    """`explain --since 120s` and `--since 24h` on an n-event store written at 10 k events/s."""
+    import shutil
+
+    path = out / f"explain-big-{n}.duckdb"
+    free = shutil.disk_usage(out).free
+    if not (args.keep and path.exists()) and free < n * BYTES_PER_EVENT_ROOM * 1.3:
+        print(f"\n(skipped the {n:,}-event store: {free / 1e9:.0f} GB free, it needs ~{n * BYTES_PER_EVENT_ROOM / 1e9:.0f} GB)")
+        return
+    c0 = resource.getrusage(resource.RUSAGE_SELF)
+    built = 0.0 if (args.keep and path.exists()) else build(path, n, summarise=True, rate=DAEMON_EVENTS_PER_S)
+    c1 = resource.getrusage(resource.RUSAGE_SELF)
+    build_cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+    size = path.stat().st_size
+    print(f"\nexplain on a {n:,}-event store ({n / DAEMON_EVENTS_PER_S / 3600:.1f} h at {DAEMON_EVENTS_PER_S:,} "
+          f"events/s, with summaries; built in {built:.0f} s, {build_cpu:.0f} s CPU; {size / 1e9:.1f} GB, "
+          f"{size / n:.2f} B/event; load {os.getloadavg()[0]:.1f}, best of {args.repeat})\n")
+    print("| range | events in range | explain wall min s | wall median s | CPU s (min) | chains |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, since in (("--since 120s", 120.0), ("--since 24h", 86400.0)):
+        statements: dict[str, list[float]] | None = {} if args.statements else None
+        times, cpus, chains = time_explain(path, args.repeat, statements, Options(since_s=since))
+        in_range = min(n, int(since * DAEMON_EVENTS_PER_S))
+        print(f"| {label} | {in_range:,} | {min(times):.3f} | {statistics.median(times):.3f} | {min(cpus):.3f} | "
+              f"{chains} |", flush=True)
+        if statements:
+            print_statements(in_range, statements)
+    if not args.keep:
+        path.unlink()
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class Context:
     # (or the requested start, when later) to the last; a window's wall clock is its part of it.
     covered_start_ns: int | None = None
     covered_end_ns: int | None = None
+    # start_ns and end_ns are whole seconds (windows are sets of per-second summaries); False
+    # for an explicit --from / --to off whole seconds, an exact range only raw rows can give
+    aligned: bool = True
 
     def __post_init__(self) -> None:
         if self.covered_start_ns is None:
@@ -144,8 +147,12 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
     # Windows are whole seconds aligned to epoch seconds, so each is a set of whole
     # per-second summaries: the range grows to the seconds around it (the wall clock
     # of its first and last window is what the data can cover of them).
+    # An explicit --from / --to between whole seconds is taken as given: only the raw rows
+    # can answer it (windows.build reads them then).
+    aligned = not ((opts.to_ns is not None and opts.to_ns % NS) or (opts.from_ns is not None and opts.from_ns % NS))
     covered_end = end
-    end = -(-end // NS) * NS
+    if aligned:
+        end = -(-end // NS) * NS
     if opts.from_ns is not None:
         start = int(opts.from_ns)
     elif opts.since_s is not None:
@@ -184,6 +191,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         whole_session=opts.since_s is None and opts.from_ns is None and opts.to_ns is None,
         covered_start_ns=covered_start,
         covered_end_ns=covered_end,
+        aligned=aligned,
     )
 
 

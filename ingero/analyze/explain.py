@@ -108,6 +108,12 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
             "cpu-contention, launch-bound, io-stall and memory-pressure cannot be judged here (trace the "
             "job with `ingero trace` for them)"
         )
+    if "calls_from_ns" in ctx.extra:
+        minutes = (ctx.end_ns - ctx.extra["calls_from_ns"]) / 60e9
+        report.notes.append(
+            f"device activity and steps were inferred from the last {minutes:.0f} min of the range "
+            "(they read the raw calls); the chains cover all of it"
+        )
     if not report.analysed.cuda_events:
         report.notes.append("no CUDA calls in this range: only host events were analysed")
     if ctx.drops_kernel or ctx.drops_user:

@@ -489,9 +489,12 @@ def build(ctx: Context, source: str = "summaries") -> None:
     ``source``: "summaries" (the per-second summaries: stored by the tracer, or
     made on the fly from the events with the same SQL when the session has
     none) or "events" (one pass over the raw rows: the reference the summaries
-    are tested against)."""
+    are tested against; also what a range off whole seconds, an explicit
+    --from / --to, is built from)."""
     if source not in ("summaries", "events"):
         raise ValueError(f"unknown source {source!r}")
+    if not ctx.aligned:  # a range off whole seconds: summaries cannot split a second
+        source = "events"
     p = ctx.params(
         launch_ops=LAUNCH_OPS,
         sync_ops=SYNC_OPS,

@@ -144,3 +144,43 @@ def test_quantile_bound():
         est = dict(con.execute(summaries.hist_quantile_sql("h", "g", q)).fetchall())
         for g, x in exact.items():
             assert abs(est[g] - x) <= summaries.QUANTILE_REL_ERROR * x + 1e-9, (q, g, x, est[g])
+
+
+def _summary_rows(con, table: str) -> list:
+    return sorted(con.execute(
+        f"SELECT start_ns, pid, tid, op, kind, in_call, queued, other_pid, sum(events_n), sum(duration_ns), "
+        f"sum(overflow_ns), sum(runq_ns), sum(bytes), sum(small_copy_n), max(max_duration_ns), min(first_ns), "
+        f"max(last_ns) FROM {table} GROUP BY ALL").fetchall(), key=repr)
+
+
+@pytest.mark.parametrize("break_tail", [False, True], ids=["table-tail", "arrow"])
+def test_hook_writes_per_flush_what_the_fallback_makes(break_tail):
+    """The trace's hook, flush by flush (read back from the table's last rows, or from the flush's
+    Arrow table when those are not the flush's), against the on-the-fly summaries of the same rows."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bench.bench_ingest import _realistic
+    from ingero.collect import decode
+    from ingero.commands.summaries_hook import SummaryHook
+
+    store = Store.memory()
+    offset = 1_700_000_000 * 10**9
+    recs = _realistic(60_000)
+    sess = SimpleNamespace(session_id=1, offset_ns=offset, stream_ops=decode.REGISTER_STREAM_OPS, store=store)
+    hook = SummaryHook()
+    for i in range(0, len(recs), 7_000):
+        batch = decode.storage_order(recs[i : i + 7_000])
+        store.append("events", decode.events_table(batch, session_id=1, offset_ns=offset))
+        if break_tail:  # another writer's row after the flush: the tail is no longer the flush's
+            store.con.execute("INSERT INTO events (session_id, timestamp, pid, op) VALUES (2, 1, 1, 'proc_exit')")
+        hook.on_flush(sess, batch, 0.0)
+    assert (hook.from_table, hook.from_arrow) == ((0, 9) if break_tail else (9, 0))
+    summaries.on_the_fly(store.con, "events", 1, summaries.ALL_T0, summaries.ALL_T1)
+    assert _summary_rows(store.con, "windows") == _summary_rows(store.con, summaries.TEMP_WINDOWS)
+    n = store.con.execute("SELECT sum(events_n) FROM windows").fetchone()[0]
+    assert n == len(recs) and np.all(recs["op"] < 255)
+    late = "SELECT list_sort(list((start_ns, tid, preempted_ns, since_call_ns))) FROM "
+    assert store.con.execute(late + "window_late_waits").fetchone() == store.con.execute(
+        late + summaries.TEMP_LATE).fetchone()
