@@ -43,6 +43,22 @@ CREATE TABLE IF NOT EXISTS sessions (
     notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
 );
 
+-- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
+-- list equal to ops.py's).  Sorted, so ORDER BY op orders as text does; compared,
+-- matched (LIKE), grouped and selected as text: op = 'sched_switch' and a name that
+-- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
+-- schema 11 keeps VARCHAR columns (the migration does not rewrite events).
+CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
+    'bench', 'block_io', 'cuCtxSynchronize', 'cuGraphLaunch', 'cuLaunchKernel', 'cuMemAlloc',
+    'cuMemFree', 'cuMemcpy', 'cuMemcpyAsync', 'cuStreamSynchronize', 'cudaDeviceSync',
+    'cudaEventSync', 'cudaFree', 'cudaGraphLaunch', 'cudaHostRegister', 'cudaLaunchKernel',
+    'cudaMalloc', 'cudaMallocHost', 'cudaMemcpy', 'cudaMemcpyAsync', 'cudaStreamSync',
+    'ncclAllGather', 'ncclAllReduce', 'ncclBroadcast', 'ncclCommAbort', 'ncclCommDestroy',
+    'ncclCommInitAll', 'ncclCommInitRank', 'ncclCommInitRankConfig', 'ncclCommSplit',
+    'ncclGroupEnd', 'ncclGroupStart', 'ncclRecv', 'ncclReduce', 'ncclReduceScatter', 'ncclSend',
+    'nccl_ext', 'none', 'page_fault', 'proc_exec', 'proc_exit', 'sched_switch'
+);
+
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
 -- a page fault, a block I/O request.  The table users query most.
 CREATE TABLE IF NOT EXISTS events (
@@ -51,7 +67,7 @@ CREATE TABLE IF NOT EXISTS events (
     duration_ns BIGINT,          -- call time; off-CPU time (sched_switch); request latency (block_io)
     pid INTEGER NOT NULL,        -- process id (tgid)
     tid INTEGER,                 -- thread id
-    op VARCHAR NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
+    op OP_NAME NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
     kind VARCHAR,                -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
     bytes BIGINT,                -- bytes copied / allocated / transferred
     stream UBIGINT,              -- cudaStream_t / CUstream (0 is the legacy default stream): cudaMemcpyAsync, cudaStreamSync, cudaGraphLaunch, cuMemcpyAsync, cuStreamSynchronize; kernel launches (cudaLaunchKernel, cuLaunchKernel) only when traced with `ingero trace --streams`, else NULL; NULL for other ops
@@ -61,7 +77,7 @@ CREATE TABLE IF NOT EXISTS events (
     other_pid INTEGER,           -- sched_switch: the process that ran instead; block_io: device number
     runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
     stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL
-    in_call VARCHAR,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
+    in_call OP_NAME,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
     queued BOOLEAN,              -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
     comm UBIGINT,                -- NCCL calls: the ncclComm_t (ncclCommInit*: the communicator created); NULL for other ops; NULL: before schema 10
     peer INTEGER                 -- ncclSend / ncclRecv: the peer rank; ncclBroadcast / ncclReduce: the root rank; NULL otherwise
