@@ -44,10 +44,10 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 
 -- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
--- list equal to ops.py's).  Sorted, so ORDER BY op orders as text does; compared,
+-- list equal to ops.py's, and EVENT_KIND's to records.py's).  Sorted, so ORDER BY op orders as text does; compared,
 -- matched (LIKE), grouped and selected as text: op = 'sched_switch' and a name that
 -- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
--- schema 11 keeps VARCHAR columns (the migration does not rewrite events).
+-- schema 11 keeps VARCHAR op, kind and in_call (the migration does not rewrite events).
 CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
     'bench', 'block_io', 'cuCtxSynchronize', 'cuGraphLaunch', 'cuLaunchKernel', 'cuMemAlloc',
     'cuMemFree', 'cuMemcpy', 'cuMemcpyAsync', 'cuStreamSynchronize', 'cudaDeviceSync',
@@ -59,6 +59,30 @@ CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
     'nccl_ext', 'none', 'page_fault', 'proc_exec', 'proc_exit', 'sched_switch'
 );
 
+-- events.kind's vocabulary (collect/records.py: copy directions, off-CPU and block I/O
+-- kinds, NCCL reduction ops and data types), one byte each, sorted, read as text.
+CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM (
+    'D2D', 'D2H', 'H2D', 'H2H', 'avg:bfloat16', 'avg:float16', 'avg:float32', 'avg:float64',
+    'avg:float8e4m3', 'avg:float8e5m2', 'avg:int32', 'avg:int64', 'avg:int8', 'avg:uint32',
+    'avg:uint64', 'avg:uint8', 'avg:unknown', 'bfloat16', 'custom:bfloat16', 'custom:float16',
+    'custom:float32', 'custom:float64', 'custom:float8e4m3', 'custom:float8e5m2', 'custom:int32',
+    'custom:int64', 'custom:int8', 'custom:uint32', 'custom:uint64', 'custom:uint8',
+    'custom:unknown', 'default', 'discard', 'float16', 'float32', 'float64', 'float8e4m3',
+    'float8e5m2', 'flush', 'int32', 'int64', 'int8', 'io', 'max:bfloat16', 'max:float16',
+    'max:float32', 'max:float64', 'max:float8e4m3', 'max:float8e5m2', 'max:int32', 'max:int64',
+    'max:int8', 'max:uint32', 'max:uint64', 'max:uint8', 'max:unknown', 'min:bfloat16',
+    'min:float16', 'min:float32', 'min:float64', 'min:float8e4m3', 'min:float8e5m2', 'min:int32',
+    'min:int64', 'min:int8', 'min:uint32', 'min:uint64', 'min:uint8', 'min:unknown', 'other',
+    'preempted', 'prod:bfloat16', 'prod:float16', 'prod:float32', 'prod:float64', 'prod:float8e4m3',
+    'prod:float8e5m2', 'prod:int32', 'prod:int64', 'prod:int8', 'prod:uint32', 'prod:uint64',
+    'prod:uint8', 'prod:unknown', 'read', 'sleep', 'sum:bfloat16', 'sum:float16', 'sum:float32',
+    'sum:float64', 'sum:float8e4m3', 'sum:float8e5m2', 'sum:int32', 'sum:int64', 'sum:int8',
+    'sum:uint32', 'sum:uint64', 'sum:uint8', 'sum:unknown', 'uint32', 'uint64', 'uint8', 'unknown',
+    'unknown:bfloat16', 'unknown:float16', 'unknown:float32', 'unknown:float64',
+    'unknown:float8e4m3', 'unknown:float8e5m2', 'unknown:int32', 'unknown:int64', 'unknown:int8',
+    'unknown:uint32', 'unknown:uint64', 'unknown:uint8', 'unknown:unknown', 'write'
+);
+
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
 -- a page fault, a block I/O request.  The table users query most.
 CREATE TABLE IF NOT EXISTS events (
@@ -68,7 +92,7 @@ CREATE TABLE IF NOT EXISTS events (
     pid INTEGER NOT NULL,        -- process id (tgid)
     tid INTEGER,                 -- thread id
     op OP_NAME NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
-    kind VARCHAR,                -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
+    kind EVENT_KIND,             -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
     bytes BIGINT,                -- bytes copied / allocated / transferred
     stream UBIGINT,              -- cudaStream_t / CUstream (0 is the legacy default stream): cudaMemcpyAsync, cudaStreamSync, cudaGraphLaunch, cuMemcpyAsync, cuStreamSynchronize; kernel launches (cudaLaunchKernel, cuLaunchKernel) only when traced with `ingero trace --streams`, else NULL; NULL for other ops
     ret INTEGER,                 -- return code (cudaError_t / CUresult); block I/O error

@@ -39,6 +39,9 @@ PROMISED = [
     "SELECT upper(op), length(op) FROM events GROUP BY ALL ORDER BY ALL",
     "SELECT count(*) FROM events WHERE list_contains(['cudaMemcpyAsync', 'page_fault'], op)",
     "SELECT op FROM events ORDER BY timestamp, op LIMIT 20",
+    "SELECT kind, count(*) FROM events WHERE kind IN ('H2D', 'preempted', 'nope') GROUP BY kind ORDER BY kind",
+    "SELECT count(*) FROM events WHERE kind = 'sleep' AND op = 'sched_switch'",
+    "SELECT op, kind, count(*) FROM events GROUP BY ALL ORDER BY ALL",
 ]
 
 
@@ -76,7 +79,7 @@ def stores():
     old.con.execute("DROP TABLE events")
     ddl = old_schema(10)
     events_ddl = re.search(r"CREATE TABLE IF NOT EXISTS events \(.*?\n\);", ddl, re.S).group(0)
-    assert "op VARCHAR NOT NULL" in events_ddl and "in_call VARCHAR" in events_ddl
+    assert "op VARCHAR NOT NULL" in events_ddl and "in_call VARCHAR" in events_ddl and "kind VARCHAR" in events_ddl
     old.con.execute(events_ddl)
     for s in (enum, old):
         _fill(s)
@@ -98,6 +101,11 @@ def test_query_reads_the_same_on_enum_and_varchar(stores, query):
 def test_the_enum_is_ops_vocabulary_sorted():
     m = re.search(r"CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM \((.*?)\);", schema_sql(), re.S)
     assert re.findall(r"'([^']+)'", m.group(1)) == sorted(set(ops.OP_NAMES.values()))
+
+
+def test_the_kind_enum_is_the_records_vocabulary_sorted():
+    m = re.search(r"CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM \((.*?)\);", schema_sql(), re.S)
+    assert re.findall(r"'([^']+)'", m.group(1)) == sorted(set(k for k in decode._KIND_DICT.to_pylist() if k))
 
 
 def test_old_files_keep_varchar_and_still_take_rows(tmp_path):
