@@ -367,10 +367,10 @@ def day_store(path: Path, n_day: int) -> tuple[float, int]:
     blocks = DAY_S // BLOCK_S
     shift = ", ".join(f"({k * BLOCK_S * NS})" for k in range(1, blocks))
     con = store.con
-    con.execute(f"""INSERT INTO windows SELECT * REPLACE (start_ns - k AS start_ns, first_ns - k AS first_ns,
+    con.execute(f"""INSERT INTO windows SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns, first_ns - k AS first_ns,
                                                           last_ns - k AS last_ns)
                     FROM windows, (VALUES {shift}) v(k)""")
-    con.execute(f"""INSERT INTO window_late_waits SELECT * REPLACE (start_ns - k AS start_ns)
+    con.execute(f"""INSERT INTO window_late_waits SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns)
                     FROM window_late_waits, (VALUES {shift}) v(k)""")
     con.execute("UPDATE sessions SET started_ns = $t0", {"t0": day_t0})
     con.execute("CHECKPOINT")

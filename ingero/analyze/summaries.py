@@ -15,10 +15,10 @@ flushes (rows arrive up to one flush late, off-CPU intervals and calls only
 when they end) is several rows read with sum(); the histograms merge by
 bucket.  A quantile read back from them (``hist_quantile_sql``) interpolates
 between the bucket means of the two order statistics ``quantile_cont``
-interpolates between: each is within a factor 2^(1/32) of the exact value
-(a mean of durations in [2^(b/32), 2^((b+1)/32)) ns), and equal to it when the
+interpolates between: each is within a factor 2^(1/16) of the exact value
+(a mean of durations in [2^(b/16), 2^((b+1)/16)) ns), and equal to it when the
 bucket's durations are all the same,
-so the result is within 2.2% of ``quantile_cont`` on the raw rows.
+so the result is within 4.4% of ``quantile_cont`` on the raw rows.
 
 Off-CPU intervals are counted in the second they start in, with the part of
 them past the end of that second (``overflow_ns``): a thread's intervals never
@@ -40,8 +40,9 @@ from ingero import ops
 
 NS = 1_000_000_000
 # Histogram resolution: buckets per power of two.  A bucket's mean is within a
-# factor 2^(1/32) of any duration in it: 2.2%.
-HIST_PER_OCTAVE = 32
+# factor 2^(1/16) of any duration in it: 4.4%.  (32 a power of two, 2.2%, doubled
+# the rows explain unnests over a day: 5.2 s CPU for ing_cuda's p99s alone.)
+HIST_PER_OCTAVE = 16
 QUANTILE_REL_ERROR = 2 ** (1 / HIST_PER_OCTAVE) - 1
 # Below this many bytes a device-to-host copy is a scalar read-back (windows.SMALL_COPY_BYTES).
 SMALL_COPY_BYTES = 1024

@@ -368,6 +368,8 @@ SMALL_COPY_BYTES = summaries.SMALL_COPY_BYTES
 _SFILTER = """session_id = $sid AND start_ns >= $t0 AND start_ns < $t1"""
 _SW = "(start_ns - $t0) // $wns"
 
+# p99_ns for syncs only: the one ing_win reads (sync_p99_ns); merging every
+# call's histograms over a day cost 5 s CPU (the raw path has them all).
 S_CUDA_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_cuda AS
 WITH r AS MATERIALIZED (
@@ -388,7 +390,7 @@ WITH r AS MATERIALIZED (
     SELECT tid, w, op, kind, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
     FROM (SELECT tid, {_SW} AS w, op, coalesce(kind, '') AS kind, unnest(duration_hist_bucket) AS bucket,
                  unnest(duration_hist_n) AS n, unnest(duration_hist_sum_ns) AS sum_ns
-          FROM r WHERE NOT list_contains($launch_ops, op))
+          FROM r WHERE list_contains($sync_ops, op))
     GROUP BY ALL
 ), q AS ({{q99}})
 SELECT pid, tid, w, op, 'launch' AS cat, '' AS kind, n, dur_ns,

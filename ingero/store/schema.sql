@@ -282,10 +282,10 @@ CREATE TABLE IF NOT EXISTS ranks (
 -- and every column adds up: read them with sum() (the histogram by bucket).
 -- A session without rows here (imported, recorded before schema 11) is
 -- summarised on the fly by explain, with the same SQL (analyze/summaries.py).
--- Durations are binned on a fixed log scale, 32 buckets per power of two:
--- bucket b holds durations d with floor(32 * log2(d)) = b (bucket -1: d <= 0),
+-- Durations are binned on a fixed log scale, 16 buckets per power of two:
+-- bucket b holds durations d with floor(16 * log2(d)) = b (bucket -1: d <= 0),
 -- with their count and sum; a quantile over merged rows, read as the mean of the
--- bucket that holds it, is within 2.2% of the exact one (exact when the bucket's
+-- bucket that holds it, is within 4.4% of the exact one (exact when the bucket's
 -- durations are all equal).
 CREATE TABLE IF NOT EXISTS windows (
     session_id INTEGER,

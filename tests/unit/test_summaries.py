@@ -5,7 +5,7 @@ flush holding the rows that ended (were emitted) in it, so a second spans
 several flushes and off-CPU intervals arrive after their second.  Chains must
 be identical (rule, severity, processes, culprits, evidence windows) and every
 number within what the histogram quantiles allow: each quantile within
-summaries.QUANTILE_REL_ERROR (2.2%) of the exact one, a ratio of two within
+summaries.QUANTILE_REL_ERROR (4.4%) of the exact one, a ratio of two within
 twice that.
 """
 
@@ -118,8 +118,9 @@ def test_window_tables_match_raw_rows_but_quantiles():
         # ing_cuda: all but p99_ns (column 8) exact
         strip = [r[:8] + r[9:] for r in raw["ing_cuda"]]
         assert sorted(strip, key=repr) == sorted((r[:8] + r[9:] for r in summ["ing_cuda"]), key=repr)
-        for a, b in zip(raw["ing_cuda"], summ["ing_cuda"]):
-            assert _close(a[8], b[8])
+        p99 = {r[:8]: r[8] for r in summ["ing_cuda"]}
+        for r in raw["ing_cuda"]:  # p99_ns: of syncs only (the one ing_win reads)
+            assert _close(r[8], p99[r[:8]]) if r[4] == "sync" else p99[r[:8]] is None, r
 
 
 def test_windows_are_whole_seconds():
