@@ -122,8 +122,11 @@ SUMMARY_SPAN_SQL = "SELECT min(first_ns), max(last_ns) FROM windows WHERE sessio
 EVENTS_SPAN_SQL = "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid"
 
 
-def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
-    """Pick the session and time range; raise IngeroError when there is nothing to explain."""
+def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = False) -> Context:
+    """Pick the session and time range; raise IngeroError when there is nothing to explain.
+
+    ``align``: grow the range to whole seconds (explain: its windows are then sets of
+    per-second summaries); else it is exactly what was asked (exports, device.analyse)."""
     if opts.session is None:
         row = con.execute("SELECT max(session_id) FROM sessions").fetchone()
         if row is None or row[0] is None:
@@ -149,7 +152,8 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
     # of its first and last window is what the data can cover of them).
     # An explicit --from / --to between whole seconds is taken as given: only the raw rows
     # can answer it (windows.build reads them then).
-    aligned = not ((opts.to_ns is not None and opts.to_ns % NS) or (opts.from_ns is not None and opts.from_ns % NS))
+    aligned = align and not ((opts.to_ns is not None and opts.to_ns % NS)
+                             or (opts.from_ns is not None and opts.from_ns % NS))
     covered_end = end
     if aligned:
         end = -(-end // NS) * NS

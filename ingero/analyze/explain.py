@@ -87,7 +87,7 @@ def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
 def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "summaries") -> Report:
     """``source``: what the window tables are built from (windows.build): the per-second
     summaries (the default), or the raw events (the reference the tests compare with)."""
-    ctx = context.resolve(con, opts)
+    ctx = context.resolve(con, opts, align=True)
     windows.build(ctx, source)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     device, steps = activity.resolve(ctx)

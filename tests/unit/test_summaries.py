@@ -108,7 +108,7 @@ def test_window_tables_match_raw_rows_but_quantiles():
     store = _store("cpu-contention", "spin", False)
     write_as_tracer(store)
     for window_s in (1, 3, 7):
-        ctx = resolve(store.con, Options(window_s=window_s))
+        ctx = resolve(store.con, Options(window_s=window_s), align=True)
         windows.build(ctx, "events")
         raw = _tables(store.con)
         windows.build(ctx, "summaries")
@@ -125,7 +125,7 @@ def test_window_tables_match_raw_rows_but_quantiles():
 
 def test_windows_are_whole_seconds():
     store = _store("healthy", "spin", False)
-    ctx = resolve(store.con, Options(since_s=7.5, window_s=1.4))
+    ctx = resolve(store.con, Options(since_s=7.5, window_s=1.4), align=True)
     assert ctx.start_ns % 10**9 == 0 and ctx.end_ns % 10**9 == 0 and ctx.window_ns == 10**9
 
 
