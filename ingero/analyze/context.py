@@ -101,8 +101,10 @@ class Context:
         }
 
     def window_bounds(self, w: int) -> tuple[int, int]:
+        """Window ``w`` as far as the data covers it (the first and last of an aligned range
+        start at the first row and end after the last, as before windows were whole seconds)."""
         start = self.start_ns + w * self.window_ns
-        return start, min(start + self.window_ns, self.end_ns)
+        return max(start, self.covered_start_ns), min(start + self.window_ns, self.end_ns, self.covered_end_ns)
 
 
 def adaptive_window_ns(span_ns: int) -> int:
@@ -175,7 +177,8 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
             "SELECT max(ncpu) FROM system_metrics WHERE session_id = $sid", {"sid": sid}
         ).fetchone()
         ncpu = nrow[0] if nrow and nrow[0] else 1
-    start = start // NS * NS
+    if aligned:
+        start = start // NS * NS
     window_ns = whole_seconds_ns(opts.window_s) if opts.window_s else adaptive_window_ns(end - start)
     return Context(
         con=con,

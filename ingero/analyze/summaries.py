@@ -102,11 +102,19 @@ WITH calls AS (
            min(timestamp) AS first_ns, max(timestamp) AS last_ns
     FROM {{events}} WHERE {_RANGE} AND op = 'page_fault'
     GROUP BY ALL
+), marks AS (
+    -- the rest (process exec / exit marks, ...): counted, so the summaries span what the events do
+    SELECT pid, tid, timestamp // {NS} * {NS} AS start_ns, op, count(*) AS events_n,
+           min(timestamp) AS first_ns, max(timestamp) AS last_ns
+    FROM {{events}} WHERE {_RANGE} AND list_contains($host_ops, op)
+      AND op NOT IN ('sched_switch', 'page_fault', 'block_io')
+    GROUP BY ALL
 )
 SELECT $sid::INTEGER AS session_id, * FROM calls
 UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM launches
 UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM switches
 UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM faults
+UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM marks
 """
 
 # The syncs of {events} (the batch, or a range) against the preempted intervals
