@@ -9,20 +9,50 @@ not waiting for the host.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ingero.analyze import device as inferred_device
 from ingero.analyze import steps as rhythm
 from ingero.analyze import procs, timeline
-from ingero.analyze.context import Context
+from ingero.analyze.context import NS, Context
 from ingero.analyze.model import DeviceBusy, StepStats
 
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
+
+# Inferring the device's activity and the steps reads the raw calls (device.py,
+# steps.py: a call sequence no per-second summary keeps), a pass that grows
+# with the range: 0.2 s CPU per 3.6 M events here.  Over a longer range they
+# see its last MAX_RAW_SPAN_S only (whole windows), and explain says so.
+MAX_RAW_SPAN_S = 300
 
 
 def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     measured, marked = _measured(ctx)
     if measured is not None:
         return measured, marked
-    return _inferred(ctx, marked)
+    with _recent_calls(ctx):
+        return _inferred(ctx, marked)
+
+
+@contextmanager
+def _recent_calls(ctx: Context) -> Iterator[None]:
+    """Within: ``events`` on ctx.con is the range's last MAX_RAW_SPAN_S (a TEMP VIEW over the table)."""
+    span_windows = max(1, -(-MAX_RAW_SPAN_S * NS // ctx.window_ns))
+    if ctx.n_windows <= span_windows:
+        yield
+        return
+    con = ctx.con
+    from_ns = ctx.start_ns + (ctx.n_windows - span_windows) * ctx.window_ns
+    db = con.execute("SELECT current_database()").fetchone()[0]
+    # the bound is a literal: a view holds no parameters (an integer computed here, never user text)
+    con.execute(f'CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM "{db}".main.events '
+                f"WHERE timestamp >= {int(from_ns)}")
+    ctx.extra["calls_from_ns"] = from_ns
+    try:
+        yield
+    finally:
+        con.execute("DROP VIEW IF EXISTS temp.events")
 
 
 def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:

@@ -84,9 +84,11 @@ def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
             chain.severity = _DOWNGRADE[chain.severity]
 
 
-def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
-    ctx = context.resolve(con, opts)
-    windows.build(ctx)
+def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "summaries") -> Report:
+    """``source``: what the window tables are built from (windows.build): the per-second
+    summaries (the default), or the raw events (the reference the tests compare with)."""
+    ctx = context.resolve(con, opts, align=True)
+    windows.build(ctx, source)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
@@ -105,6 +107,12 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
             "imported from a profiler trace: it holds no scheduler, page-fault or block-I/O events, so "
             "cpu-contention, launch-bound, io-stall and memory-pressure cannot be judged here (trace the "
             "job with `ingero trace` for them)"
+        )
+    if "calls_from_ns" in ctx.extra:
+        minutes = (ctx.end_ns - ctx.extra["calls_from_ns"]) / 60e9
+        report.notes.append(
+            f"device activity and steps were inferred from the last {minutes:.0f} min of the range "
+            "(they read the raw calls); the chains cover all of it"
         )
     if not report.analysed.cuda_events:
         report.notes.append("no CUDA calls in this range: only host events were analysed")

@@ -89,11 +89,14 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    from ingero.commands.summaries_hook import SummaryHook
     from ingero.daemon.hook import DaemonHook
     from ingero.sample.hook import SamplerHook
 
-    # what rides on the trace, in this order: the query daemon first (metrics' diagnosis asks its socket)
-    opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook()]
+    # what rides on the trace, in this order: the query daemon first (metrics' diagnosis asks its
+    # socket), the samplers, the per-second summaries explain reads (written at each flush)
+    opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook(),
+                      SummaryHook()]
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)

@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -64,6 +64,9 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #  10: NCCL: events.comm, events.peer (collectives' communicator, send/recv
 #      peer or root) and ranks (each process' rank per communicator and its
 #      torchrun/Slurm environment).
+#  11: windows and window_late_waits: per-second summaries of the events, written
+#      at each flush (analyze/summaries.py); explain reads them instead of the raw
+#      rows.  Sessions recorded before it have none and are summarised on the fly.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -95,6 +98,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE events ADD COLUMN IF NOT EXISTS peer INTEGER",
         REAPPLY_SCHEMA,  # creates ranks
     ],
+    11: [REAPPLY_SCHEMA],  # creates windows, window_late_waits
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -506,6 +510,8 @@ TABLES = (
     "device_activity",
     "spans",
     "ranks",
+    "windows",
+    "window_late_waits",
 )
 
 
