@@ -290,14 +290,28 @@ def launch_ranks(args: argparse.Namespace, argv: list[str]) -> int:
         for f in rdzv.iterdir():
             f.unlink()
         rdzv.rmdir()
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in per_rank if r.get(key) is not None]
+        return round(sum(vals) / len(vals), 3) if vals else None
+
     summary = {
         "ranks": args.ranks,
         "steps": min(r["steps"] for r in per_rank),
-        "step_ms_mean": round(sum(r["step_ms_mean"] for r in per_rank) / len(per_rank), 3),
-        "steps_per_s": round(min(r["steps_per_s"] for r in per_rank), 2),
         "wall_s": max(r["wall_s"] for r in per_rank),
-        "per_rank": per_rank,
+        # the job runs at its slowest rank's pace: the slowest rank's rate, the ranks' mean step
+        "steps_per_s": round(min(r["steps_per_s"] for r in per_rank), 2),
+        "step_ms_mean": mean("step_ms_mean"),
+        "step_ms_p99": max(r["step_ms_p99"] for r in per_rank),
+        "sync_ms_p99": max(r["sync_ms_p99"] for r in per_rank),
+        "device_busy_pct": mean("device_busy_pct"),
+        # per rank: how long its all-reduces waited for the other ranks (the simulated NCCL's truth)
+        "collective_wait_ms_mean": mean("collective_wait_ms_mean"),
+        "collective_wait_ms_by_rank": [r.get("collective_wait_ms_mean") for r in per_rank],
+        "entered_last_by_rank": [r.get("entered_last") for r in per_rank],
+        "wait_policy": per_rank[0].get("wait_policy"),
+        "pid": os.getpid(),
         "job": run_id,
+        "per_rank": per_rank,
     }
     print(json.dumps(summary), flush=True)
     if args.summary_json:

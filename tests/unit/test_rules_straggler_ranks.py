@@ -118,9 +118,10 @@ def test_a_rank_preempted_every_step_is_named_with_its_culprit_and_the_waits():
     assert "→ ranks 0, 2, 3 wait 13.0 ms per step (61.8% of wall clock)" in summary
     assert chain.fix[0] == f"taskset -acp 1 {HOG}   (keep zstd-archiver off rank 1 (python3 (train.py) (PID {PID0 + 1}))'s core 0)"
     assert f"renice -n 19 -p {HOG}" in chain.fix
-    # the threshold comes from the run: 3 x its lag noise (the ranks' +-0.15 ms jitter)
+    # the threshold comes from the run: 3 x the noise of the ranks' per-window median lags (the
+    # +-0.15 ms jitter of single steps averages out: the floor)
     assert abs(chain.numbers["threshold_ns"] - 3 * chain.numbers["noise_ns"]) <= 2
-    assert 0.05 * MS < chain.numbers["noise_ns"] < 0.3 * MS
+    assert chain.numbers["noise_ns"] == straggler.T.min_noise_ns
     # the late rank's own cpu-contention chain is there too, listed after the chain it explains
     ids = [(c.rule_id, c.pids) for c in report.chains]
     assert ("cpu-contention", [PID0 + 1]) in ids

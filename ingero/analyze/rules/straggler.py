@@ -61,9 +61,13 @@ class Thresholds:
     min_noise_ns: float = 50_000.0
     # Collectives seen in every rank before a judgement (a few seconds of steps).
     min_steps: int = 20
-    # Late collectives must be at least this share of all: a straggler now and then is
-    # jitter, not a pattern.
+    # Late windows (or collectives) must be at least this share of all, and at least
+    # min_late_windows windows: a straggler now and then is jitter, not a pattern.
     min_late_share: float = 0.2
+    min_late_windows: int = 2
+    # A window's median lag is judged over at least this many collectives (a 1 s window
+    # holds 10-100 steps of a training job).
+    min_window_collectives: int = 3
     # One rank is the straggler when it is the late one in at least this share of the
     # late collectives; below, the lateness rotates between ranks.
     fixed_share: float = 0.6
@@ -260,6 +264,28 @@ def _job_chain(con, ctx: Context, job: collectives.Job) -> Chain | None:
         return None
     pids = job.pids
     lags = _lags(job)
+    per_window: dict[int, list[int]] = {}
+    for k, e in enumerate(steps):
+        w = _window(ctx, collectives.median(list(e.values())))
+        if 0 <= w < ctx.n_windows:
+            per_window.setdefault(w, []).append(k)
+    # windows: each rank's median lag over the window's collectives; late past mad_k x the noise of
+    # those medians (a rank late all along, however noisy each step, stands out here)
+    wins = sorted(w for w, ks in per_window.items() if len(ks) >= T.min_window_collectives)
+    wlag = {p: [collectives.median([lags[p][k] for k in per_window[w]]) for w in wins] for p in pids}
+    wnoise = _noise(wlag)
+    wcut = T.mad_k * wnoise
+    late_w: list[tuple[int, int]] = []
+    for i, w in enumerate(wins):
+        last = max(pids, key=lambda p: wlag[p][i])
+        if wlag[last][i] > wcut:
+            late_w.append((w, last))
+    if len(late_w) >= max(T.min_late_windows, T.min_late_share * len(wins)):
+        top, n_top = Counter(p for _, p in late_w).most_common(1)[0]
+        if n_top >= T.fixed_share * len(late_w):
+            ev_ws = sorted(w for w, p in late_w if p == top)
+            return _fixed_chain(con, ctx, job, steps, lags, top, ev_ws, per_window, wcut, wnoise, "window")
+    # collectives one by one: a straggler now on one rank, now on another averages out of the windows
     noise = _noise(lags)
     cut = T.mad_k * noise
     late: list[tuple[int, int]] = []  # (collective index, its late rank's pid)
@@ -273,7 +299,11 @@ def _job_chain(con, ctx: Context, job: collectives.Job) -> Chain | None:
     top, n_top = counts.most_common(1)[0]
     if n_top < T.fixed_share * len(late):
         return _rotating_chain(ctx, job, steps, late, counts, cut, noise)
-    return _fixed_chain(con, ctx, job, steps, lags, late, top, cut, noise)
+    mine = {k for k, p in late if p == top}
+    ev_ws = sorted(w for w, ks in per_window.items() if sum(k in mine for k in ks) >= T.window_late_share * len(ks))
+    if len(ev_ws) < T.min_late_windows:
+        return None
+    return _fixed_chain(con, ctx, job, steps, lags, top, ev_ws, per_window, cut, noise, "collective")
 
 
 def _window(ctx: Context, ts: float) -> int:
@@ -290,26 +320,21 @@ def _waits(steps: list[dict[int, int]], ks: list[int], late_pid: int) -> dict[in
     return out
 
 
-def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, late, top: int, cut: float,
-                 noise: float) -> Chain | None:
+def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int, ev_ws: list[int],
+                 per_window: dict[int, list[int]], cut: float, noise: float, unit: str) -> Chain | None:
     pids = job.pids
     others = [p for p in pids if p != top]
-    mine = [k for k, p in late if p == top]
-    # evidence windows: where the straggler was late in most of the window's collectives
-    per_window: dict[int, list[int]] = {}
-    for k, e in enumerate(steps):
-        per_window.setdefault(_window(ctx, collectives.median(list(e.values()))), []).append(k)
-    mine_set = set(mine)
-    ev_ws = sorted(w for w, ks in per_window.items()
-                   if 0 <= w < ctx.n_windows and sum(k in mine_set for k in ks) >= T.window_late_share * len(ks))
-    if not ev_ws:
-        return None
-    ev_ks = [k for w in ev_ws for k in per_window[w] if k in mine_set]
+    last_of = [max(pids, key=lambda p: lags[p][k]) for k in range(len(steps))]
+    mine = [k for k in range(len(steps)) if last_of[k] == top]
+    ev_ks = [k for w in ev_ws for k in per_window[w]]
     ev_wall = sum(min(ctx.window_bounds(w)[1], ctx.end_ns) - ctx.window_bounds(w)[0] for w in ev_ws)
     waits = _waits(steps, ev_ks, top)
     wait_share = collectives.median([w / ev_wall for w in waits.values()]) if ev_wall else 0.0
     per_step_ns = collectives.median(list(waits.values())) / max(1, len(ev_ks))
     lag_ns = collectives.median([lags[top][k] for k in ev_ks])
+    # how much later than the others it came (with two ranks the median rank is half-way between them)
+    after_ns = collectives.median([steps[k][top] - collectives.median([steps[k][p] for p in others])
+                                   for k in ev_ks])
     severity = ("HIGH" if wait_share >= T.high_wait_share else
                 "MEDIUM" if wait_share >= T.min_wait_share else "LOW")
     names = procs.lookup(con, pids)
@@ -317,6 +342,7 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, late, top
     who = f"{job.rank_label(top)} ({me.label})"
     op = OP_WORDS.get(job.op, job.op)
     waiting = _ranks_text(job, others)
+    what = "median per-window" if unit == "window" else "per-collective"
 
     cause = _own_cause(ctx, top, others, ev_ws)
     culprits, fix, contributing = [], [], []
@@ -350,25 +376,27 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, late, top
             fix = [f"keep {who}'s dataset and buffers resident: preload or pin them, stop what evicts them",
                    "ingero explain --pid %d   (its memory-pressure chain names the process holding memory)" % top]
     fix.append(f"then every rank runs at the pace of the others: ingero explain --pid {top} to confirm")
+    verb = "waits" if len(others) == 1 else "wait"
     summary = (f"{who} {cause_text.split(' (other ranks')[0]} → enters the {op} "
-               f"{units.ns(lag_ns)} after the others → {waiting} wait {units.ns(per_step_ns)} per step "
+               f"{units.ns(after_ns)} after the others → {waiting} {verb} {units.ns(per_step_ns)} per step "
                f"({units.pct(wait_share)} of wall clock)")
     root = [
         summary,
-        f"{who} entered the {op} last in {len(mine)} of {len(steps)} collectives "
-        f"(late past {units.ns(cut)} = {T.mad_k:g} x the run's lag noise {units.ns(noise)}, a median absolute "
-        f"deviation): {units.ns(lag_ns)} behind the median rank in {len(ev_ws)} windows",
+        f"{who} entered the {op} last in {len(mine)} of {len(steps)} collectives, "
+        f"{units.ns(lag_ns)} behind the median rank in {len(ev_ws)} windows (late: its {what} lag past "
+        f"{units.ns(cut)} = {T.mad_k:g} x the run's lag noise {units.ns(noise)}, from the median absolute "
+        "deviation of the ranks' lags)",
         f"its own evidence in those windows: {cause_text}",
     ]
     effect = [
-        f"{waiting} ({', '.join(f'PID {p}' for p in others)}) wait {units.ns(per_step_ns)} per step in the {op} "
+        f"{waiting} ({', '.join(f'PID {p}' for p in others)}) {verb} {units.ns(per_step_ns)} per step in the {op} "
         f"and the sync after it: {units.pct(wait_share)} of their wall clock in those windows",
         f"the whole job runs at the late rank's pace: {len(pids)} ranks lose that time every step",
     ]
-    other_late = {p: n for p, n in Counter(p for _, p in late).items() if p != top}
-    if other_late:
-        contributing.append("other late collectives: " + ", ".join(
-            f"{job.rank_label(p)} {n}" for p, n in sorted(other_late.items(), key=lambda x: -x[1])))
+    other_last = {p: n for p, n in Counter(last_of).items() if p != top}
+    if other_last:
+        contributing.append(f"entered the {op} last otherwise: " + ", ".join(
+            f"{job.rank_label(p)} {n} times" for p, n in sorted(other_last.items(), key=lambda x: -x[1])))
     if job.ranks.get(top) is None:
         contributing.append(f"PID {top}'s rank is unknown: its communicator was created before the trace "
                             "and its environment names no RANK")
@@ -383,15 +411,16 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, late, top
         pids=[top],
         culprits=culprits,
         evidence_windows=[Window(*ctx.window_bounds(w)) for w in ev_ws],
-        windows_total=len([w for w in per_window if 0 <= w < ctx.n_windows]),
+        windows_total=len(per_window),
         impact=wait_share,
         numbers={
             "late_rank": job.ranks.get(top) if job.ranks.get(top) is not None else -1,
             "late_pid": top,
-            "late_collectives": len(mine),
+            "last_collectives": len(mine),
             "collectives": len(steps),
-            "late_share": round(len(mine) / len(late), 4),
+            "last_share": round(len(mine) / len(steps), 4),
             "lag_ns": round(lag_ns),
+            "after_others_ns": round(after_ns),
             "threshold_ns": round(cut),
             "noise_ns": round(noise),
             "wait_per_step_ns": round(per_step_ns),
