@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rank-cpus", default="",
                     help="with --ranks: rank i is pinned to the i-th core of this list (cycled), its workers too")
     ap.add_argument("--nccl", default=os.environ.get("INGERO_DEMO_NCCL", str(DEFAULT_NCCL)),
-                    help="libnccl.so.2 to load in each rank (default: the simulated one in demos/build)")
+                    help="libnccl.so.2 to load in each rank (default: the simulated one in demos/build); "
+                         "a comma list: rank i loads the i-th (cycled), e.g. two copies of one library")
     ap.add_argument("--grad-bytes", type=parse_size, default=parse_size("32MiB"),
                     help="gradients all-reduced per step (float32)")
     ap.add_argument("--measure-from", default="",
@@ -430,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     msize = os.fstat(mfd).st_size if mfd >= 0 else 0
     rng = random.Random(0)
 
-    rank = Rank(args.nccl, Path(os.environ[RDZV_ENV])) if RDZV_ENV in os.environ else None
+    rank = None
+    if RDZV_ENV in os.environ:
+        libs = [x for x in args.nccl.split(",") if x]
+        rank = Rank(libs[int(os.environ["RANK"]) % len(libs)], Path(os.environ[RDZV_ENV]))
     grads = ctypes.c_void_p()
     if rank is not None:
         check(lib.cudaMalloc(ctypes.byref(grads), args.grad_bytes), "cudaMalloc")

@@ -26,7 +26,7 @@ COMM_ID = "ab" * 16
 
 
 def job(n: int = 4, seconds: float = 20, *, late=lambda k: None, delay_ms: float = 13.0, how: str = "preempt",
-        jitter_ms: float = 0.15, ranks_rows: str = "nccl", from_s: float = 6.0) -> Trace:
+        jitter_ms: float = 0.15, ranks_rows: str = "nccl", from_s: float = 6.0, everyone_ms: float = 0.0) -> Trace:
     tr = Trace()
     tr.name(LAUNCHER, "python3 (train.py)", "python3", "python3 train.py --ranks 4")
     for r in range(n):
@@ -47,6 +47,11 @@ def job(n: int = 4, seconds: float = 20, *, late=lambda k: None, delay_ms: float
                 tr.ev(c, "cudaLaunchKernel", pid, pid, 6 * US)
                 c += 250 * US
             c += 2 * MS  # Python between backward and the all-reduce
+            if everyone_ms and t >= T0 + int(from_s * S):  # every rank shares the cause
+                d = int(everyone_ms * MS)
+                for s in range(4):
+                    tr.switch(c + s * d // 4, pid, pid, d // 4, "preempted", runq=d // 4, other=HOG)
+                c += d
             if slow == r:
                 d = int(delay_ms * MS)
                 if how == "preempt":
@@ -67,7 +72,7 @@ def job(n: int = 4, seconds: float = 20, *, late=lambda k: None, delay_ms: float
                 tr.switch(e + 20 * US, pid, pid, end - e, "sleep", runq=20 * US)
         t = end + 1 * MS  # optimizer step on the host
         k += 1
-    if how == "preempt":
+    if how == "preempt" or everyone_ms:
         tr.competitor(HOG, "zstd-archiver", from_s, seconds, oncpu=0.9)
     tr.rank_rows = _ranks(n, ranks_rows)
     return tr
@@ -143,6 +148,18 @@ def test_a_rotating_straggler_has_no_single_culprit_and_stays_low():
     assert chain.severity == "LOW"
     assert chain.numbers["late_share"] <= 0.3
     assert "no single culprit" in chain.root[1]
+
+
+def test_every_rank_contended_is_contention_and_the_one_a_little_later_is_no_culprit():
+    # every rank preempted 12 ms per step by the same hog, rank 2 another 3 ms: later, not the cause
+    report = run(job(late=lambda k: 2, delay_ms=3, everyone_ms=12))
+    [chain] = stragglers(report)
+    assert chain.severity == "LOW" and chain.pids == [PID0 + 2]
+    assert "no cause of its own: every rank is preempted" in chain.root[2]
+    assert chain.culprits == []
+    strong = {(c.rule_id, c.pids[0]) for c in report.chains if c.severity in ("HIGH", "MEDIUM")}
+    assert strong == {("cpu-contention", PID0 + r) for r in range(4)}
+    assert report.chains[0].rule_id == "cpu-contention"
 
 
 def test_equal_ranks_give_no_straggler():

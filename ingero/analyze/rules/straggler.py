@@ -81,6 +81,12 @@ class Thresholds:
     # The late rank's own cause is named when its share of wall clock exceeds the other
     # ranks' median in the same windows by at least this much.
     min_cause_excess: float = 0.02
+    # ... and is at least this many times theirs: a rank preempted 61% of the time against
+    # others' 54% is as contended as they are (the cause is shared, see shared_cause_share).
+    min_cause_ratio: float = 1.5
+    # A cause every rank carries, each at least this share of its wall clock (cpu-contention's
+    # evidence threshold), is shared: the job is contended as a whole, the straggler is LOW.
+    shared_cause_share: float = 0.10
     # A preempting process is named when it took at least this share of the rank's preempted time.
     min_culprit_share: float = 0.05
 
@@ -276,9 +282,16 @@ def _job_chain(con, ctx: Context, job: collectives.Job) -> Chain | None:
     wnoise = _noise(wlag)
     wcut = T.mad_k * wnoise
     late_w: list[tuple[int, int]] = []
+    n = len(pids)
     for i, w in enumerate(wins):
         last = max(pids, key=lambda p: wlag[p][i])
-        if wlag[last][i] > wcut:
+        ks = per_window[w]
+        # ... or it came in last in more of the window's collectives than chance (1 in n) explains:
+        # a binomial z past mad_k, with a lag past mad_k x the noise floor (a noisy run's medians
+        # move a lot; a rank last in 20 of 22 collectives is late however they move)
+        times_last = sum(max(pids, key=lambda p: lags[p][k]) == last for k in ks)
+        z = (times_last - len(ks) / n) / math.sqrt(len(ks) * (1 / n) * (1 - 1 / n))
+        if wlag[last][i] > wcut or (z >= T.mad_k and wlag[last][i] > T.mad_k * T.min_noise_ns):
             late_w.append((w, last))
     if len(late_w) >= max(T.min_late_windows, T.min_late_share * len(wins)):
         top, n_top = Counter(p for _, p in late_w).most_common(1)[0]
@@ -348,6 +361,12 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
     culprits, fix, contributing = [], [], []
     cause_text = "no cause of its own in its host metrics (compare its windows: ingero explain --pid %d)" % top
     cause_rule = None
+    shared = _shared_cause(ctx, pids, ev_ws) if cause is None else None
+    if shared is not None:
+        # every rank carries the same cause: the job is slowed as a whole, this rank a little more
+        severity = "LOW"
+        cause_text = (f"no cause of its own: every rank is {shared[0]} at least {units.pct(shared[1])} of its "
+                      "wall clock (the job is slowed as a whole: see each rank's own chain)")
     if cause is not None:
         key, label, cause_rule, mine_share, peers_share = cause
         cause_text = f"{label} {units.pct(mine_share)} of its wall clock (other ranks {units.pct(peers_share)})"
@@ -375,7 +394,11 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
         else:
             fix = [f"keep {who}'s dataset and buffers resident: preload or pin them, stop what evicts them",
                    "ingero explain --pid %d   (its memory-pressure chain names the process holding memory)" % top]
-    fix.append(f"then every rank runs at the pace of the others: ingero explain --pid {top} to confirm")
+    if shared is not None:
+        fix.append(f"free the cores of all {len(pids)} ranks, not one: what every rank shares is the cause "
+                   f"(ingero explain --pid {' --pid '.join(str(p) for p in pids[:4])})")
+    else:
+        fix.append(f"then every rank runs at the pace of the others: ingero explain --pid {top} to confirm")
     verb = "waits" if len(others) == 1 else "wait"
     summary = (f"{who} {cause_text.split(' (other ranks')[0]} → enters the {op} "
                f"{units.ns(after_ns)} after the others → {waiting} {verb} {units.ns(per_step_ns)} per step "
@@ -385,7 +408,8 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
         f"{who} entered the {op} last in {len(mine)} of {len(steps)} collectives, "
         f"{units.ns(lag_ns)} behind the median rank in {len(ev_ws)} windows (late: its {what} lag past "
         f"{units.ns(cut)} = {T.mad_k:g} x the run's lag noise {units.ns(noise)}, from the median absolute "
-        "deviation of the ranks' lags)",
+        "deviation of the ranks' lags" + (", or last in more of a window's collectives than chance allows)"
+                                          if unit == "window" else ")"),
         f"its own evidence in those windows: {cause_text}",
     ]
     effect = [
@@ -449,8 +473,22 @@ def _own_cause(ctx: Context, pid: int, others: list[int], ws: list[int]):
         peers = collectives.median([baseline.mean_share(rs, key) for rs in peer_rows.values() if rs])
         if best is None or mine - peers > best[3] - best[4]:
             best = (key, label, rule, mine, peers)
-    if best is None or best[3] - best[4] < T.min_cause_excess:
+    if best is None or best[3] - best[4] < T.min_cause_excess or best[3] < T.min_cause_ratio * best[4]:
         return None
+    return best
+
+
+def _shared_cause(ctx: Context, pids: list[int], ws: list[int]) -> tuple[str, float] | None:
+    """(words, the least share among the ranks) of a cause every rank carries in the windows ``ws``
+    (each at least shared_cause_share of its wall clock); None when there is none."""
+    by_pid = baseline.windows_by_pid(ctx)
+    wset = set(ws)
+    best = None
+    for key, label, _ in RANK_CAUSES:
+        shares = [baseline.mean_share([r for r in by_pid.get(p, []) if int(r["w"]) in wset], key) for p in pids]
+        low = min(shares) if shares else 0.0
+        if low >= T.shared_cause_share and (best is None or low > best[1]):
+            best = (label, low)
     return best
 
 
