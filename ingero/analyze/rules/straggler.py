@@ -376,7 +376,7 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
                 cause_text = (f"preempted {units.pct(mine_share)} of its wall clock by "
                               + ", ".join(f"{c.name} (PID {c.pid})" for c in culprits[:3])
                               + f" (other ranks {units.pct(peers_share)})")
-            fix = _cpu_fix(con, ctx, top, who, culprits)
+            fix = _cpu_fix(con, ctx, top, who, culprits, pids)
         elif key == "sleep_out_ns":
             kids = [p for p, n in procs.lookup(con, _children(con, top)).items()]
             fix = [f"DataLoader(num_workers=…, prefetch_factor=…, persistent_workers=True) on {who}: its input "
@@ -414,7 +414,8 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
     ]
     effect = [
         f"{waiting} ({', '.join(f'PID {p}' for p in others)}) {verb} {units.ns(per_step_ns)} per step in the {op} "
-        f"and the sync after it: {units.pct(wait_share)} of their wall clock in those windows",
+        f"and the sync after it: {units.pct(wait_share)} of {'its' if len(others) == 1 else 'their'} wall clock "
+        "in those windows",
         f"the whole job runs at the late rank's pace: {len(pids)} ranks lose that time every step",
     ]
     other_last = {p: n for p, n in Counter(last_of).items() if p != top}
@@ -517,19 +518,29 @@ def _preemptors(con, ctx: Context, pid: int, job_pids: list[int], ws: list[int])
     return out, bool(out)
 
 
-def _cpu_fix(con, ctx: Context, pid: int, who: str, culprits: list[Culprit]) -> list[str]:
+def _core(con, ctx: Context, pid: int) -> int | None:
     row = con.execute(CORE_SQL, {"sid": ctx.session_id, "pid": pid, "t0": ctx.start_ns,
                                  "t1": ctx.end_ns}).fetchone()
-    core = int(row[0]) if row and row[0] is not None else None
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def _cpu_fix(con, ctx: Context, pid: int, who: str, culprits: list[Culprit], job_pids: list[int]) -> list[str]:
+    core = _core(con, ctx, pid)
     fix = []
     if culprits:
         pids = " ".join(str(c.pid) for c in culprits)
         comms = ", ".join(sorted({c.name for c in culprits}))
-        rest = [c for c in range(ctx.ncpu) if c != core]
+        # only to cores no rank runs on: moving them onto another rank's core makes that rank late
+        ranks_cores = {c for c in (_core(con, ctx, p) for p in job_pids) if c is not None}
+        rest = [c for c in range(ctx.ncpu) if c != core and c not in ranks_cores]
         if core is not None and rest:
             cores = ",".join(str(c) for c in rest)
             fix.append(f"taskset -acp {cores} {pids}   (keep {comms} off {who}'s core {core})")
-        fix.append(f"renice -n 19 -p {pids}")
+        elif core is not None:
+            fix.append(f"renice -n 19 -p {pids}   (every core runs a rank: moving {comms} off core {core} "
+                       "would make another rank late; lower them, or run them elsewhere)")
+        if not fix or not fix[-1].startswith("renice"):
+            fix.append(f"renice -n 19 -p {pids}")
         if ctx.sched_autogroup:
             fix.append(f"for p in {pids}; do echo 19 > /proc/$p/autogroup; done   "
                        "(autogroups are on: renice alone does not reach across sessions)")
