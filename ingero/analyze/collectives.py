@@ -102,18 +102,22 @@ def jobs(ctx: Context) -> list[Job]:
         return cached
     con = ctx.con
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}
-    ops: dict[str, int] = {}
+    ops: dict[tuple[int, str], int] = {}  # (pid, op) -> calls
     params = {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
               "ops": COLLECTIVE_OPS, "sync_ops": SYNC_OPS}
     for pid, ts, comm, op, done in con.execute(CALLS_SQL, params).fetchall():
         calls.setdefault(int(pid), []).append((int(ts), None if comm is None else int(comm),
                                                None if done is None else int(done)))
-        ops[op] = ops.get(op, 0) + 1
+        ops[(int(pid), op)] = ops.get((int(pid), op), 0) + 1
     out: list[Job] = []
     if len(calls) >= 2:
         out = _group(calls, _rank_rows(con, ctx.session_id))
         for job in out:
-            job.op = max(ops, key=ops.get)
+            mine = {}
+            for (pid, op), n in ops.items():
+                if pid in job.ranks:
+                    mine[op] = mine.get(op, 0) + n
+            job.op = max(mine, key=mine.get)
     ctx.extra["nccl_jobs"] = out
     return out
 

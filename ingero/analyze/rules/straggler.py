@@ -378,9 +378,9 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
                               + f" (other ranks {units.pct(peers_share)})")
             fix = _cpu_fix(con, ctx, top, who, culprits, pids)
         elif key == "sleep_out_ns":
-            kids = [p for p, n in procs.lookup(con, _children(con, top)).items()]
+            kids = len(_children(con, top))
             fix = [f"DataLoader(num_workers=…, prefetch_factor=…, persistent_workers=True) on {who}: its input "
-                   f"is what it waits for ({len(kids)} worker process{'es' if len(kids) != 1 else ''} now)",
+                   f"is what it waits for ({kids} worker process{'es' if kids != 1 else ''} now)",
                    f"give {who} a local copy of its data shard if it reads from a slower mount than the others"]
         elif key == "io_ns":
             writers = con.execute(WRITERS_SQL, {"ws": ev_ws, "job": pids}).fetchall()
