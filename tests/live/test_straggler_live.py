@@ -30,9 +30,16 @@ from pathlib import Path
 
 import pytest
 
+import workloads
 from workloads import REPO, Tracer, query, simcuda, wait_for
 
 pytestmark = pytest.mark.live
+
+
+@pytest.fixture(autouse=True)
+def patient_start(monkeypatch):
+    """Two ranks, their workers and hogs on 2 cores: the tracer has taken 135 s to start at load 18."""
+    monkeypatch.setattr(workloads, "START_TIMEOUT_S", 240)
 
 TRAIN = REPO / "demos" / "workloads" / "train.py"
 STEPS = 200
@@ -95,12 +102,12 @@ def test_healthy_job_on_two_libnccl_copies_is_one_job_without_a_straggler(tmp_pa
     strong = [(c.rule_id, c.severity, c.root[0]) for c in report.chains
               if c.severity in STRONG and c.rule_id not in HOST_RULES | {"straggler"}]
     assert strong == []
-    # a neighbour's load on this shared box can make one rank a real straggler: then the chain
-    # names that neighbour, never the job's own processes (the job itself is healthy)
+    # a neighbour's load on this shared box can make one rank a real straggler: the chain then
+    # blames that load, never the job's own processes (the job itself is healthy)
     job_pids = {job["pid"], *pids, *(p for q in pids for p in _children_seen(db, q))}
     for c in report.chains:
         if c.rule_id == "straggler" and c.severity in STRONG:
-            assert c.culprits and not {x.pid for x in c.culprits} & job_pids, (c.root, c.culprits)
+            assert not {x.pid for x in c.culprits} & job_pids, (c.root, c.culprits)
 
 
 def _children_seen(db: Path, pid: int) -> list[int]:
