@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from ingero.analyze import procs
 from ingero.analyze.context import Context
 
 # Collectives every rank of the communicator calls (send / recv are pairwise).
@@ -101,6 +102,10 @@ def jobs(ctx: Context) -> list[Job]:
     if cached is not None:
         return cached
     con = ctx.con
+    if not procs.has_column(con, "events", "comm"):
+        # a file from before the NCCL probes (schema 10) opened read-only: no collectives to line up
+        ctx.extra["nccl_jobs"] = []
+        return []
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}
     ops: dict[tuple[int, str], int] = {}  # (pid, op) -> calls
     params = {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
