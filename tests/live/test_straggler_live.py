@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import prereqs
 import workloads
 from workloads import REPO, Tracer, query, simcuda, wait_for
 
@@ -164,4 +165,12 @@ def test_job_traced_after_init_and_contended_on_every_rank_is_contention_not_a_s
     assert len(jobs) == 1 and sorted(jobs[0].ranks.values()) == [0, 1]
     strong = {(c.rule_id, p) for c in report.chains if c.severity in STRONG for p in c.pids}
     assert ("cpu-contention", ranks[0]) in strong and ("cpu-contention", ranks[1]) in strong, strong
-    assert [c for c in report.chains if c.rule_id == "straggler" and c.severity in STRONG] == []
+    stragglers = [c.root[0] for c in report.chains if c.rule_id == "straggler" and c.severity in STRONG]
+    # Equal hogs make equal ranks only if this shared box's other load spreads evenly too; the
+    # simulated NCCL's truth (how long each rank's all-reduces waited for the other) says whether it did.
+    waits = json.loads(summary.read_text())["collective_wait_ms_by_rank"]
+    if stragglers and max(waits) >= 2 * min(waits):
+        prereqs.missing("a box whose other load leaves both ranks equally contended",
+                        f"the simulated NCCL measured per-step waits {waits} ms: one rank really was late; "
+                        f"{stragglers}")
+    assert stragglers == [], waits

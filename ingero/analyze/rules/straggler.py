@@ -81,9 +81,10 @@ class Thresholds:
     # The late rank's own cause is named when its share of wall clock exceeds the other
     # ranks' median in the same windows by at least this much.
     min_cause_excess: float = 0.02
-    # ... and is at least this many times theirs: a rank preempted 61% of the time against
-    # others' 54% is as contended as they are (the cause is shared, see shared_cause_share).
-    min_cause_ratio: float = 1.5
+    # ... and that excess, per step, accounts for at least this share of how much later than
+    # the others it enters: otherwise its own evidence does not explain its lateness (when
+    # every rank carries the same cause, see shared_cause_share, the job is contended as a whole).
+    min_cause_explains: float = 0.5
     # A cause every rank carries, each at least this share of its wall clock (cpu-contention's
     # evidence threshold), is shared: the job is contended as a whole, the straggler is LOW.
     shared_cause_share: float = 0.10
@@ -357,7 +358,7 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
     waiting = _ranks_text(job, others)
     what = "median per-window" if unit == "window" else "per-collective"
 
-    cause = _own_cause(ctx, top, others, ev_ws)
+    cause = _own_cause(ctx, top, others, ev_ws, ev_wall / max(1, len(ev_ks)), after_ns)
     culprits, fix, contributing = [], [], []
     cause_text = "no cause of its own in its host metrics (compare its windows: ingero explain --pid %d)" % top
     cause_rule = None
@@ -459,9 +460,10 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
     return chain
 
 
-def _own_cause(ctx: Context, pid: int, others: list[int], ws: list[int]):
+def _own_cause(ctx: Context, pid: int, others: list[int], ws: list[int], step_ns: float, after_ns: float):
     """(column, words, rule id, its share, the other ranks' median share) of the late rank's largest
-    excess over the other ranks in the windows ``ws``; None when nothing stands out."""
+    excess over the other ranks in the windows ``ws``; None when nothing stands out, or when the
+    excess (per step of ``step_ns``) is too small to explain how late it comes (``after_ns``)."""
     by_pid = baseline.windows_by_pid(ctx)
     wset = set(ws)
     rows = [r for r in by_pid.get(pid, []) if int(r["w"]) in wset]
@@ -474,8 +476,10 @@ def _own_cause(ctx: Context, pid: int, others: list[int], ws: list[int]):
         peers = collectives.median([baseline.mean_share(rs, key) for rs in peer_rows.values() if rs])
         if best is None or mine - peers > best[3] - best[4]:
             best = (key, label, rule, mine, peers)
-    if best is None or best[3] - best[4] < T.min_cause_excess or best[3] < T.min_cause_ratio * best[4]:
+    if best is None or best[3] - best[4] < T.min_cause_excess:
         return None
+    if (best[3] - best[4]) * step_ns < T.min_cause_explains * after_ns:
+        return None  # its extra cause is too little to make it that late: not its own cause
     return best
 
 
