@@ -84,6 +84,20 @@ def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
             chain.severity = _DOWNGRADE[chain.severity]
 
 
+def _explainers_first(chains: list[Chain], explains) -> None:
+    """A chain that names another process' chain as its own cause (a straggler rank: its CPU
+    contention makes every other rank wait, the same time again on each) is listed before that
+    chain, which it explains: ``explains`` holds (chain, rule id, pid) from the rules."""
+    for parent, rule_id, pid in explains:
+        if parent not in chains:
+            continue
+        i = chains.index(parent)
+        for j, c in enumerate(chains[:i]):
+            if c.rule_id == rule_id and pid in c.pids:
+                chains.insert(j, chains.pop(i))
+                break
+
+
 def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "summaries") -> Report:
     """``source``: what the window tables are built from (windows.build): the per-second
     summaries (the default), or the raw events (the reference the tests compare with)."""
@@ -101,6 +115,7 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
         _rank(chain, active_wall)
         _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
+    _explainers_first(chains, ctx.extra.get("explains", ()))
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
     if ctx.imported_from:
         report.notes.append(
