@@ -2,9 +2,10 @@
 
 Three findings, each from the run itself (no fixed step time, no peer list):
 
-fleet-straggler   the node whose step time lies more than Z_MIN robust
-                  deviations above the nodes' median (modified z-score,
-                  median absolute deviation; Iglewicz & Hoaglin's 3.5), with
+fleet-straggler   the slowest node, when its step time lies more than z_min
+                  robust deviations above its peers' median (modified
+                  z-score on the median absolute deviation of the other
+                  nodes; Iglewicz & Hoaglin's 3.5), with
                   its own local cause (its segments' strongest chain) and what
                   a synchronous collective per step costs the others: each
                   waits (straggler step - own step) per step.
@@ -206,19 +207,22 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
         if len(rates) < t.min_nodes:
             return None, f"straggler: needs {t.min_nodes} nodes with steps or kernel launches, found {max(len(timed), len(rates))}"
         metric, vals, worse, unit = "kernel launches/s", rates, -1, "/s"
-    med = median(list(vals.values()))
-    mad = median([abs(v - med) for v in vals.values()])
+    # the candidate is the worst node; it is judged against its peers' median and MAD (leave one
+    # out: with a handful of nodes the outlier would otherwise widen the very spread it is judged by)
+    slow = max(vals, key=lambda n: (worse * vals[n], n))
+    peers = [v for n, v in vals.items() if n != slow]
+    med = median(peers)
+    mad = median([abs(v - med) for v in peers])
     scale = max(t.mad_scale * mad, t.rel_floor * med)
     z = {n: worse * (v - med) / scale for n, v in vals.items()}
-    slow = max(z, key=lambda n: (z[n], n))
     ratio = (vals[slow] / med) if worse > 0 else (med / vals[slow] if vals[slow] else float("inf"))
-    basis = (f"straggler judged by {metric} across {len(vals)} nodes: median {med:.2f} {unit}, MAD {mad:.2f} {unit}, "
+    basis = (f"straggler judged by {metric} across {len(vals)} nodes: {slow} against its peers' median {med:.2f} {unit}, MAD {mad:.2f} {unit}, "
              f"threshold {t.z_min} robust deviations (scale {scale:.2f} {unit}) and {t.min_slowdown}x")
     if z[slow] <= t.z_min or ratio < t.min_slowdown:
         return None, basis
     me = nodes[slow]
     others = {n: x for n, x in nodes.items() if n != slow}
-    root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} median of {len(vals)} nodes "
+    root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} median of its {len(peers)} peers "
             f"({ratio:.2f}x slower, {z[slow]:.1f} robust deviations above; MAD {mad:.2f} {unit})"]
     fix: list[str] = []
     culprits: list[Culprit] = []

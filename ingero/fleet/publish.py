@@ -75,7 +75,7 @@ class Publisher(TraceHook):
         self._stop = False
         self._thread: threading.Thread | None = None
         self._con: Any = None
-        self._lock = threading.Lock()
+        self.crash: BaseException | None = None
 
     @classmethod
     def bind(cls, root_url: str, db_path: Path, **kw: Any) -> "Publisher":
@@ -110,12 +110,25 @@ class Publisher(TraceHook):
         self._stop = True
         self._wake.set()
         self._thread.join()  # the rest of the session, published now (or left due: ROOT unreachable)
+        self._release()
+        if self.crash is not None:
+            raise self.crash  # the publisher's bug: shown with its traceback, after the store is safe
 
     def close(self) -> None:
         self._stop = True
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=30)
+        self._release()
+
+    def _release(self) -> None:
+        """Close the worker's cursor: the session's closing CHECKPOINT waits for no transaction of ours."""
+        if self._con is not None and (self._thread is None or not self._thread.is_alive()):
+            try:
+                self._con.close()
+            except Exception:  # noqa: BLE001 - already closed with its connection
+                pass
+            self._con = None
 
     # -- state ---------------------------------------------------------------------
 
@@ -130,8 +143,12 @@ class Publisher(TraceHook):
         self._daemon = sync_daemon()
         if self.node is None:
             self.node = self._facts.hostname
-        started = self._con.execute("SELECT min(started_ns) FROM sessions WHERE session_id = $s",
-                                    {"s": self._session}).fetchone()[0] or time.time_ns()
+        # the first flush may hold events from before the session row (block I/O issued while the
+        # programs were loading): the first segment starts at the earliest of both
+        started = self._con.execute(
+            "SELECT least((SELECT min(started_ns) FROM sessions WHERE session_id = $s), "
+            "(SELECT min(timestamp + coalesce(duration_ns, 0)) FROM events WHERE session_id = $s))",
+            {"s": self._session}).fetchall()[0][0] or time.time_ns()
         self._state = _load(state_path(self.db_path))
         self._state[str(self._session)] = {
             "root": self.root.url, "node": self.node, "job": self.job, "segment_ns": self.segment_ns,
@@ -149,13 +166,16 @@ class Publisher(TraceHook):
     # -- the worker ----------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            self._wake.wait(1.0)
-            self._wake.clear()
-            stopping = self._stop
-            self._publish_due(final=self._ended)
-            if stopping:
-                return
+        try:
+            while True:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                stopping = self._stop
+                self._publish_due(final=self._ended)
+                if stopping:
+                    return
+        except BaseException as exc:  # a bug: kept for on_end to raise on the session's thread
+            self.crash = exc
 
     def _publish_due(self, final: bool) -> None:
         for sid in sorted(self._state, key=int):
@@ -178,7 +198,7 @@ class Publisher(TraceHook):
         else:
             row = self._con.execute(
                 "SELECT max(timestamp + coalesce(duration_ns, 0)) FROM events WHERE session_id = $s", {"s": sid}
-            ).fetchone()
+            ).fetchall()[0]
             last_end = int(row[0]) if row and row[0] is not None else None
             limit = None
         while True:
@@ -225,12 +245,12 @@ class Publisher(TraceHook):
 
     def _job_from_ranks(self, sid: int) -> str | None:
         row = self._con.execute("SELECT any_value(job) FROM ranks WHERE session_id = $s AND job IS NOT NULL",
-                                {"s": sid}).fetchone()
+                                {"s": sid}).fetchall()[0]
         return row[0] if row else None
 
     def _session_drops(self, sid: int) -> tuple[int, int]:
         row = self._con.execute("SELECT max(drops_kernel), max(drops_user) FROM sessions WHERE session_id = $s",
-                                {"s": sid}).fetchone()
+                                {"s": sid}).fetchall()[0]
         return (int(row[0] or 0), int(row[1] or 0)) if row else (0, 0)
 
     def summary(self) -> str:

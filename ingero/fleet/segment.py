@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.errors import IngeroError
 from ingero.export.parquet import _PROCESSES_SQL, _chain_row
-from ingero.export.selection import Selection, run
+from ingero.export.selection import Selection, reader
 from ingero.fleet import schema
 from ingero.fleet.facts import ClockState, NodeFacts
 
@@ -79,18 +80,21 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     t1 = t0 + segment_ns
     p = {"sid": session_id, "t0": t0, "t1": t1, "lo": t0 - LONGEST_EVENT_NS}
     tables: dict[str, list[pa.Table]] = {}
-    reader = con.execute(EVENTS_SQL, p).fetch_record_batch(rows_per_file)
     parts, events = [], 0
-    for batch in reader:
-        t = pa.Table.from_batches([batch])
-        # fetch_record_batch's chunks are at most rows_per_file rows: one file each
-        parts.append(schema.conform(t, schema.EVENTS))
-        events += t.num_rows
+    rd = con.cursor()  # a streamed relation needs a connection with no result left open (explain leaves some)
+    try:
+        for batch in reader(rd, EVENTS_SQL, p, rows_per_file):
+            t = pa.Table.from_batches([batch])
+            # the reader's batches hold at most rows_per_file rows: one file each
+            parts.append(schema.conform(t, schema.EVENTS))
+            events += t.num_rows
+    finally:
+        rd.close()
     tables["events"] = parts
     report = _explain(con, session_id, t0, t1)
     if report is not None:
-        win = con.execute(WINDOWS_SQL, {"sid": session_id, "t0": t0, "wns": int(WINDOW_S * NS)}).arrow()
-        tables["windows"] = [schema.conform(_table(win), schema.WINDOWS)]
+        win = _arrow(con, WINDOWS_SQL, {"sid": session_id, "t0": t0, "wns": int(WINDOW_S * NS)})
+        tables["windows"] = [schema.conform(win, schema.WINDOWS)] if win.num_rows else []
         rows = [{**_chain_row(i, c), "session_id": session_id, "segment_start_ns": t0, "segment_end_ns": t1}
                 for i, c in enumerate(report.chains, 1)]
         tables["chains"] = [pa.Table.from_pylist(rows, schema=schema.CHAINS)] if rows else []
@@ -98,11 +102,12 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     else:
         tables["windows"], tables["chains"], loop_pids = [], [], []
     sel = Selection(session_id, t0, t1, (), Options(session=session_id))
-    procs = _table(run(con, _PROCESSES_SQL, sel.params()).arrow())
+    params = sel.params()
+    procs = _arrow(con, _PROCESSES_SQL, {k: v for k, v in params.items() if f"${k}" in _PROCESSES_SQL})
     tables["processes"] = [schema.conform(procs, schema.PROCESSES)] if procs.num_rows else []
-    ranks = _table(con.execute(RANKS_SQL, {"sid": session_id, "t0": t0, "t1": t1}).arrow())
+    ranks = _arrow(con, RANKS_SQL, {"sid": session_id, "t0": t0, "t1": t1})
     tables["ranks"] = [schema.conform(ranks, schema.RANKS)] if ranks.num_rows else []
-    host = con.execute(HOST_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchone()
+    host = con.execute(HOST_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()[0]
     others = con.execute(OTHERS_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()
     steps = report.steps if report is not None else None
     device = report.device if report is not None else None
@@ -128,7 +133,7 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
 
 def _explain(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, t1: int) -> Any:
     """explain over the segment's events (by start time), one-second windows; None when it holds none."""
-    first, last = con.execute(SPAN_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchone()
+    first, last = con.execute(SPAN_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()[0]
     if first is None:
         return None
     try:
@@ -137,6 +142,9 @@ def _explain(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, t1: int) 
         return None  # nothing to explain in the range: windows and chains stay empty
 
 
-def _table(t: Any) -> pa.Table:
-    """DuckDB's .arrow() gives a Table or a RecordBatchReader depending on its version."""
-    return t.read_all() if hasattr(t, "read_all") else t
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
+    """A small result as Arrow, on ``con`` itself (explain's TEMP tables live on it; a relation
+    would need a connection without open results, which explain leaves)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "an extra copy of the rows": a few hundred rows
+        return con.execute(sql, params).to_arrow_table()
