@@ -45,6 +45,18 @@ WINDOWS = pa.schema([
     *[(m, pa.float64()) for m in WINDOW_METRICS],
 ])
 
+# The store's own per-second summaries (`windows`, store schema 11: docs/schema.md), copied as
+# they are: one row per second, thread, op and kind.  Absent from a store before schema 11.
+SUMMARIES = pa.schema([
+    ("session_id", pa.int32()), ("start_ns", pa.int64()), ("pid", pa.int32()), ("tid", pa.int32()),
+    ("op", pa.string()), ("kind", pa.string()), ("in_call", pa.string()), ("queued", pa.bool_()),
+    ("other_pid", pa.int32()), ("events_n", pa.int64()), ("first_ns", pa.int64()), ("last_ns", pa.int64()),
+    ("duration_ns", pa.int64()), ("overflow_ns", pa.int64()), ("runq_ns", pa.int64()), ("bytes", pa.int64()),
+    ("small_copy_n", pa.int64()), ("max_duration_ns", pa.int64()),
+    ("duration_hist_bucket", pa.list_(pa.int16())), ("duration_hist_n", pa.list_(pa.int32())),
+    ("duration_hist_sum_ns", pa.list_(pa.int64())),
+])
+
 CHAINS = pa.schema([
     ("session_id", pa.int32()), ("segment_start_ns", pa.int64()), ("segment_end_ns", pa.int64()),
     *CHAIN_SCHEMA,
@@ -77,11 +89,11 @@ NODES = pa.schema([
 ])
 
 TABLES: dict[str, pa.Schema] = {
-    "events": EVENTS, "windows": WINDOWS, "chains": CHAINS, "processes": PROCESSES, "ranks": RANKS,
+    "events": EVENTS, "windows": WINDOWS, "summaries": SUMMARIES, "chains": CHAINS, "processes": PROCESSES, "ranks": RANKS,
     "nodes": NODES,
 }
 # Written in this order: `nodes` last, so a segment whose nodes row exists is complete.
-WRITE_ORDER = ("events", "windows", "chains", "processes", "ranks", "nodes")
+WRITE_ORDER = ("events", "windows", "summaries", "chains", "processes", "ranks", "nodes")
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -23,6 +23,7 @@ import pyarrow as pa
 from ingero import __version__
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
+from ingero.analyze.procs import has_table
 from ingero.errors import IngeroError
 from ingero.export.parquet import _PROCESSES_SQL, _chain_row
 from ingero.export.selection import Selection, reader
@@ -45,6 +46,7 @@ WINDOWS_SQL = """
 SELECT w.*, $sid AS session_id, $t0 + w.w * $wns AS start_ns, $wns AS window_ns, p.name AS process
 FROM ing_win w LEFT JOIN process_names p USING (pid) ORDER BY w.w, w.pid
 """
+SUMMARIES_SQL = "SELECT * FROM windows WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
 RANKS_SQL = "SELECT * FROM ranks WHERE session_id = $sid AND seen_ns >= $t0 AND seen_ns < $t1 ORDER BY seen_ns"
 SPAN_SQL = """
 SELECT min(timestamp), max(timestamp) FROM events
@@ -58,6 +60,7 @@ WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
 OTHERS_SQL = """
 SELECT pid, any_value(comm) AS comm, sum(oncpu_ns) / 1e9 AS cpu_s FROM process_cpu
 WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+  AND interval_ns <= 5e9  -- a process' first sample covers its whole life before the trace
   AND pid NOT IN (SELECT DISTINCT pid FROM events WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1)
 GROUP BY pid ORDER BY cpu_s DESC
 """
@@ -101,6 +104,9 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         loop_pids = [int(r[0]) for r in con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC").fetchall()]
     else:
         tables["windows"], tables["chains"], loop_pids = [], [], []
+    # the store's per-second summaries (schema 11), when this store has them
+    summ = _arrow(con, SUMMARIES_SQL, {"sid": session_id, "t0": t0, "t1": t1}) if has_table(con, "windows") else None
+    tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
     sel = Selection(session_id, t0, t1, (), Options(session=session_id))
     params = sel.params()
     procs = _arrow(con, _PROCESSES_SQL, {k: v for k, v in params.items() if f"${k}" in _PROCESSES_SQL})

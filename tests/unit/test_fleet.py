@@ -221,3 +221,82 @@ def test_every_table_and_column_is_documented():
         for f in sch:
             assert f"`{f.name}`" in text, (table, f.name)
     assert f"fleet schema version {schema.FLEET_SCHEMA_VERSION}" in text
+
+
+# -- the publisher on a store, without eBPF: lost mount, crash, catch-up ------------------------------
+
+class _Sess:
+    def __init__(self, store, sid):
+        self.store, self.session_id, self.last_counters, self.drops_user = store, sid, None, 0
+
+
+def _store_with_events(db: Path, n: int = 3000, span_s: int = 30):
+    import numpy as np
+
+    from ingero.demo.synthetic import event_batch
+    from ingero.store.db import Store
+
+    store = Store.open(db)
+    sid = store.begin_session(command="test", targets="test")
+    start = store.con.execute("SELECT started_ns FROM sessions WHERE session_id = $s", {"s": sid}).fetchall()[0][0]
+    store.append("events", event_batch(sid, start - span_s * NS, start - NS, n, np.random.default_rng(3)))
+    store.con.execute("UPDATE sessions SET started_ns = $t WHERE session_id = $s", {"t": start - span_s * NS, "s": sid})
+    return store, sid
+
+
+def _published_events(root: Path, node: str) -> int:
+    files = [f for f in root.rglob("*.parquet") if "table=events" in str(f) and f"node={node}" in str(f)]
+    return sum(pq.read_metadata(f).num_rows for f in files)
+
+
+def test_lost_mount_keeps_segments_due_and_the_next_publisher_fills_the_gap(tmp_path: Path):
+    from ingero.fleet.publish import Publisher
+
+    db = tmp_path / "n.duckdb"
+    store, sid = _store_with_events(db)
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    root = mount / "ds"
+    pub = Publisher.bind(str(root), db, node="n", job="j", segment_s=10)
+    sess = _Sess(store, sid)
+    pub.on_flush(sess, None, 0.0)
+    # the mount goes away: ROOT is now a file, every write fails; the session ends meanwhile
+    import shutil
+    shutil.rmtree(root)
+    root.write_text("not a directory")
+    pub.on_end(sess)
+    pub.close()
+    assert pub.failures >= 1 and pub.published == 0 and "not yet fully published" in pub.summary()
+    state = json.loads((tmp_path / "n.duckdb.fleet.json").read_text())["sessions"][str(sid)]
+    assert state["done"] is False
+    # the mount is back; the next trace on the same store publishes the whole session, once
+    root.unlink()
+    sid2 = store.begin_session(command="test", targets="test")
+    pub2 = Publisher.bind(str(root), db, node="n", job="j", segment_s=10)
+    pub2.on_flush(_Sess(store, sid2), None, 0.0)
+    pub2.on_end(_Sess(store, sid2))
+    pub2.close()
+    stored = store.con.execute("SELECT count(*) FROM events WHERE session_id = $s", {"s": sid}).fetchall()[0][0]
+    assert _published_events(root, "n") == stored == 3000
+    names = sorted(f.name for f in root.rglob("*.parquet") if "table=nodes" in str(f))
+    starts = sorted(int(layout.NAME_RE.match(n)["first_ts"]) for n in names if layout.NAME_RE.match(n)["session"] == str(sid))
+    assert all(b - a == 10 * NS for a, b in zip(starts, starts[1:]))
+    # a third publisher finds nothing due: nothing is written twice
+    before = sorted(str(f) for f in root.rglob("*.parquet"))
+    pub3 = Publisher.bind(str(root), db, node="n", job="j", segment_s=10)
+    sid3 = store.begin_session(command="test", targets="test")
+    pub3.on_flush(_Sess(store, sid3), None, 0.0)
+    pub3.on_end(_Sess(store, sid3))
+    pub3.close()
+    assert [f for f in sorted(str(f) for f in root.rglob("*.parquet")) if "-%d-" % sid in f] == \
+        [f for f in before if "-%d-" % sid in f]
+    store.close()
+
+
+def test_unwritable_publish_root_is_one_line_before_tracing(tmp_path: Path):
+    from ingero.fleet.publish import Publisher
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(IngeroError) as err:
+        Publisher.bind(str(tmp_path / "f" / "ds"), tmp_path / "db.duckdb")
+    assert str(err.value).startswith(f"cannot publish to {tmp_path / 'f' / 'ds'}: ")
