@@ -60,13 +60,14 @@ def writer_child(args: argparse.Namespace) -> int:
     from ingero.store.db import Store
 
     tmp = Path(args.dir)
-    db = tmp / f"{args.mode}.duckdb"
+    mode = args.child
+    db = tmp / f"{mode}.duckdb"
     store = Store.open(db)
     store.con.execute("SET threads = 1")  # as the tracer's session
     sid = store.begin_session(command="bench_fleet", targets="synthetic")
     sess = _Session(store, sid)
     hooks = [Publisher(str(tmp / "ds"), db, node="bench", job="bench", segment_s=args.segment_s)] \
-        if args.mode == "publish" else []
+        if mode == "publish" else []
     rng = np.random.default_rng(1)
     cpu0, wall0 = _cpu_self(), time.monotonic()
     last = time.time_ns()

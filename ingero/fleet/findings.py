@@ -75,9 +75,10 @@ SELECT node, min(t0), max(t1), sum(segments), sum(events), sum(dk), sum(du), sum
        max(max_error_us), flatten(list(others_top)), max(hostname), max(gpus), sum(timed)
 FROM s GROUP BY node ORDER BY node
 """
+# the loop's windows, summed per segment into the nodes rows
 LOOP_SQL = """
-SELECT node, sum(wall_ns), sum(cpu_wait_ns), sum(ops_n), sum(launch_n), count(*)
-FROM windows WHERE start_ns >= $t0 AND start_ns < $t1 GROUP BY node
+SELECT node, sum(loop_wall_ns), sum(loop_cpu_wait_ns), sum(loop_ops), sum(loop_launches), sum(loop_windows)
+FROM nodes WHERE segment_end_ns > $t0 AND segment_start_ns < $t1 GROUP BY node
 """
 CHAINS_SQL = """
 SELECT node, rule_id, severity, title, share, root, effect, fix, culprits, evidence_windows, segment_start_ns
@@ -153,7 +154,8 @@ def load_nodes(con: duckdb.DuckDBPyConnection, t0: int, t1: int) -> dict[str, No
     for node, wall, cpu_wait, ops, launches, n in con.execute(LOOP_SQL, {"t0": t0, "t1": t1}).fetchall():
         if node in nodes:
             x = nodes[node]
-            x.wall_ns, x.cpu_wait_ns, x.ops, x.launches, x.windows = float(wall or 0), float(cpu_wait or 0), float(ops or 0), float(launches or 0), int(n)
+            x.wall_ns, x.cpu_wait_ns, x.ops, x.launches = float(wall or 0), float(cpu_wait or 0), float(ops or 0), float(launches or 0)
+            x.windows = int(n or 0)
     return nodes
 
 
@@ -372,8 +374,8 @@ def explain(con: duckdb.DuckDBPyConnection, cat: Catalog, t: Thresholds = T) -> 
     chains.sort(key=Chain.sort_key)
     if basis:
         notes.append(basis)
-    read = cat.count(("nodes", "windows", "chains"))
-    notes.append(f"read {read} files (nodes, windows, chains); pruned {cat.pruned_dirs} partitions and "
+    read = cat.count(("nodes", "chains"))
+    notes.append(f"read {read} files (nodes, chains); pruned {cat.pruned_dirs} partitions and "
                  f"{cat.pruned_files} files by job and time; events files are not read")
     if not nodes:
         notes.append("no node published a segment in this range")

@@ -83,6 +83,10 @@ NODES = pa.schema([
     ("events", pa.int64()), ("drops_kernel", pa.int64()), ("drops_user", pa.int64()),
     ("steps", pa.int64()), ("step_median_ms", pa.float64()), ("step_p99_ms", pa.float64()),
     ("device_busy", pa.float64()), ("loop_pids", pa.list_(pa.int32())),
+    # the segment's windows summed (the loop threads of its CUDA processes): fleet explain reads
+    # these instead of every windows file
+    ("loop_wall_ns", pa.float64()), ("loop_cpu_wait_ns", pa.float64()), ("loop_ops", pa.float64()),
+    ("loop_launches", pa.float64()), ("loop_windows", pa.int64()),
     ("host_cpu_pct", pa.float64()), ("load1", pa.float64()),
     ("others_cpu_s", pa.float64()), ("others_top", pa.string()),
     ("ingero_version", pa.string()),

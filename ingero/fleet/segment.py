@@ -46,6 +46,7 @@ WINDOWS_SQL = """
 SELECT w.*, $sid AS session_id, $t0 + w.w * $wns AS start_ns, $wns AS window_ns, p.name AS process
 FROM ing_win w LEFT JOIN process_names p USING (pid) ORDER BY w.w, w.pid
 """
+LOOP_SUMS_SQL = "SELECT sum(wall_ns), sum(cpu_wait_ns), sum(ops_n), sum(launch_n), count(*) FROM ing_win"
 SUMMARIES_SQL = "SELECT * FROM windows WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
 RANKS_SQL = "SELECT * FROM ranks WHERE session_id = $sid AND seen_ns >= $t0 AND seen_ns < $t1 ORDER BY seen_ns"
 SPAN_SQL = """
@@ -102,8 +103,9 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
                 for i, c in enumerate(report.chains, 1)]
         tables["chains"] = [pa.Table.from_pylist(rows, schema=schema.CHAINS)] if rows else []
         loop_pids = [int(r[0]) for r in con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC").fetchall()]
+        loop = con.execute(LOOP_SUMS_SQL).fetchall()[0]
     else:
-        tables["windows"], tables["chains"], loop_pids = [], [], []
+        tables["windows"], tables["chains"], loop_pids, loop = [], [], [], (None,) * 5
     # the store's per-second summaries (schema 11), when this store has them
     summ = _arrow(con, SUMMARIES_SQL, {"sid": session_id, "t0": t0, "t1": t1}) if has_table(con, "windows") else None
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
@@ -127,7 +129,8 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         "events": events, "drops_kernel": drops[0], "drops_user": drops[1],
         "steps": steps.count if steps else None, "step_median_ms": steps.median_ms if steps else None,
         "step_p99_ms": steps.p99_ms if steps else None, "device_busy": device.busy_share if device else None,
-        "loop_pids": loop_pids, "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
+        "loop_pids": loop_pids, "loop_wall_ns": loop[0], "loop_cpu_wait_ns": loop[1], "loop_ops": loop[2],
+        "loop_launches": loop[3], "loop_windows": loop[4], "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
         "others_cpu_s": float(sum(r[2] or 0 for r in others)),
         "others_top": json.dumps([{"pid": int(r[0]), "name": r[1], "cpu_s": round(float(r[2] or 0), 3)}
                                   for r in others[:TOP_OTHERS]]),

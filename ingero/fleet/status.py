@@ -54,6 +54,6 @@ def query(url: str, sql: str, max_rows: int) -> tuple[QueryResult, list[str]]:
 
 
 def explain(url: str, *, job: str | None, since_s: float | None):
-    cat = dataset.catalog(url, tables=("nodes", "windows", "chains"), job=job, since_s=since_s)
-    con = dataset.connect(cat, ("nodes", "windows", "chains"))
+    cat = dataset.catalog(url, tables=("nodes", "chains"), job=job, since_s=since_s)
+    con = dataset.connect(cat, ("nodes", "chains"))
     return findings.explain(con, cat)

@@ -78,7 +78,8 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
                 "clock_max_error_us": spec.max_error_us, "clock_est_error_us": spec.max_error_us // 10,
                 "events": per_seg_events, "drops_kernel": 0, "drops_user": 0, "steps": steps,
                 "step_median_ms": spec.step_ms, "step_p99_ms": spec.step_ms * 1.2, "device_busy": 0.8,
-                "loop_pids": [pid], "host_cpu_pct": 50.0, "load1": 4.0, "others_cpu_s": spec.others_cores * secs,
+                "loop_pids": [pid], "loop_wall_ns": float(wall.sum()), "loop_cpu_wait_ns": float(win["cpu_wait_ns"].sum()),
+                "loop_ops": float(win["ops_n"].sum()), "loop_launches": float(launches.sum()), "loop_windows": secs, "host_cpu_pct": 50.0, "load1": 4.0, "others_cpu_s": spec.others_cores * secs,
                 "others_top": json.dumps([{"pid": 777, "name": spec.others_name, "cpu_s": spec.others_cores * secs}]),
                 "ingero_version": "synthetic"}], schema=schema.NODES)
             for table in schema.WRITE_ORDER:

@@ -25,6 +25,18 @@ from workloads import INGERO, REPO, Tracer, query, wait_for
 pytestmark = pytest.mark.live
 
 
+@pytest.fixture
+def tmp_path():
+    # not pytest's basetemp: on a machine shared by several pytest runs of one user, another run
+    # prunes it (keeping the newest 3) while the tracers still write there
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="ingero-fleet-live-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _three_tracers_start_at_once(monkeypatch):
     # three tracers compile their BPF programs at the same time on a shared 2-core box: ~3x one start

@@ -44,7 +44,7 @@ def hog_fleet(tmp_path: Path) -> Path:
 
 
 def test_straggler_names_the_node_its_local_cause_and_what_the_others_lost(hog_fleet: Path):
-    cat = dataset.catalog(str(hog_fleet), tables=("nodes", "windows", "chains"))
+    cat = dataset.catalog(str(hog_fleet), tables=("nodes", "chains"))
     report, nodes = status.explain(str(hog_fleet), job=None, since_s=None)
     chain = report.chains[0]
     assert chain.rule_id == "fleet-straggler" and chain.severity == "HIGH"
@@ -113,12 +113,12 @@ def test_time_and_job_pruning_never_read_every_file(tmp_path: Path):
              start_ns=start)
     generate(str(root), [NodeSpec("a")], job="other", seconds=600, segment_s=600, start_ns=start)
     everything = sum(1 for p in root.rglob("*.parquet"))
-    cat = dataset.catalog(str(root), tables=("nodes", "windows", "chains"), job="job1", since_s=600)
-    # the last 10 minutes (+ one segment that may reach into them) of 3 nodes, 2 tables: 12 files
-    assert cat.count() == 12 and everything == 3 * 18 * 2 + 2
+    cat = dataset.catalog(str(root), tables=("nodes", "chains"), job="job1", since_s=600)
+    # the last 10 minutes (+ one segment that may reach into them) of 3 nodes, nodes only (no chains): 6 files
+    assert cat.count() == 6 and everything == 3 * 18 * 2 + 2
     assert cat.pruned_dirs > 0 and cat.pruned_files > 0
     report, _ = status.explain(str(root), job="job1", since_s=600)
-    assert any(n.startswith("read 12 files (nodes, windows, chains)") for n in report.notes)
+    assert any(n.startswith("read 6 files (nodes, chains)") for n in report.notes)
 
 
 def test_unknown_schema_version_is_one_line_exit_2(tmp_path: Path, capsys):
