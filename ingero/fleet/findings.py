@@ -257,7 +257,7 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
                           f"parallel: one all-reduce per step): {mean_wait:.2f} ms per step on average, "
                           f"{lost_total:.1f} s in all over the range")
             for n, wait_ms, steps, lost, share in per[:8]:
-                tail = f" ({share:.0%} of its wall clock)" if share is not None else ""
+                tail = f" (+{share:.0%} on its own {x.wall_ns / NS:.0f} s)" if share is not None else ""
                 effect.append(f"  {n}: {wait_ms:.2f} ms x {steps:,} steps = {lost:.1f} s{tail}")
             if len(per) > 8:
                 effect.append(f"  … and {len(per) - 8} more nodes")
@@ -376,7 +376,7 @@ def explain(con: duckdb.DuckDBPyConnection, cat: Catalog, t: Thresholds = T) -> 
         notes.append(basis)
     read = cat.count(("nodes", "chains"))
     notes.append(f"read {read} files (nodes, chains); pruned {cat.pruned_dirs} partitions and "
-                 f"{cat.pruned_files} files by job and time; events files are not read")
+                 f"{cat.pruned_files} files by job and time; events and windows files are not read")
     if not nodes:
         notes.append("no node published a segment in this range")
     start = min((x.start_ns for x in nodes.values()), default=t0)

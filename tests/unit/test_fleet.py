@@ -54,7 +54,7 @@ def test_straggler_names_the_node_its_local_cause_and_what_the_others_lost(hog_f
     assert any("CPU taken by cpu-hog (PID 999)" in line for line in chain.root)
     assert [c.name for c in chain.culprits] == ["cpu-hog"]
     # the others lose (41 - own step) per step: node-a 21.0 ms x 6,000 steps = 126.0 s
-    assert "  node-a: 21.00 ms x 6,000 steps = 126.0 s (105% of its wall clock)" in chain.effect
+    assert "  node-a: 21.00 ms x 6,000 steps = 126.0 s (+105% on its own 120 s)" in chain.effect
     assert chain.fix[0] == "on node-b: taskset -acp 0 999   (keep cpu-hog off it)"
     assert sorted(n["node"] for n in nodes) == ["node-a", "node-b", "node-c", "node-d"]
     # the straggler's busy host is in its chain, not a chain of its own
