@@ -65,11 +65,17 @@ def fleet(*args: str) -> subprocess.CompletedProcess:
 
 def run_nodes(tmp: Path, ds: Path, cmds: dict[str, str], env: dict) -> None:
     tracers = {n: publish(tmp, ds, n, c, env) for n, c in cmds.items()}
-    for t in tracers.values():
-        t.wait_started()
-    for n, t in tracers.items():
-        t.finish(None, timeout=600)  # ends with its command (a tracer starved by the box's load is slow to)
-        assert f"as node {n}, job j20" in t.stderr
+    try:
+        for t in tracers.values():
+            t.wait_started()
+        for n, t in tracers.items():
+            t.finish(None, timeout=600)  # ends with its command (a tracer starved by the box's load is slow to)
+            assert f"as node {n}, job j20" in t.stderr
+    finally:
+        for t in tracers.values():  # one that failed to start leaves the others running otherwise
+            if t.proc.poll() is None:
+                t.proc.kill()
+                t.proc.wait(timeout=60)
 
 
 def test_three_nodes_one_with_a_cpu_hog(tmp_path: Path, simcuda):
