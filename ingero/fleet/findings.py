@@ -263,6 +263,14 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
                 effect.append(f"  … and {len(per) - 8} more nodes")
     else:
         effect.append(f"the job runs at {1 / ratio:.0%} of its peers' speed: every peer waits for it at each collective")
+        for n, x in sorted(others.items())[:8]:
+            if n not in vals or not x.wall_ns:
+                continue
+            # at the straggler's pace the same work takes rate_own / rate_slow as long
+            lost = x.wall_ns / NS * (vals[n] / vals[slow] - 1) if vals[slow] else 0.0
+            lost_total += max(0.0, lost)
+            effect.append(f"  {n}: {vals[n]:.0f} vs {vals[slow]:.0f} launches/s: {max(0.0, lost):.1f} s "
+                          f"(+{max(0.0, lost) / (x.wall_ns / NS):.0%} on its own {x.wall_ns / NS:.0f} s)")
     contributing = []
     if me.others_cpu_s and (me.end_ns - me.start_ns) > 0:
         cores = me.others_cpu_s / ((me.end_ns - me.start_ns) / NS)
