@@ -15,7 +15,8 @@ say() { echo "setup: $*"; }
 arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 . /etc/os-release
 if [ "${ID:-}" = "ubuntu" ]; then headers="linux-headers-$(uname -r)"; else headers="linux-headers-$arch"; fi
-want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make chromium prometheus "$headers")
+# openjdk-17-jre-headless: Java for pyspark (the fleet dataset's Spark test, tests/live/test_fleet_spark.py)
+want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make chromium prometheus openjdk-17-jre-headless "$headers")
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

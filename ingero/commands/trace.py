@@ -36,10 +36,18 @@ from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
                    "block I/O, tracer health, active causal chains. Off by default.")
 @click.option("--metrics-addr", type=Value("address", parse_address), default=None,
               help=f"Address the metrics endpoint binds (default {DEFAULT_ADDR}; 0.0.0.0: every interface).")
+@click.option("--publish", "publish_root", default=None, metavar="ROOT",
+              help="Also publish closed Parquet segments to the fleet dataset at ROOT (a shared directory or a "
+                   "pyarrow filesystem URL): `ingero fleet explain ROOT` asks every node at once.")
+@click.option("--node", default=None, help="This node's name in the fleet dataset (default: the hostname).")
+@click.option("--job", default=None, help="The job's id in the fleet dataset (default: TORCHELASTIC_RUN_ID, "
+                                           "SLURM_JOB_ID, the traced ranks' environment, else 'default').")
+@click.option("--publish-segment", type=DURATION, default=None,
+              help="Length of a published segment (default 60s, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
-            no_serve, metrics_port, metrics_addr, db_path, as_json) -> None:
+            no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -55,6 +63,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
       sudo ingero trace --cmd "python3 train.py" --streams   (launch streams too)
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
       sudo ingero trace --retain 24h --metrics-port 9464   (Prometheus scrapes it)
+      sudo ingero trace --cmd "torchrun train.py" --publish /mnt/shared/ingero   (the fleet dataset)
     """
     from ingero.collect import session, targets
 
@@ -89,6 +98,18 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    publisher = None
+    if (node or job or publish_segment is not None) and publish_root is None:
+        raise click.UsageError("--node, --job and --publish-segment need --publish ROOT")
+    if publish_root is not None:
+        from ingero.fleet.publish import DEFAULT_SEGMENT_S, MAX_SEGMENT_S, MIN_SEGMENT_S, Publisher
+
+        seg = DEFAULT_SEGMENT_S if publish_segment is None else publish_segment
+        if not MIN_SEGMENT_S <= seg <= MAX_SEGMENT_S:
+            raise click.UsageError(f"--publish-segment must be {MIN_SEGMENT_S:g}s-{MAX_SEGMENT_S:g}s")
+        # ROOT checked before anything is attached: one line, nothing traced
+        publisher = Publisher.bind(publish_root, opts.db_path, node=node, job=job, segment_s=seg)
+        opts.hooks.append(publisher)
     from ingero.commands.summaries_hook import SummaryHook
     from ingero.daemon.hook import DaemonHook
     from ingero.sample.hook import SamplerHook
@@ -104,3 +125,5 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         for hook in opts.hooks:
             hook.close()
     view.finish(summary)
+    if publisher is not None:
+        click.echo(f"ingero: {publisher.summary()}", err=True)

@@ -48,8 +48,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     # (the MCP tools over daemon.access) are services above the daemon, like demo
     "metrics": {"collect", "store", "daemon"},
     "mcpserver": {"store", "analyze", "render", "daemon", "check"},
+    # fleet (issue 20): publishing is a trace hook (collect) that reads the store, runs explain and
+    # reuses export's table selection; reading uses the daemon's SQL guard
+    "fleet": {"collect", "sample", "store", "analyze", "export", "daemon"},
     "commands": {"collect", "sample", "importer", "store", "analyze", "render", "export", "daemon", "demo", "check",
-                 "metrics", "mcpserver", "cli"},
+                 "metrics", "mcpserver", "fleet", "cli"},
     "cli": {"commands"},
     "__main__": {"cli"},
 }
