@@ -37,7 +37,7 @@ COPY_OPS = ["cudaMemcpy", "cudaMemcpyAsync", "cuMemcpy", "cuMemcpyAsync"]
 # Synchronous copy entry points: the host waits for the whole transfer.
 SYNC_COPY_OPS = ["cudaMemcpy", "cuMemcpy"]
 PINNED_OPS = ["cudaMallocHost", "cudaHostRegister"]
-HOST_OPS = ["sched_switch", "page_fault", "block_io", "proc_exec", "proc_exit", "bench", "none"]
+HOST_OPS = ["sched_switch", "page_fault", "block_io", "proc_exec", "proc_exit", "cpu_sample", "bench", "none"]
 
 _FILTER = """session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"""
 _PID_FILTER = """($all_pids OR list_contains($pids, pid))"""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ingero.analyze import activity, baseline, procs, samples, steps, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
+from ingero.analyze.rules import sync_heavy
 
 ID = "host-bound"
 TITLE = "Host-bound outside CUDA: the GPU idles while the loop works on the CPU"
@@ -129,6 +130,13 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
     return out
 
 
+def _sync_heavy(r: baseline.Row) -> bool:
+    """sync-heavy's cause in the window (its thresholds)."""
+    secs = r["wall_ns"] / 1e9
+    return (r["launch_n"] > 0 and secs > 0 and r["sync_n"] / secs >= sync_heavy.T.min_syncs_per_s
+            and r["sync_n"] / r["launch_n"] >= sync_heavy.T.min_syncs_per_launch)
+
+
 def evaluate(con, ctx: Context) -> list[Chain]:
     if ctx.imported_from:
         return []  # no scheduler rows: on CPU and asleep look alike (input-bound reads the spans)
@@ -142,13 +150,16 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             x = split.get(int(r["w"]))
             return x.host_idle_ns / x.wall_ns if x else 0.0
 
-        def starved(r: baseline.Row) -> bool:
-            # the device idles, and the loop's own work is a bigger loss than its wait for a
-            # CPU (where other processes take more of the step, cpu-contention is the cause)
+        def own_cause(r: baseline.Row) -> bool:
+            # the device idles, the loop's own work is a bigger loss than its wait for a CPU
+            # (where other processes take more of the step, cpu-contention is the cause), and
+            # the idle gaps are not the turn-taking of a sync-heavy loop (a sync every few
+            # launches: the host time after each is sync-heavy's, gone with the syncs)
             x = split.get(int(r["w"]))
-            return x is not None and x.busy_share < T.max_device_busy_share and x.host_idle_ns >= x.cpu_wait_ns
+            return (x is not None and x.busy_share < T.max_device_busy_share
+                    and x.host_idle_ns >= x.cpu_wait_ns and not _sync_heavy(r))
 
-        s = baseline.split(rows, share, T.min_host_idle_share, also=starved)
+        s = baseline.split(rows, share, T.min_host_idle_share, also=own_cause)
         if not s.evidence:
             continue
         chains.append(_chain(con, ctx, pid, rows, s, [split[int(r["w"])] for r in s.evidence], share))
