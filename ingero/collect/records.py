@@ -57,6 +57,7 @@ class Op(enum.IntEnum):
     BLOCK_IO = 66
     PROC_EXEC = 67
     PROC_EXIT = 68
+    CPU_SAMPLE = 69
     BENCH = 127
 
 
@@ -103,6 +104,7 @@ OP_NAMES: dict[Op, str] = {
     Op.BLOCK_IO: "block_io",
     Op.PROC_EXEC: "proc_exec",
     Op.PROC_EXIT: "proc_exit",
+    Op.CPU_SAMPLE: "cpu_sample",  # --stack: a ~99 Hz CPU sample of a traced thread (bpf/sample.bpf.c)
     Op.BENCH: "bench",
 }
 
@@ -261,7 +263,7 @@ class ProcStat(ctypes.Structure):
 
 
 class CallFlag(enum.IntFlag):
-    """enum ingero_call_flag: bits of Event.call_flags (sched_switch and page_fault records)."""
+    """enum ingero_call_flag: bits of Event.call_flags (sched_switch, page_fault and cpu_sample records)."""
 
     SEEN = 1  # the thread has made a traced CUDA call (else events.queued is NULL)
     QUEUED = 2  # async device work issued since its last synchronising call returned
