@@ -95,6 +95,7 @@ class Sampled:
     outside: int  # of them outside every CUDA call, with a stack
     loader: int  # of those, with a DataLoader frame on the stack
     lines: tuple[Line, ...]
+    idle: int = 0  # of the samples outside calls, those with nothing of the thread's queued on the device
 
     @property
     def loader_share(self) -> float:
@@ -112,8 +113,11 @@ def _is_loader(file: str | None, function: str | None) -> bool:
     return any(x in f for x in LOADER_FILES) or (function or "") in LOADER_FUNCTIONS and "torch" in f
 
 
-def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5) -> Sampled | None:
-    """The thread's samples outside CUDA calls in windows ``ws``, by line; None without samples."""
+def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5, idle_first: bool = False) -> Sampled | None:
+    """The thread's samples outside CUDA calls in windows ``ws``, by line; None without samples.
+
+    ``idle_first``: lines ranked by their samples with nothing of the thread's queued on the
+    device (the host work the device waited for), not by all their samples."""
     con = ctx.con
     p = {"sid": ctx.session_id, "tid": tid, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
          "ws": ws or [-1]}
@@ -127,12 +131,13 @@ def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5) -> Sampled 
         for sid, _depth, file, line, function, source in con.execute(FRAMES_SQL, {"ids": list(counts)}).fetchall():
             frames.setdefault(int(sid), []).append((file, line, function, source))
     groups: dict[tuple, list] = {}
-    outside = loader_n = 0
+    outside = loader_n = idle_n = 0
     for sid, (n, idle) in counts.items():
         fr = frames.get(sid)
         if not fr:
             continue
         outside += n
+        idle_n += idle
         site = Site(*fr[0])
         caller = Site(*fr[1]) if len(fr) > 1 else None
         loader = any(_is_loader(f[0], f[2]) for f in fr)
@@ -143,6 +148,6 @@ def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5) -> Sampled 
         g[2] = g[2] or loader
     lines = sorted(
         (Line(site, caller, n, idle, n / outside, loader) for (site, caller), (n, idle, loader) in groups.items()),
-        key=lambda x: (-x.samples, x.site.file or "", x.site.line or 0),
+        key=lambda x: (-(x.idle_samples if idle_first else x.samples), -x.samples, x.site.file or "", x.site.line or 0),
     )
-    return Sampled(total, outside, loader_n, tuple(lines[:limit]))
+    return Sampled(total, outside, loader_n, tuple(lines[:limit]), idle_n)

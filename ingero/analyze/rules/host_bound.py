@@ -184,7 +184,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
         workers = [w for w in workers if names[w].child_of(pid)]
     before_copy, gaps = con.execute(BATCH_FIRST_SQL, {"pid": pid, "ws": ws, "copy_ops": COPY_OPS}).fetchone()
     batch_first = float(before_copy) / float(gaps) if gaps else 0.0
-    sampled = samples.top_lines(ctx, tid, ws)
+    sampled = samples.top_lines(ctx, tid, ws, idle_first=True)
     by_samples = sampled is not None and sampled.outside > 0
     inline = (sampled.loader_share >= T.loader_sample_share if by_samples else False) or (
         not workers and batch_first >= T.batch_first_share)
@@ -229,9 +229,10 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
 
     contributing = []
     if by_samples:
-        contributing.append(f"sampled on CPU outside CUDA calls ({sampled.outside:,} of {sampled.total:,} "
-                            f"samples of the loop thread at ~99 Hz), top lines:")
-        contributing += [f"  {units.pct(x.share)}  {x.text()}" for x in sampled.lines[:3]]
+        contributing.append(f"sampled on CPU outside CUDA calls with nothing queued on the GPU: {sampled.idle:,} "
+                            f"of {sampled.total:,} samples of the loop thread at ~99 Hz; the top lines:")
+        contributing += [f"  {x.idle_samples / sampled.idle * 100:4.1f}%  {x.text()}" for x in sampled.lines[:3]
+                         if x.idle_samples]
     elif sampled is None:
         contributing.append("trace with --stack to name the Python lines (a ~99 Hz CPU sample of the loop thread)")
 
@@ -253,6 +254,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
         numbers["host_idle_ms_per_step"] = round(step_ms * impact, 3)
     if by_samples:
         numbers["samples_outside_cuda"] = sampled.outside
+        numbers["samples_idle"] = sampled.idle
         numbers["loader_sample_share"] = round(sampled.loader_share, 4)
     return baseline.chain(
         ID, TITLE, ctx, pid, s,
