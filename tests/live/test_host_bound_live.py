@@ -15,6 +15,7 @@ neighbour preempting the loop is real contention), so ranks are not asserted.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,12 @@ LOAD_CALL = "cpu_work(decode_work, scratch)"
 def _trace(tmp: Path, simcuda: Path, policy: str, args: tuple[str, ...], *trace_args: str) -> tuple[dict, dict]:
     db = tmp / "t.duckdb"
     summary = tmp / "summary.json"
-    cmd = " ".join([sys.executable, str(TRAIN), "--lib", str(simcuda), "--duration", str(DURATION_S),
-                    "--summary-json", str(summary), *args])
+    loop = shlex.join([sys.executable, str(TRAIN), "--lib", str(simcuda), "--duration", str(DURATION_S),
+                       "--summary-json", str(summary), *args])
+    # The loop's own shape is under test, not the box's load (a load of 16 on these 2 cores
+    # had the loop wait for a CPU 83% of the time: cpu-contention, rightly).  So it runs in
+    # a session (an autogroup) of its own at nice -20, ahead of the neighbours' sessions.
+    cmd = shlex.join(["setsid", "sh", "-c", f"echo -20 > /proc/self/autogroup; exec nice -n -20 {loop}"])
     tracer = workloads.Tracer(db, "--cuda-lib", str(simcuda), *trace_args, "--cmd", cmd,
                               env={"SIMCUDA_SCHEDULE": policy})
     tracer.wait_started()
