@@ -21,7 +21,8 @@ CPU_S = 2.0
 HZ = 99
 
 
-def test_samples_name_the_burning_line(tmp_path):
+def test_samples_name_the_burning_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(workloads, "START_TIMEOUT_S", 400)  # a compile at a load of 20-30 takes minutes
     db = tmp_path / "t.duckdb"
     tracer = workloads.Tracer(db, "--stack", "--duration", "90s", "--cmd", f"{sys.executable} {SCRIPT} {CPU_S}")
     tracer.wait_started()

@@ -5,8 +5,9 @@ The loop loads each batch on its own thread (--workers 0: 8 samples of
 does 50 µs of bookkeeping: the device idles through the loading, ~half of
 each step.  With SIMCUDA_SCHEDULE=spin the sync spins (CUDA's default here),
 with block it sleeps; the cause is the same and so must be the chain:
-host-bound, naming inline loading, with the DataLoader fix; with --stack, the
-sampled line in train.py that loads the batch.  The look-alike: the same loop
+host-bound, naming inline loading (from the call stream alone: no workers,
+the idle host work precedes the batch's copy), with the DataLoader fix, and
+(traced with --stack) the sampled line in train.py that loads the batch.  The look-alike: the same loop
 fed by two workers with 200 µs kernels keeps the device busy, and must not be
 host-bound.  Other load on this shared box may add chains of its own (a
 neighbour preempting the loop is real contention), so ranks are not asserted.
@@ -55,30 +56,31 @@ def _trace(tmp: Path, simcuda: Path, policy: str, args: tuple[str, ...], *trace_
     return json.loads(summary.read_text()), json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("stack", [False, True], ids=["plain", "stack"])
 @pytest.mark.parametrize("policy", ["spin", "block"])
-def test_inline_loading_is_named_not_launch_bound(tmp_path, simcuda, policy, stack):
-    summary, report = _trace(tmp_path, simcuda, policy, ISSUE, *(["--stack"] if stack else []))
+def test_inline_loading_is_named_not_launch_bound(tmp_path, simcuda, monkeypatch, policy):
+    # a BPF compile at a load of 20-30 on this box has taken over 2 minutes
+    monkeypatch.setattr(workloads, "START_TIMEOUT_S", 400)
+    summary, report = _trace(tmp_path, simcuda, policy, ISSUE, "--stack")
     assert summary["wait_policy"] == policy
     rules = [c["rule_id"] for c in report["chains"]]
     assert "launch-bound" not in rules, report["chains"]
     [chain] = [c for c in report["chains"] if c["rule_id"] == "host-bound"]
     assert chain["severity"] in ("HIGH", "MEDIUM")
     assert chain["pids"] == [summary["pid"]]
+    # named without the samples (no workers, the idle host work precedes the batch's copy) ...
     assert chain["numbers"]["inline_loading"] == 1.0 and chain["numbers"]["workers"] == 0
+    assert chain["numbers"]["batch_first_share"] > 0.9
     assert any("inline data loading" in line for line in chain["root"]), chain["root"]
     fix = chain["fix"][0]
     assert fix.startswith("DataLoader(num_workers=") and "persistent_workers=True, pin_memory=True" in fix
-    if stack:
-        sampled = [line for line in chain["contributing"] if "%  train.py:" in line]
-        assert sampled and LOAD_CALL in sampled[0], chain["contributing"]
-    else:
-        assert any("--stack" in line for line in chain["contributing"])
+    # ... and the samples name the line of train.py that loads the batch
+    sampled = [line for line in chain["contributing"] if "%  train.py:" in line]
+    assert sampled and LOAD_CALL in sampled[0], chain["contributing"]
 
 
-@pytest.mark.parametrize("policy", ["spin", "block"])
-def test_workers_and_a_busy_device_are_not_host_bound(tmp_path, simcuda, policy):
-    summary, report = _trace(tmp_path, simcuda, policy, LOOK_ALIKE)
-    assert summary["wait_policy"] == policy and summary["steps"] > 100
+def test_workers_and_a_busy_device_are_not_host_bound(tmp_path, simcuda, monkeypatch):
+    monkeypatch.setattr(workloads, "START_TIMEOUT_S", 400)
+    summary, report = _trace(tmp_path, simcuda, "spin", LOOK_ALIKE)
+    assert summary["wait_policy"] == "spin" and summary["steps"] > 100
     rules = [c["rule_id"] for c in report["chains"]]
     assert "host-bound" not in rules and "launch-bound" not in rules, report["chains"]
