@@ -50,7 +50,9 @@ def _trace(tmp: Path, simcuda: Path, policy: str, args: tuple[str, ...], *trace_
                               env={"SIMCUDA_SCHEDULE": policy})
     tracer.wait_started()
     tracer.finish(sig=None, timeout=180)
-    out = subprocess.run([*workloads.INGERO, "explain", "--db", str(db), "--json"],
+    # 1 s windows: under a load of 30 the session opened minutes before the loop's 8 s (python
+    # start-up), and the default span/30 windows (7 s) left the loop two windows, one partial
+    out = subprocess.run([*workloads.INGERO, "explain", "--db", str(db), "--json", "--window", "1"],
                          capture_output=True, text=True, cwd=workloads.REPO)
     assert out.returncode == 0, out.stderr
     return json.loads(summary.read_text()), json.loads(out.stdout)

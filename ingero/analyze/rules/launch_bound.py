@@ -77,9 +77,13 @@ def _is_launch_bound(r: baseline.Row) -> bool:
 def _launch_starved(split: dict, r: baseline.Row) -> bool:
     """The device ran dry while the step's launches were issued more than while the loop worked
     outside CUDA with nothing queued (host-bound's cause): launches, not host work elsewhere,
-    leave it idle.  Unknown without an inferred device timeline for the window."""
+    leave it idle.  A process without an inferred device timeline (no device calls analysed)
+    is judged without it; a window the inference did not cover (outside the analysed slice) is
+    no evidence."""
+    if not split:
+        return True
     x = split.get(int(r["w"]))
-    return x is None or x.host_idle_ns < x.launch_idle_ns
+    return x is not None and x.host_idle_ns < x.launch_idle_ns
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
