@@ -19,6 +19,26 @@ from ingero.analyze.context import NS, Context
 from ingero.analyze.model import DeviceBusy, StepStats
 
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
+# ctx.extra keys the rules read: the inferred DeviceActivity per pid (its windows: when the
+# device surely idled, could have been busy, most likely was) and the rhythm Steps per pid
+ACTIVITY_KEY = "device_activity"
+STEPS_KEY = "rhythm_steps"
+
+
+def device_activity(ctx: Context) -> dict:
+    """The inferred device activity per pid (cached on ctx by resolve; inferred here when missing)."""
+    if ACTIVITY_KEY not in ctx.extra:
+        ctx.extra[ACTIVITY_KEY] = inferred_device.infer(ctx)
+    return ctx.extra[ACTIVITY_KEY]
+
+
+def rhythm_steps(ctx: Context, pid: int):
+    """The steps found in ``pid``'s call rhythm (rhythm.Steps), or None (cached on ctx)."""
+    found = ctx.extra.setdefault(STEPS_KEY, {})
+    if pid not in found:
+        act = device_activity(ctx).get(pid)
+        found[pid] = rhythm.detect(ctx, act) if act is not None else None
+    return found[pid]
 
 # Inferring the device's activity and the steps reads the raw calls (device.py,
 # steps.py: a call sequence no per-second summary keeps), a pass that grows
@@ -58,6 +78,7 @@ def _recent_calls(ctx: Context) -> Iterator[None]:
 def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:
     """From the CUDA call stream: what the device can have done (bounds) and most likely did."""
     activity = inferred_device.infer(ctx)
+    ctx.extra[ACTIVITY_KEY] = activity
     for pid, act in activity.items():
         ctx.device_busy[pid] = act.busy_share
     main = inferred_device.main_process(ctx, activity)
@@ -68,6 +89,7 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
     if marked is not None:
         return busy, marked
     found = rhythm.detect(ctx, main)
+    ctx.extra[STEPS_KEY] = {main.pid: found}
     if found is None:
         return busy, None
     stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), "rhythm")

@@ -186,4 +186,17 @@ def _stack(ctx: Context, report: Report) -> dict:
     return {
         "top_callers": callers.top_callers(ctx.con, ctx),
         "preempted_lines": callers.most_preempted_lines(ctx.con, ctx),
+        "sampled_lines": _sampled_lines(ctx),
     }
+
+
+def _sampled_lines(ctx: Context) -> list[dict]:
+    """The main loop thread's CPU samples outside CUDA calls, by line (the --stack sampler)."""
+    from ingero.analyze import samples
+
+    row = ctx.con.execute("SELECT pid, tid FROM ing_loop ORDER BY cuda_n DESC, pid LIMIT 1").fetchone()
+    if row is None:
+        return []
+    ws = [int(r[0]) for r in ctx.con.execute("SELECT w FROM ing_win WHERE pid = $pid", {"pid": row[0]}).fetchall()]
+    found = samples.top_lines(ctx, int(row[1]), ws, limit=10)
+    return [x.to_dict() | {"text": x.text()} for x in found.lines] if found else []

@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 -- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
 -- schema 11 keeps VARCHAR op, kind and in_call (the migration does not rewrite events).
 CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
-    'bench', 'block_io', 'cuCtxSynchronize', 'cuGraphLaunch', 'cuLaunchKernel', 'cuMemAlloc',
+    'bench', 'block_io', 'cpu_sample', 'cuCtxSynchronize', 'cuGraphLaunch', 'cuLaunchKernel', 'cuMemAlloc',
     'cuMemFree', 'cuMemcpy', 'cuMemcpyAsync', 'cuStreamSynchronize', 'cudaDeviceSync',
     'cudaEventSync', 'cudaFree', 'cudaGraphLaunch', 'cudaHostRegister', 'cudaLaunchKernel',
     'cudaMalloc', 'cudaMallocHost', 'cudaMemcpy', 'cudaMemcpyAsync', 'cudaStreamSync',
