@@ -41,7 +41,7 @@ HOST_CAUSE = {
 # 234 k calls).  They are paired in numpy: a cause belongs to its thread's latest call started at
 # or before it, if that call was still running.  Memory is one window's calls, not the session's.
 _CAUSES_SQL = """
-SELECT pid, tid, timestamp, op FROM events c
+SELECT pid, tid, timestamp, op::VARCHAR AS op FROM events c
 WHERE session_id = $sid AND list_contains($pids, pid) AND timestamp >= $w0 AND timestamp < $w1 AND {cause}
 ORDER BY coalesce(duration_ns, 0) DESC, timestamp
 """
