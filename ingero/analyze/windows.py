@@ -105,6 +105,25 @@ FROM g
 # 1.7-1.85 s without (interleaved rounds, docs/rules.md).
 _INSIDE = f"CASE WHEN in_call IS NULL THEN 'none' ELSE {_category('in_call')} END"
 
+# The end of both ing_sched builds (SCHED_SQL from events, S_SCHED_SQL from summaries): each
+# group of off-CPU time ``g`` (with ``over``, its overflow past the window's end) is split into
+# the part inside its window and the spill into the next, and named by kind and call category.
+_SCHED_SPLIT = f"""), k AS (
+    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
+           -- who took the CPU, for preemptions only (a sleep's successor is no culprit)
+           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
+           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
+    FROM g
+)
+SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
+       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
+FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
+      UNION ALL
+      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
+GROUP BY ALL
+"""
+assert "{" not in _SCHED_SPLIT and "}" not in _SCHED_SPLIT  # the templates are .format()ed again
+
 # Grouped on the raw columns straight from the scan (per-row CASE
 # expressions and each extra group key cost ~0.04 s CPU at 10 M events);
 # kinds and call categories are named per group.  The group needs no pid
@@ -123,20 +142,7 @@ WITH g AS (
            coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
     FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
     GROUP BY ALL
-), k AS (
-    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
-           -- who took the CPU, for preemptions only (a sleep's successor is no culprit)
-           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
-           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
-    FROM g
-)
-SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
-       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
-FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
-      UNION ALL
-      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
-GROUP BY ALL
-"""
+{_SCHED_SPLIT}"""
 
 # Preemptions and who took the CPU, from ing_sched (off_ns: whole intervals,
 # counted in the window they start in).
@@ -412,19 +418,7 @@ WITH g AS (
            coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
     FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'sched_switch'
     GROUP BY ALL
-), k AS (
-    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
-           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
-           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
-    FROM g
-)
-SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
-       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
-FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
-      UNION ALL
-      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
-GROUP BY ALL
-"""
+{_SCHED_SPLIT}"""
 
 # LATE_SQL from the summaries: the late waits are stored one row each; the
 # thread's undisturbed wait (25th percentile of its syncs) comes from the merged
