@@ -6,7 +6,7 @@ from typing import IO, Any
 
 from ingero.analyze.model import Report
 from ingero.render import json as json_view
-from ingero.render.terminal import span_text, write_chain
+from ingero.render.terminal import span_text, write_chains
 
 
 def _ms(v: Any) -> str:
@@ -22,16 +22,8 @@ def write(report: Report, nodes: list[dict[str, Any]], out: IO[str]) -> None:
         wait = "-" if n["cpu_wait_share"] is None else f"{n['cpu_wait_share']:.0%}"
         clock = "synced" if n["clock_synced"] else "not synced"
         out.write(f"  {n['node']:<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} {n['others_cores']:>12.2f}  {clock}\n")
-    if report.chains:
-        out.write("Cross-node Causal Chains:\n")
-        for chain in report.chains:
-            out.write("\n")
-            write_chain(chain, out)
-        out.write("\n")
-    else:
-        out.write("No cross-node causal chains: no straggler, no cause shared by several nodes, no busy host.\n")
-    for note in report.notes:
-        out.write(f"Note: {note}\n")
+    write_chains(report, out, "Cross-node Causal Chains:",
+                 "No cross-node causal chains: no straggler, no cause shared by several nodes, no busy host.")
 
 
 def to_dict(report: Report, nodes: list[dict[str, Any]]) -> dict[str, Any]:
