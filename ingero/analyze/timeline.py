@@ -19,6 +19,11 @@ rows, so a caller tells "not measured" from "idle".
   device (syncs, and launches held by a full launch queue), other CUDA calls,
   and host work (the rest: operators, Python).  The trace has no scheduler or
   fault events, so CPU wait and faults are not parts of it.
+- ``device_idle(con, sid, steps)``: per marked step, the time the device ran
+  nothing, split by what the steps' process did meanwhile: loading data, in a
+  launch, in another CUDA call, in a CPU operator outside all of those (host
+  work: host-bound's cause), or nothing the trace recorded.  With
+  ``idle_host_ops`` it names the step thread's operators that held that time.
 - ``device(con, sid)``: the MEASURED device-busy share of that span (the union
   of all kernel/copy/memset intervals, every device and stream together), and
   per stream: busy time, and overlap (the part of it during which another
@@ -266,6 +271,129 @@ def breakdown(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps) ->
         room -= v
     data_wait, launch_ns, copy_ns, wait_ns, other_ns = clipped
     return StepParts(data_wait, room, launch_ns, copy_ns, wait_ns, other_ns)
+
+
+# The thread that ran the marked steps: its process' operators and calls are the host side.
+STEP_THREAD_SQL = """
+SELECT pid, tid FROM spans WHERE session_id = $sid AND starts_with(name, $prefix)
+GROUP BY pid, tid ORDER BY count(*) DESC, pid, tid LIMIT 1
+"""
+
+# One sweep over the steps, the device's intervals and the process' operator spans, DataLoader
+# spans, launches and other CUDA calls (every thread: PyTorch launches backward's kernels from
+# its autograd thread): +1 at each start, -1 at each end, per kind; between two consecutive
+# points each running count says whether that kind was active.  A segment inside a step with
+# no device interval is device idle, and is given to the first of: data loading, a launch,
+# another CUDA call, a CPU operator (host work), nothing recorded.  ``seg`` keeps the segments
+# (with the step each lies in); the queries below sum them.
+IDLE_SEGMENTS = """
+WITH st AS (SELECT * FROM (VALUES {steps}) t(s, e)),
+calls AS (
+    SELECT timestamp AS s, timestamp + duration_ns AS e,
+           CASE WHEN list_contains($launch, op::VARCHAR) THEN 'k' ELSE 'c' END AS kind
+    FROM events WHERE session_id = $sid AND pid = $pid AND duration_ns > 0
+      AND list_contains($cuda, op::VARCHAR) AND timestamp < $hi AND timestamp + duration_ns > $lo
+), iv AS (
+    SELECT s, e, 's' AS kind FROM st
+    UNION ALL SELECT start_ns, end_ns, 'd' FROM device_activity
+        WHERE session_id = $sid AND start_ns < $hi AND end_ns > $lo
+    UNION ALL SELECT start_ns, end_ns, CASE WHEN starts_with(name, $loader) THEN 'l' ELSE 'h' END FROM spans
+        WHERE session_id = $sid AND pid = $pid AND start_ns < $hi AND end_ns > $lo
+          AND (category = 'cpu_op' OR starts_with(name, $loader))
+    UNION ALL SELECT s, e, kind FROM calls
+), pts AS (
+    SELECT s AS t, kind, 1 AS d FROM iv WHERE e > s UNION ALL SELECT e, kind, -1 FROM iv WHERE e > s
+), agg AS (
+    SELECT t, sum(d) FILTER (kind = 's') AS s, sum(d) FILTER (kind = 'd') AS dv, sum(d) FILTER (kind = 'l') AS l,
+           sum(d) FILTER (kind = 'k') AS k, sum(d) FILTER (kind = 'c') AS c, sum(d) FILTER (kind = 'h') AS h
+    FROM pts GROUP BY t
+), run AS (
+    SELECT t, lead(t) OVER (ORDER BY t) - t AS len,
+           sum(coalesce(s, 0)) OVER w AS s, sum(coalesce(dv, 0)) OVER w AS dv, sum(coalesce(l, 0)) OVER w AS l,
+           sum(coalesce(k, 0)) OVER w AS k, sum(coalesce(c, 0)) OVER w AS c, sum(coalesce(h, 0)) OVER w AS h
+    FROM agg WINDOW w AS (ORDER BY t ROWS UNBOUNDED PRECEDING)
+), seg AS (
+    SELECT run.t, run.len, st.s AS step,
+           CASE WHEN l > 0 THEN 'data' WHEN k > 0 THEN 'launch' WHEN c > 0 THEN 'cuda'
+                WHEN h > 0 THEN 'host' ELSE 'unrecorded' END AS part
+    FROM run ASOF JOIN st ON run.t >= st.s
+    WHERE run.s > 0 AND run.dv = 0 AND run.len > 0 AND run.t < st.e
+)
+"""
+IDLE_PARTS_SQL = IDLE_SEGMENTS + "SELECT step, part, sum(len) FROM seg GROUP BY ALL"
+# The outermost operators (not inside another of their thread's) that the host work of the
+# idle segments fell in, the step thread's first where two threads had one open.  A segment
+# lies inside its operators, as segments split at every operator's edge.
+IDLE_OPS_SQL = IDLE_SEGMENTS + """,
+ops AS (
+    SELECT tid, start_ns AS s, end_ns AS e, name FROM (
+        SELECT tid, start_ns, end_ns, name,
+               max(end_ns) OVER (PARTITION BY tid ORDER BY start_ns, end_ns DESC
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+        FROM spans WHERE session_id = $sid AND pid = $pid AND category = 'cpu_op'
+          AND start_ns < $hi AND end_ns > $lo)
+    WHERE prev IS NULL OR start_ns >= prev
+), host AS (
+    SELECT seg.t, seg.len, th.tid FROM seg, (SELECT DISTINCT tid FROM ops) th WHERE seg.part = 'host'
+), cand AS (
+    SELECT host.t, host.len, ops.name, host.tid = $tid AS mine
+    FROM host ASOF JOIN ops ON host.tid = ops.tid AND host.t >= ops.s WHERE host.t < ops.e
+), pick AS (SELECT t, any_value(len) AS len, arg_max(name, mine) AS name FROM cand GROUP BY t)
+SELECT name, sum(len) AS ns FROM pick GROUP BY name ORDER BY ns DESC, name LIMIT $limit
+"""
+
+IDLE_PARTS = ("data", "launch", "cuda", "host", "unrecorded")
+
+
+@dataclass(frozen=True)
+class StepIdle:
+    """One marked step's device-idle time (ns), by what the steps' process did meanwhile."""
+
+    step: Step
+    data_ns: int = 0  # in an enumerate(DataLoader) span
+    launch_ns: int = 0  # in a launch call
+    cuda_ns: int = 0  # in another CUDA call (a sync, a copy, cudaMalloc ...)
+    host_ns: int = 0  # in a CPU operator outside all of those: host work
+    unrecorded_ns: int = 0  # nothing the trace recorded (Python between operators, or asleep)
+
+    @property
+    def idle_ns(self) -> int:
+        return self.data_ns + self.launch_ns + self.cuda_ns + self.host_ns + self.unrecorded_ns
+
+    @property
+    def wall_ns(self) -> int:
+        return self.step.end_ns - self.step.start_ns
+
+
+def step_thread(con: duckdb.DuckDBPyConnection, session_id: int) -> tuple[int, int] | None:
+    """(pid, tid) of the thread that ran the marked steps; None without steps."""
+    row = con.execute(STEP_THREAD_SQL, {"sid": session_id, "prefix": STEP_PREFIX}).fetchone()
+    return (int(row[0]), int(row[1])) if row else None
+
+
+def _idle_params(session_id: int, marked: Steps, pid: int) -> tuple[str, dict[str, object]]:
+    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
+    return values, {"sid": session_id, "pid": pid, "lo": min(st.start_ns for st in marked.steps),
+                    "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS),
+                    "cuda": CUDA_OP_NAMES, "loader": DATALOADER_PREFIX}
+
+
+def device_idle(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int) -> list[StepIdle]:
+    """Per marked step, its device-idle time by what process ``pid`` did meanwhile (IDLE_SEGMENTS)."""
+    values, p = _idle_params(session_id, marked, pid)
+    parts: dict[int, dict[str, int]] = {}
+    for step, part, ns in con.execute(IDLE_PARTS_SQL.format(steps=values), p).fetchall():
+        parts.setdefault(int(step), {})[f"{part}_ns"] = int(ns)
+    return [StepIdle(st, **parts.get(int(st.start_ns), {})) for st in marked.steps]
+
+
+def idle_host_ops(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int, tid: int,
+                  limit: int = 3) -> list[tuple[str, int]]:
+    """The outermost operators that held the most host work while the device idled, the step
+    thread ``tid``'s first: (name, ns) summed over the steps."""
+    values, p = _idle_params(session_id, marked, pid)
+    return [(name, int(ns)) for name, ns in
+            con.execute(IDLE_OPS_SQL.format(steps=values), {**p, "tid": tid, "limit": limit}).fetchall()]
 
 
 def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None = None,

@@ -20,8 +20,16 @@ and the copy that starts the next.  Named as such when the CPU samples of
 worker processes and the idle host work precedes the step's copy to the
 device (the batch).  The fix then gives the worker count the step needs.
 
-Imported profiler traces have no scheduler rows (on CPU and asleep look the
-same): input-bound judges them from their DataLoader spans.
+An imported profiler trace has no scheduler rows, but it has what the call
+stream only bounds: the device's own timeline, and the CPU operators the
+process ran.  There the rule takes, per marked step, the time the device ran
+nothing while the process was inside a CPU operator and outside every CUDA
+call and DataLoader span (analyze/timeline.py: device_idle); the operators
+that held it are named.  Time between operators (Python, or asleep: the trace
+cannot tell) is not counted.  This is how real PyTorch jobs are host-bound:
+the device finishes each operator's small kernels before the host has
+dispatched the next, and no sync is in sight (real A100 trace: the device
+idle 76% of a 222 ms step, 61% of it inside the host's operators).
 """
 
 from __future__ import annotations
@@ -29,9 +37,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingero.analyze import activity, baseline, procs, samples, steps, units
+from ingero.analyze import activity, baseline, procs, samples, steps, timeline, units
 from ingero.analyze.context import Context
-from ingero.analyze.model import Chain
+from ingero.analyze.model import Chain, Window
 from ingero.analyze.rules import sync_heavy
 
 ID = "host-bound"
@@ -139,7 +147,7 @@ def _sync_heavy(r: baseline.Row) -> bool:
 
 def evaluate(con, ctx: Context) -> list[Chain]:
     if ctx.imported_from:
-        return []  # no scheduler rows: on CPU and asleep look alike (input-bound reads the spans)
+        return _from_trace(con, ctx)
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
         split = idle_split(ctx, pid)
@@ -301,3 +309,69 @@ def _fixes(ctx: Context, me: procs.Proc, inline: bool, step_ms: float | None, im
                    "the launch part; host work between steps stays")
     fix.append(f"py-spy top --pid {me.pid}   (see where the loop's CPU time goes)")
     return fix
+
+
+def _from_trace(con, ctx: Context) -> list[Chain]:
+    """host-bound from an imported profiler trace: per marked step, the device idle while the
+    process was in a CPU operator outside CUDA calls and data loading (timeline.device_idle)."""
+    marked = ctx.marked_steps
+    thread = timeline.step_thread(con, ctx.session_id)
+    if marked is None or thread is None or marked.steps[0].device_busy_ns is None:
+        return []  # no steps, or no device timeline (a CPU-only trace): nothing to hold it to
+    pid, tid = thread
+    idle = timeline.device_idle(con, ctx.session_id, marked, pid)
+    wall = sum(x.wall_ns for x in idle)
+    host = sum(x.host_ns for x in idle)
+    impact = host / wall if wall else 0.0
+
+    def busy(x: timeline.StepIdle) -> float:
+        return x.step.device_busy_share or 0.0
+
+    ev = [x for x in idle if x.host_ns / x.wall_ns >= T.min_host_idle_share and busy(x) < T.max_device_busy_share]
+    if impact < T.min_host_idle_share or len(ev) * 2 < len(idle):
+        return []
+    me = procs.lookup(con, [pid]).get(pid)
+    label = me.label if me else f"PID {pid}"
+    n = len(idle)
+    step_ms = wall / n / 1e6
+    dev_busy = sum(busy(x) * x.wall_ns for x in idle) / wall
+    idle_share = sum(x.idle_ns for x in idle) / wall
+    launch = sum(x.launch_ns for x in idle) / wall
+    unrecorded = sum(x.unrecorded_ns for x in idle) / wall
+    data = sum(x.data_ns for x in idle) / wall
+    root = [
+        f"{label} was in CPU operators outside every CUDA call with the GPU running nothing "
+        f"{units.ns(host)} of {units.ns(wall)} ({units.pct(impact)} of its steps; {len(ev)} of {n} steps "
+        f"at or above {units.pct(T.min_host_idle_share)})",
+        f"per step ({step_ms:.1f} ms mean): {step_ms * impact:.1f} ms of operator work with the GPU idle, "
+        f"{step_ms * launch:.1f} ms inside launch calls, {step_ms * unrecorded:.1f} ms between operators",
+    ]
+    effect = [
+        f"GPU idle: measured busy {units.pct(dev_busy)} of the steps (the trace's device timeline); it ran "
+        f"nothing for {units.pct(idle_share)} of them, {units.pct(impact)} while the host dispatched operators",
+        f"not the input pipeline: the GPU idled inside DataLoader spans {units.pct(data)} of the steps"
+        if data < T.min_host_idle_share else
+        f"the GPU also idled while the loop waited for data, {units.pct(data)} of the steps (input-bound's)",
+    ]
+    top = timeline.idle_host_ops(con, ctx.session_id, marked, pid, tid)
+    contributing = ["the operators that held that time (outermost per thread), per step:"] if top else []
+    contributing += [f"  {ns / host * 100:4.1f}%  {name}  ({ns / n / 1e6:.1f} ms)" for name, ns in top]
+    fix = [
+        "fewer, larger kernels per step: the GPU finishes each operator's kernels before the host has "
+        "dispatched the next (a larger batch per GPU, torch.compile to fuse operators)",
+        "issue the step in one launch: CUDA graphs (torch.compile(mode=\"reduce-overhead\"), "
+        "torch.cuda.CUDAGraph) take the per-operator dispatch off the GPU's critical path",
+    ]
+    if top:
+        fix.append(f"profile the top operator ({top[0][0]}) with torch.profiler(with_stack=True) or py-spy: "
+                   "its host time is what the GPU waits for")
+    return [Chain(
+        rule_id=ID, severity="HIGH" if impact >= T.high_host_idle_share else "MEDIUM", title=TITLE,
+        root=root, effect=effect, contributing=contributing, fix=fix, pids=[pid],
+        evidence_windows=[Window(x.step.start_ns, x.step.end_ns) for x in ev], windows_total=n,
+        impact=impact,
+        numbers={"host_idle_share": round(impact, 4), "device_busy_share": round(dev_busy, 4),
+                 "device_idle_share": round(idle_share, 4), "launch_idle_share": round(launch, 4),
+                 "unrecorded_idle_share": round(unrecorded, 4), "step_ms_mean": round(step_ms, 3),
+                 "host_idle_ms_per_step": round(step_ms * impact, 3)},
+    )]
