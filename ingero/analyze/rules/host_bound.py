@@ -84,8 +84,6 @@ class IdleSplit:
     cpu_wait_ns: float  # the loop runnable but off CPU (cpu-contention's cause), in calls or not
 
 
-SPLIT_KEY = "host_bound_split"
-
 # Of the surely idle time (a drain's return to the next submission): the part
 # that came right before a copy (the step's batch), per process.
 BATCH_FIRST_SQL = """
@@ -107,7 +105,7 @@ WORKERS_SQL = "SELECT DISTINCT pid FROM ing_helper WHERE list_contains($ws, w)"
 
 def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
     """Per active window of ``pid``'s loop thread: its device idle time by cause (cached on ctx)."""
-    cache = ctx.extra.setdefault(SPLIT_KEY, {})
+    cache = ctx.derived.host_idle_split
     if pid in cache:
         return cache[pid]
     out: dict[int, IdleSplit] = {}
