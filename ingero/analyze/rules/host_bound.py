@@ -317,10 +317,12 @@ def _from_trace(con, ctx: Context) -> list[Chain]:
     if marked is None or thread is None or marked.steps[0].device_busy_ns is None:
         return []  # no steps, or no device timeline (a CPU-only trace): nothing to hold it to
     pid, tid = thread
-    idle = timeline.device_idle(con, ctx.session_id, marked, pid)
+    idle = [x for x in timeline.device_idle(con, ctx.session_id, marked, pid) if x.wall_ns > 0]
     wall = sum(x.wall_ns for x in idle)
     host = sum(x.host_ns for x in idle)
-    impact = host / wall if wall else 0.0
+    if not wall:
+        return []
+    impact = host / wall
 
     def busy(x: timeline.StepIdle) -> float:
         return x.step.device_busy_share or 0.0
