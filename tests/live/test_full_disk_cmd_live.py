@@ -68,7 +68,7 @@ def test_a_full_disk_mid_trace_never_ends_the_cmd_job(disk):
         _wait_for(lambda: not sock.exists(), what="the tracer to stop tracing")
         assert proc.poll() is None and not marker.exists()
         go.touch()
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=360)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -119,7 +119,7 @@ def run(tmp_path_factory):
         tracer.wait_started()
         scraper.start()
         mcp = asyncio.run(_ask_mcp(db))  # during the run: answered by the tracer over its socket
-        summary = tracer.finish(sig=None, timeout=120)
+        summary = tracer.finish(sig=None, timeout=360)
         done.set()
         scraper.join(5)
         time.sleep(1.5)  # Prometheus' last scrape of a target that went away is already in; its rules ran

@@ -33,7 +33,7 @@ def trace(cmd: str, db: Path, duration: float) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "ingero", "trace", "--stack", "--cmd", cmd, "--duration", str(duration),
          "--db", str(db)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=360,
         # A private query socket: another tracer on the machine must not refuse ours.
         env={**os.environ, "INGERO_SOCKET": str(db.parent / "ingero.sock")})
     assert out.returncode == 0, out.stderr

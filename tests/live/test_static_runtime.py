@@ -104,7 +104,7 @@ def _trace_cmd(tmp_path: Path, exe: Path) -> tuple[Tracer, dict, dict, int]:
     db = tmp_path / "t.duckdb"
     tracer = Tracer(db, "--duration", "90s", "--cmd", f"{exe} {N}")
     start = tracer.wait_started()
-    summary = tracer.finish(sig=None, timeout=120)
+    summary = tracer.finish(sig=None, timeout=360)
     assert summary["ended_by"] == "command exited"
     return tracer, start, summary, _ran(tracer.stderr)
 
@@ -175,7 +175,7 @@ def test_check_pid_says_what_a_process_has_linked_in(tmp_path, builds):
         out = {}
         for n, p in procs.items():
             run = subprocess.run([*INGERO, "check", "--json", "--pid", str(p.pid)], capture_output=True, text=True,
-                                 cwd=REPO, timeout=120)
+                                 cwd=REPO, timeout=360)
             checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
             out[n] = checks[f"process {p.pid}"]
     finally:
