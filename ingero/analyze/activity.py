@@ -51,6 +51,39 @@ def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
         return _inferred(ctx, marked)
 
 
+# NVML's mean utilization over the main process' span of device calls, when exactly one GPU
+# was sampled (with several, which one the process used is not recorded).
+NVML_SQL = """
+SELECT avg(util_pct) / 100, count(DISTINCT gpu) FROM gpu_metrics
+WHERE session_id = $sid AND timestamp > $a AND timestamp <= $b + 1000000000 AND util_pct IS NOT NULL
+"""
+# NVML's and the calls' shares disagree when NVML is this far outside the calls' bounds: NVML
+# averages a kernel-running flag over its sample period (1/6 s to 1 s), so a span's mean can be
+# off by a few points at its edges.
+NVML_TOLERANCE = 0.05
+
+
+def nvml_disagreement(ctx: Context, busy: DeviceBusy) -> str | None:
+    """Fill ``busy.nvml_util`` from the one sampled GPU; a note when it falls outside the bounds
+    the process' own calls allow (None when they agree, or when there is nothing to compare)."""
+    act = device_activity(ctx)
+    main = inferred_device.main_process(ctx, act) if act else None
+    if main is None or busy.source != "inferred":
+        return None
+    util, gpus = ctx.con.execute(NVML_SQL, {"sid": ctx.session_id, "a": main.start_ns, "b": main.end_ns}).fetchone()
+    if gpus != 1 or util is None:
+        return None
+    busy.nvml_util = round(float(util), 4)
+    if busy.nvml_util > busy.high + NVML_TOLERANCE:
+        return (f"NVML says the GPU ran kernels {busy.nvml_util:.0%} of the time, more than the "
+                f"{busy.high:.0%} this process' calls allow: another process used the GPU")
+    if busy.nvml_util < busy.low - NVML_TOLERANCE:
+        return (f"NVML says the GPU ran kernels {busy.nvml_util:.0%} of the time, less than the "
+                f"{busy.low:.0%} this process' waits show: NVML does not count copies, or the "
+                "process used another GPU than the one sampled")
+    return None
+
+
 @contextmanager
 def _recent_calls(ctx: Context) -> Iterator[None]:
     """Within: ``events`` on ctx.con is the range's last MAX_RAW_SPAN_S (a TEMP VIEW over the table)."""

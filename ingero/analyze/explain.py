@@ -117,6 +117,9 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
     chains.sort(key=Chain.sort_key)
     _explainers_first(chains, ctx.derived.explains)
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
+    disagree = activity.nvml_disagreement(ctx, device) if device is not None else None
+    if disagree:
+        report.notes.append(disagree)
     if ctx.imported_from:
         report.notes.append(
             "imported from a profiler trace: it holds no scheduler, page-fault or block-I/O events, so "

@@ -108,6 +108,9 @@ class DeviceBusy:
     high: float
     source: str  # 'measured' | 'inferred'
     span_ns: int = 0
+    # NVML's utilization of the one sampled GPU over the same span, 0..1 (None: not one GPU
+    # sampled): the share of time a kernel of any process ran there, copies not counted
+    nvml_util: float | None = None
 
 
 @dataclass

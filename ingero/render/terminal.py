@@ -55,8 +55,9 @@ def device_lines(report: Report) -> list[str]:
         if d.source == "measured":
             lines.append(f"Device: busy {units.pct(d.busy_share)} (measured: the trace's device timeline)")
         else:
+            nvml = "" if d.nvml_util is None else f"; NVML {units.pct(d.nvml_util)}"
             lines.append(f"Device: busy ~{units.pct(d.busy_share)} (inferred from the CUDA calls: "
-                         f"{units.pct(d.low)}-{units.pct(d.high)})")
+                         f"{units.pct(d.low)}-{units.pct(d.high)}{nvml})")
     st = report.steps
     if st is not None:
         how = "ProfilerStep marks" if st.source == "marked" else "the rhythm of the calls"

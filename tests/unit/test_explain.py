@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analyze_helpers import MAIN_PID, S, T0, Trace, healthy
+from analyze_helpers import MAIN_PID, SESSION, S, T0, Trace, healthy
 from ingero.analyze import context
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
@@ -210,3 +210,35 @@ def test_cli_asks_the_running_tracer_when_the_db_is_locked(db: Path, monkeypatch
     assert res.exit_code == 0, res.output
     assert res.output == "from the tracer\n"
     assert asked["since_s"] == 120.0 and asked["pids"] == [7] and asked["socket"] == Path("/run/ingero.sock")
+
+
+def _with_nvml(tr, util_pct: float, gpus: int = 1, seconds: int = 10):
+    for s in range(seconds):
+        for g in range(gpus):
+            tr.gpu.append({"session_id": SESSION, "timestamp": T0 + s * 1_000_000_000 + 500_000_000, "gpu": g,
+                           "name": "A100", "util_pct": util_pct, "mem_util_pct": 10.0})
+    return tr
+
+
+@pytest.mark.parametrize(("device_ms", "wait_ms", "util", "says"), [
+    (30.0, 0.0, 88.0, None),  # GPU-bound, NVML agrees: no note
+    (3.0, 30.0, 95.0, "more than"),  # 30 ms asleep after each sync, nothing queued: the calls allow ~15%
+    (30.0, 0.0, 20.0, "less than"),  # the syncs waited most of the time: NVML saw another GPU
+])
+def test_nvml_is_shown_beside_the_inferred_share_and_a_disagreement_is_noted(device_ms, wait_ms, util, says):
+    report = _with_nvml(healthy(10, device_ms=device_ms, wait_ms=wait_ms), util).explain()
+    d = report.device
+    assert d.source == "inferred" and d.nvml_util == pytest.approx(util / 100)
+    notes = [n for n in report.notes if n.startswith("NVML says")]
+    if says is None:
+        assert d.low - 0.05 <= d.nvml_util <= d.high + 0.05 and notes == []
+    else:
+        assert len(notes) == 1 and says in notes[0], (d, notes)
+    out = io.StringIO()
+    terminal.write(report, out)
+    assert f"; NVML {util:.1f}%" in out.getvalue()
+
+
+def test_nvml_of_two_gpus_is_not_compared():
+    report = _with_nvml(healthy(10, device_ms=3.0, wait_ms=30.0), 95.0, gpus=2).explain()
+    assert report.device.nvml_util is None and not [n for n in report.notes if n.startswith("NVML says")]
