@@ -2,10 +2,11 @@
 alert rules, while the demo training loop runs on the simulated runtime; `ingero mcp` asked during
 the same run answers through the tracer's socket.  One traced run for the whole module.
 
-The loop (demos/workloads/train.py, run in-process by a holder script) stays alive HOLD_S seconds
-after its last CUDA call: the tracer stores the last calls within a second and Prometheus scrapes
-every second, so its last scraped counters are the store's counts exactly.  Then the loop exits
-while the tracer runs on (the shell sleeps TAIL_S): its series must be gone from the next scrape.
+The loop (demos/workloads/train.py, run in-process by a holder script) stays alive after its last
+CUDA call until the test has seen Prometheus scrape the same counts the store holds (asked through
+the running tracer's socket): its last scraped counters are then the store's counts exactly, however
+slow a loaded box makes flushes and scrapes.  Then the loop exits while the tracer runs on (the
+shell sleeps TAIL_S): its series must be gone from the next scrape.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from workloads import REPO, Tracer, query, simcuda, wait_for
 
 pytestmark = pytest.mark.live
 
-HOLD_S = 5  # the loop lingers after its last call (> flush 1 s + a few 1 s scrapes)
+HOLD_MAX_S = 300  # the loop lingers after its last call until released, at most this
 TAIL_S = 4  # the tracer outlives the loop by this (scrapes without it)
 TRAIN_S = 6
 
@@ -53,14 +54,35 @@ def _prom(port: int, promql: str) -> list[dict]:
 
 HOLDER = """
 import runpy, sys, time
-train, hold = sys.argv[1], float(sys.argv[2])
-sys.argv = [train, *sys.argv[3:]]
+import os
+train, hold, flag = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+sys.argv = [train, *sys.argv[4:]]
 try:
     runpy.run_path(train, run_name="__main__")
 except SystemExit:
     pass
-time.sleep(hold)
+with open(flag + ".done", "w") as f:
+    f.write(str(os.getpid()))
+end = time.monotonic() + hold
+while not os.path.exists(flag + ".go") and time.monotonic() < end:
+    time.sleep(0.1)
 """
+
+
+def _store_counts_through_the_tracer(db: Path, pid: int) -> dict:
+    """The store's per-op counts of ``pid``, asked while the tracer holds the file (its socket)."""
+    r = subprocess.run([sys.executable, "-m", "ingero", "query", "--json", "--db", str(db),
+                        f"SELECT op::VARCHAR AS op, count(*) AS n FROM events WHERE pid = {int(pid)} "
+                        "AND op::VARCHAR LIKE 'cuda%' GROUP BY ALL"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    if r.returncode != 0:
+        return {}
+    return {row["op"]: int(row["n"]) for row in json.loads(r.stdout)["rows"]}
+
+
+def _scraped_counts(port: int, pid: int) -> dict:
+    got = _prom(port, f'max by (op) (ingero_cuda_call_duration_seconds_count{{pid="{pid}"}})')
+    return {r["metric"]["op"]: int(float(r["value"][1])) for r in got}
 
 
 async def _ask_mcp(db: Path) -> dict:
@@ -112,13 +134,21 @@ def run(tmp_path_factory):
         holder = tmp / "holder.py"
         holder.write_text(HOLDER)
         lib = simcuda()
-        cmd = (f"sh -c '{sys.executable} {holder} {REPO / 'demos/workloads/train.py'} {HOLD_S} "
+        flag = tmp / "hold"
+        cmd = (f"sh -c '{sys.executable} {holder} {REPO / 'demos/workloads/train.py'} {HOLD_MAX_S} {flag} "
                f"--duration {TRAIN_S} --workers 0 --lib {lib}; sleep {TAIL_S}'")
         db = tmp / "t.duckdb"
         tracer = Tracer(db, "--metrics-port", str(metrics_port), "--cuda-lib", str(lib), "--cmd", cmd)
         tracer.wait_started()
         scraper.start()
         mcp = asyncio.run(_ask_mcp(db))  # during the run: answered by the tracer over its socket
+        held = flag.with_name("hold.done")
+        assert wait_for(lambda: held.exists() and held.read_text(), timeout=HOLD_MAX_S), tracer.stderr
+        loop_pid = int(held.read_text())
+        # release the loop once Prometheus has scraped what the store holds (both settled)
+        wait_for(lambda: (n := _store_counts_through_the_tracer(db, loop_pid)) and n == _scraped_counts(prom_port, loop_pid),
+                 timeout=120, step=1.0)
+        flag.with_name("hold.go").touch()
         summary = tracer.finish(sig=None, timeout=360)
         done.set()
         scraper.join(5)
