@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ingero.daemon import access, client
+from workloads import wait_until
 
 pytestmark = pytest.mark.live
 
@@ -29,16 +30,6 @@ def short_dir():
     d.rmdir()
 
 
-def _wait_for(pred, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_trace_answers_status_query_and_explain_while_running(short_dir):
     db, sock = short_dir / "t.duckdb", short_dir / "t.sock"
     env = {**os.environ, "INGERO_SOCKET": str(sock), "INGERO_DB": str(db)}
@@ -47,9 +38,9 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
     proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--retain", "1h", "--max-db", "1GB",
                              "--duration", "40s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
+        wait_until(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
         assert proc.poll() is None, proc.stderr.read()
-        st = _wait_for(lambda: (s := client.status(socket_path=sock))["running"] and s, what="status running")
+        st = wait_until(lambda: (s := client.status(socket_path=sock))["running"] and s, what="status running")
         assert st["session"]["tracer_pid"] == proc.pid
         assert str(sleeper.pid) in (st["session"]["targets"] or "")
         assert Path(st["db_path"]).samefile(db)

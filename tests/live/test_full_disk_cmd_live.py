@@ -13,20 +13,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from workloads import wait_until
 
 pytestmark = pytest.mark.live
 
 INGERO = [sys.executable, "-m", "ingero"]
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _wait_for(pred, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
@@ -61,11 +54,11 @@ def test_a_full_disk_mid_trace_never_ends_the_cmd_job(disk):
     proc = subprocess.Popen([*INGERO, "trace", "--db", str(db), "--cmd", str(job)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: sock.exists() or proc.poll() is not None, what="the tracer serving")
+        wait_until(lambda: sock.exists() or proc.poll() is not None, what="the tracer serving")
         assert proc.poll() is None, proc.stderr.read()
         _fill(mnt)
         # the tracer detaches (its socket goes) while the job keeps running
-        _wait_for(lambda: not sock.exists(), what="the tracer to stop tracing")
+        wait_until(lambda: not sock.exists(), what="the tracer to stop tracing")
         assert proc.poll() is None and not marker.exists()
         go.touch()
         _, err = proc.communicate(timeout=360)

@@ -22,23 +22,15 @@ import pytest
 
 from ingero.daemon import client
 from ingero.errors import IngeroError
+from workloads import wait_until
 
 pytestmark = pytest.mark.live
 
 INGERO = [sys.executable, "-m", "ingero"]
+
 REPO = Path(__file__).resolve().parents[2]
 RUNAWAY = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT max(n) FROM r"
 OUTSIDER = "ingero-outsider"  # a user outside the ingero group, made by the test when missing
-
-
-def _wait_for(pred, timeout: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
@@ -58,14 +50,14 @@ def tracer(short_dir):
     proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--duration", "600s"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
+        wait_until(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
         assert proc.poll() is None, proc.stderr.read()
-        _wait_for(lambda: client.status(socket_path=sock)["running"], what="status running")
+        wait_until(lambda: client.status(socket_path=sock)["running"], what="status running")
         yield proc, db, sock, env
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
+        proc.wait(300)
         sleeper.kill()
         sleeper.wait()
 
@@ -121,7 +113,7 @@ def test_hostile_clients_get_one_bounded_reply_and_the_tracer_still_records(trac
             s.close()
     # still answers, still records
     before = _events(sock)
-    _wait_for(lambda: _events(sock) > before, what="new events recorded")
+    wait_until(lambda: _events(sock) > before, what="new events recorded")
     assert proc.poll() is None
 
 
@@ -130,7 +122,7 @@ def test_sigterm_mid_query_exits_0_and_the_query_hears_why(tracer):
     base = client.query("SELECT * FROM duckdb_connection_count()", socket_path=sock)[1][0][0]
     q = subprocess.Popen([*INGERO, "query", "--timeout", "300", RUNAWAY], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: _in_flight(sock, base), what="the runaway query in flight")
+    wait_until(lambda: _in_flight(sock, base), what="the runaway query in flight")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0, proc.stderr.read()
     err = proc.stderr.read()
@@ -162,7 +154,7 @@ def test_ctrl_c_ends_a_runaway_query_on_a_file(short_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     q = subprocess.Popen([*INGERO, "query", "--db", str(db), "--timeout", "300", RUNAWAY], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: _cpu_s(q.pid) > 3.0, what="the query burning CPU")  # imports take < 1 s of CPU
+    wait_until(lambda: _cpu_s(q.pid) > 3.0, what="the query burning CPU")  # imports take < 1 s of CPU
     q.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     _, err = q.communicate(timeout=60)

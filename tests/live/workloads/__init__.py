@@ -141,6 +141,18 @@ def query(db: Path, sql: str, params: dict | None = None) -> list[tuple]:
         con.close()
 
 
+def wait_until(pred, what: str, timeout: float = START_TIMEOUT_S, step: float = 0.2):
+    """``pred()``'s first truthy value, polled every ``step`` s; AssertionError naming ``what`` after
+    ``timeout`` (by default a tracer's start, the slowest thing these tests wait for)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def wait_for(pred, timeout: float = 10.0, step: float = 0.05) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
