@@ -1,6 +1,7 @@
 """What `ingero trace --publish` costs the real tracer: CPU-seconds per event with and without it.
 
-Run from the repo root as root: ``.venv/bin/python -m bench.bench_publish`` (``--help``).
+Run from the repo root as root: ``.venv/bin/python -m bench.bench_publish`` (``--help``); by default
+3 rounds of 5-min runs with the tracer's default segment (~40 min).
 
 The same workload (demos/workloads/train.py on the simulated CUDA runtime) is traced by
 `ingero trace --cmd` in interleaved rounds (plain, publish, plain, publish, ...), so the
@@ -106,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return wrap(argv[1], argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="plain/publish pairs, interleaved")
-    ap.add_argument("--duration", type=float, default=120, help="seconds of workload per run")
-    ap.add_argument("--segment-s", type=float, default=60, help="published segment length (default: the tracer's)")
+    from ingero.fleet.publish import DEFAULT_SEGMENT_S
+
+    ap.add_argument("--duration", type=float, default=DEFAULT_SEGMENT_S, help="seconds of workload per run")
+    ap.add_argument("--segment-s", type=float, default=DEFAULT_SEGMENT_S, help="published segment length (default: the tracer's)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="train")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
