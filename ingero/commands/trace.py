@@ -43,7 +43,7 @@ from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
 @click.option("--job", default=None, help="The job's id in the fleet dataset (default: TORCHELASTIC_RUN_ID, "
                                            "SLURM_JOB_ID, the traced ranks' environment, else 'default').")
 @click.option("--publish-segment", type=DURATION, default=None,
-              help="Length of a published segment (default 60s, 5s-10m): a segment is published once closed.")
+              help="Length of a published segment (default 5m, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,

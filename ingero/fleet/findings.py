@@ -30,10 +30,12 @@ from typing import Any
 
 import duckdb
 
+from ingero.analyze.baseline import MIN_EVIDENCE_WINDOWS, TRIM_EDGES_FROM_WINDOWS
 from ingero.analyze.model import Analysed, Chain, Culprit, Report, SystemContext, Window
 from ingero.fleet.dataset import Catalog
 
 NS = 1_000_000_000
+WINDOW_NS = NS  # a segment's windows are one second (segment.py)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,16 @@ SELECT node, sum(loop_wall_ns), sum(loop_cpu_wait_ns), sum(loop_ops), sum(loop_l
 FROM nodes WHERE segment_end_ns > $t0 AND segment_start_ns < $t1 GROUP BY node
 """
 CHAINS_SQL = """
-SELECT node, rule_id, severity, title, share, root, effect, fix, culprits, evidence_windows, segment_start_ns
+SELECT node, rule_id, severity, title, share, root, effect, fix, culprits, evidence_windows, segment_start_ns, session_id
 FROM chains WHERE segment_end_ns > $t0 AND segment_start_ns < $t1
+"""
+# Each run's (node, session) first and last loop window: partial (start-up, teardown), so not
+# judged, as explain leaves a process' first and last window out (analyze/baseline.py).  Over the
+# whole session, not the range: a range that cuts a run in two has no edge at the cut.
+EDGES_SQL = """
+SELECT node, session_id, min(loop_first_ns), max(loop_last_ns), sum(loop_windows) FROM nodes
+WHERE node IN (SELECT DISTINCT node FROM nodes WHERE segment_end_ns > $t0 AND segment_start_ns < $t1)
+GROUP BY ALL
 """
 
 
@@ -159,10 +169,44 @@ def load_nodes(con: duckdb.DuckDBPyConnection, t0: int, t1: int) -> dict[str, No
     return nodes
 
 
+def run_edges(con: duckdb.DuckDBPyConnection, t0: int, t1: int) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """(node, session) -> its run's first and last loop window [start, end), for a run long enough
+    to have a steady state between them (TRIM_EDGES_FROM_WINDOWS, as explain)."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for node, sid, first, last, n in con.execute(EDGES_SQL, {"t0": t0, "t1": t1}).fetchall():
+        if first is not None and last is not None and (n or 0) >= TRIM_EDGES_FROM_WINDOWS:
+            out[(node, int(sid))] = [(int(first), int(first) + WINDOW_NS), (int(last), int(last) + WINDOW_NS)]
+    return out
+
+
+def _off_edges(row: tuple, edges: list[tuple[int, int]] | None) -> tuple | None:
+    """A chain row without the evidence (windows or steps) that touches its run's edge windows,
+    its share scaled by the evidence time kept; None when fewer than MIN_EVIDENCE_WINDOWS are left."""
+    spans = [(int(w["start_ns"]), int(w["end_ns"])) for w in row[9] or []]
+    if not edges or not spans:
+        return row
+    kept = [s for s in spans if not any(s[0] < e1 and s[1] > e0 for e0, e1 in edges)]
+    if len(kept) == len(spans):
+        return row
+    if len(kept) < MIN_EVIDENCE_WINDOWS:
+        return None
+    total = sum(e - s for s, e in spans)
+    share = (row[4] or 0) * (sum(e - s for s, e in kept) / total if total > 0 else len(kept) / len(spans))
+    return (*row[:4], share, *row[5:9], [{"start_ns": s, "end_ns": e} for s, e in kept], *row[10:])
+
+
 def local_chains(con: duckdb.DuckDBPyConnection, nodes: dict[str, Node], t0: int, t1: int) -> dict[str, list[LocalChain]]:
-    """Each node's chains merged over its segments, by rule, strongest first."""
+    """Each node's chains merged over its segments, by rule, strongest first.
+
+    A segment's chain rests on its evidence (windows, or steps); what touches its run's first or
+    last window (partial: start-up, teardown) does not count, and a chain left with fewer than
+    MIN_EVIDENCE_WINDOWS pieces is not the node's (a run's edges are no pattern)."""
+    edges = run_edges(con, t0, t1)
     by: dict[tuple[str, str], list[tuple]] = {}
-    for row in con.execute(CHAINS_SQL, {"t0": t0, "t1": t1}).fetchall():
+    for raw in con.execute(CHAINS_SQL, {"t0": t0, "t1": t1}).fetchall():
+        row = _off_edges(raw, edges.get((raw[0], int(raw[11]))))
+        if row is None:
+            continue
         by.setdefault((row[0], row[1]), []).append(row)
     out: dict[str, list[LocalChain]] = {}
     for (node, rule), rows in by.items():

@@ -91,9 +91,17 @@ def write_atomic(root: Root, path: str, table: pa.Table) -> None:
     table = table.replace_schema_metadata(meta)
     target = f"{directory}/.{name}{TMP_MARK}{os.getpid()}" if root.local else path
     with root.fs.open_output_stream(target) as out:
-        pq.write_table(table, out, compression="zstd")
+        pq.write_table(table, out, compression="zstd", use_dictionary=_dictionary_columns(table.schema))
     if target != path:
         root.fs.move(target, path)
+
+
+def _dictionary_columns(sch: pa.Schema) -> list[str]:
+    """Dictionary-encode the string columns only (op names, process names: few values); numbers
+    compress better plain (timestamps, durations: a dictionary of mostly unique values is wasted
+    work).  A dictionary column is a Parquet STRING column like a plain one: engines read strings
+    (pyarrow with the dataset's schema too; alone it gives the dictionary type it was written with)."""
+    return [f.name for f in sch if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
 
 
 def remove_stale_temps(root: Root, directory: str) -> int:

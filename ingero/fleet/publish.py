@@ -32,7 +32,10 @@ from ingero.fleet import layout, segment
 from ingero.fleet.facts import NodeFacts, clock_state, node_facts, sync_daemon
 
 NS = 1_000_000_000
-DEFAULT_SEGMENT_S = 60.0
+# Each segment costs one explain over its span (windows and chains): ~0.2-0.4 CPU-s whatever its
+# length, measured here (bench_publish).  Five minutes keeps that near 1% of a tracer's CPU at
+# ~2 k events/s; one minute costs ~10% (docs/benchmarks.md).  Fresher fleet answers are a flag away.
+DEFAULT_SEGMENT_S = 300.0
 MIN_SEGMENT_S, MAX_SEGMENT_S = 5.0, 600.0
 # A segment is closed this long after its end: the tracer flushes once a second, and an
 # event is stored when it ends (a call at its return, an off-CPU interval when the thread runs).
@@ -76,6 +79,7 @@ class Publisher(TraceHook):
         self._thread: threading.Thread | None = None
         self._con: Any = None
         self.crash: BaseException | None = None
+        self.cpu_s = 0.0  # the worker thread's CPU time: what publishing cost this tracer
 
     @classmethod
     def bind(cls, root_url: str, db_path: Path, **kw: Any) -> "Publisher":
@@ -171,7 +175,9 @@ class Publisher(TraceHook):
                 self._wake.wait(1.0)
                 self._wake.clear()
                 stopping = self._stop
+                c0 = time.thread_time()
                 self._publish_due(final=self._ended)
+                self.cpu_s += time.thread_time() - c0
                 if stopping:
                     return
         except BaseException as exc:  # a bug: kept for on_end to raise on the session's thread
@@ -255,7 +261,8 @@ class Publisher(TraceHook):
 
     def summary(self) -> str:
         due = sum(1 for e in self._state.values() if not e.get("done"))
-        text = f"published {self.published} segment(s) to {self.root.url} as node {self.node}, job {self.job or 'default'}"
+        text = (f"published {self.published} segment(s) to {self.root.url} as node {self.node}, job {self.job or 'default'} "
+                f"({self.cpu_s:.2f} CPU-s)")
         if self.skipped:
             text += f" ({self.skipped} file(s) already there: skipped)"
         if due:

@@ -87,6 +87,10 @@ NODES = pa.schema([
     # these instead of every windows file
     ("loop_wall_ns", pa.float64()), ("loop_cpu_wait_ns", pa.float64()), ("loop_ops", pa.float64()),
     ("loop_launches", pa.float64()), ("loop_windows", pa.int64()),
+    # start of the main loop's first and last active window (a launch or a sync) in the segment:
+    # a run's first and last windows are partial (start-up, teardown) and fleet explain does not
+    # judge them (NULL in segments written before these columns: nothing is trimmed)
+    ("loop_first_ns", pa.int64()), ("loop_last_ns", pa.int64()),
     ("host_cpu_pct", pa.float64()), ("load1", pa.float64()),
     ("others_cpu_s", pa.float64()), ("others_top", pa.string()),
     ("ingero_version", pa.string()),
@@ -101,11 +105,21 @@ WRITE_ORDER = ("events", "windows", "summaries", "chains", "processes", "ranks",
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns, in order and types (missing ones NULL)."""
-    cols = []
+    """``table`` with exactly ``schema``'s columns, in order and types (missing ones NULL).
+
+    A dictionary column of the right value type (the store's ENUMs: op, kind, in_call) stays
+    dictionary-encoded: Parquet stores it as the same STRING column, already encoded, instead of
+    decoding every row to a string here and encoding it again in the writer."""
+    cols, fields = [], []
     for f in schema:
         if f.name in table.column_names:
-            cols.append(table.column(f.name).cast(f.type))
+            col = table.column(f.name)
+            if pa.types.is_dictionary(col.type) and col.type.value_type == f.type:
+                cols.append(col)
+                fields.append(pa.field(f.name, col.type, f.nullable, f.metadata))
+                continue
+            cols.append(col.cast(f.type))
         else:
             cols.append(pa.nulls(table.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
+        fields.append(f)
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=schema.metadata))

@@ -40,13 +40,16 @@ EVENTS_SQL = f"""
 SELECT {", ".join(schema.EVENTS.names)} FROM events
 WHERE session_id = $sid AND timestamp >= $lo AND timestamp < $t1
   AND timestamp + coalesce(duration_ns, 0) >= $t0 AND timestamp + coalesce(duration_ns, 0) < $t1
-ORDER BY timestamp
-"""
+"""  # in the store's order (as flushed): sorting them costs more than a segment's writing
 WINDOWS_SQL = """
 SELECT w.*, $sid AS session_id, $t0 + w.w * $wns AS start_ns, $wns AS window_ns, p.name AS process
 FROM ing_win w LEFT JOIN process_names p USING (pid) ORDER BY w.w, w.pid
 """
 LOOP_SUMS_SQL = "SELECT sum(wall_ns), sum(cpu_wait_ns), sum(ops_n), sum(launch_n), count(*) FROM ing_win"
+# the main loop's first and last active window (start-up and teardown are partial windows)
+LOOP_EDGES_SQL = """
+SELECT $t0 + min(w) * $wns, $t0 + max(w) * $wns FROM ing_win WHERE pid = $pid AND (launch_n > 0 OR sync_n > 0)
+"""
 SUMMARIES_SQL = "SELECT * FROM windows WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
 RANKS_SQL = "SELECT * FROM ranks WHERE session_id = $sid AND seen_ns >= $t0 AND seen_ns < $t1 ORDER BY seen_ns"
 SPAN_SQL = """
@@ -104,8 +107,10 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         tables["chains"] = [pa.Table.from_pylist(rows, schema=schema.CHAINS)] if rows else []
         loop_pids = [int(r[0]) for r in con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC").fetchall()]
         loop = con.execute(LOOP_SUMS_SQL).fetchall()[0]
+        edges = con.execute(LOOP_EDGES_SQL, {"t0": report.analysed.start_ns, "wns": int(WINDOW_S * NS), "pid": loop_pids[0]}).fetchall()[0] \
+            if loop_pids else (None, None)
     else:
-        tables["windows"], tables["chains"], loop_pids, loop = [], [], [], (None,) * 5
+        tables["windows"], tables["chains"], loop_pids, loop, edges = [], [], [], (None,) * 5, (None, None)
     # the store's per-second summaries (schema 11), when this store has them
     summ = _arrow(con, SUMMARIES_SQL, {"sid": session_id, "t0": t0, "t1": t1}) if has_table(con, "windows") else None
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
@@ -130,7 +135,7 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         "steps": steps.count if steps else None, "step_median_ms": steps.median_ms if steps else None,
         "step_p99_ms": steps.p99_ms if steps else None, "device_busy": device.busy_share if device else None,
         "loop_pids": loop_pids, "loop_wall_ns": loop[0], "loop_cpu_wait_ns": loop[1], "loop_ops": loop[2],
-        "loop_launches": loop[3], "loop_windows": loop[4], "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
+        "loop_launches": loop[3], "loop_windows": loop[4], "loop_first_ns": edges[0], "loop_last_ns": edges[1], "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
         "others_cpu_s": float(sum(r[2] or 0 for r in others)),
         "others_top": json.dumps([{"pid": int(r[0]), "name": r[1], "cpu_s": round(float(r[2] or 0), 3)}
                                   for r in others[:TOP_OTHERS]]),

@@ -30,6 +30,8 @@ class NodeSpec:
     fleet_schema: int = schema.FLEET_SCHEMA_VERSION
     synced: bool = True
     max_error_us: int = 500
+    # seconds of the run (from its start) that are the chains' evidence windows; None: all of them
+    evidence_s: list[int] | None = None
 
 
 def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_ns: int = 1_795_000_000 * NS,
@@ -59,13 +61,16 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
             if per_seg_events:
                 tables["events"] = _events(rng, per_seg_events, t0, secs, pid)
             rows = []
-            for i, c in enumerate(spec.chains, 1):
+            seconds_here = range(k * segment_s, k * segment_s + secs)
+            ev = [x for x in seconds_here if spec.evidence_s is None or x in spec.evidence_s]
+            for i, c in enumerate(spec.chains if ev else [], 1):
                 rows.append({"session_id": 1, "segment_start_ns": t0, "segment_end_ns": t0 + seg_ns, "rank": i,
                              "rule_id": c["rule_id"], "severity": c.get("severity", "HIGH"),
                              "title": c.get("title", c["rule_id"]), "share": c.get("share", 0.4),
                              "impact": c.get("share", 0.4), "correlation": None, "pids": [pid],
                              "culprits": json.dumps(c.get("culprits", [])),
-                             "evidence_windows": [{"start_ns": t0, "end_ns": t0 + secs * NS}],
+                             "evidence_windows": [{"start_ns": start_ns + x * NS, "end_ns": start_ns + (x + 1) * NS}
+                                                  for x in ev],
                              "root": c.get("root", [f"{c['rule_id']} on {spec.name}"]), "effect": [],
                              "fix": c.get("fix", []), "numbers": "{}"})
             if rows:
@@ -79,7 +84,8 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
                 "events": per_seg_events, "drops_kernel": 0, "drops_user": 0, "steps": steps,
                 "step_median_ms": spec.step_ms, "step_p99_ms": spec.step_ms * 1.2, "device_busy": 0.8,
                 "loop_pids": [pid], "loop_wall_ns": float(wall.sum()), "loop_cpu_wait_ns": float(win["cpu_wait_ns"].sum()),
-                "loop_ops": float(win["ops_n"].sum()), "loop_launches": float(launches.sum()), "loop_windows": secs, "host_cpu_pct": 50.0, "load1": 4.0, "others_cpu_s": spec.others_cores * secs,
+                "loop_ops": float(win["ops_n"].sum()), "loop_launches": float(launches.sum()), "loop_windows": secs,
+                "loop_first_ns": t0, "loop_last_ns": t0 + (secs - 1) * NS, "host_cpu_pct": 50.0, "load1": 4.0, "others_cpu_s": spec.others_cores * secs,
                 "others_top": json.dumps([{"pid": 777, "name": spec.others_name, "cpu_s": spec.others_cores * secs}]),
                 "ingero_version": "synthetic"}], schema=schema.NODES)
             for table in schema.WRITE_ORDER:

@@ -90,6 +90,25 @@ def test_shared_cause_when_every_node_is_input_bound(tmp_path: Path):
     assert "shared storage" in c.fix[0]
 
 
+def test_a_runs_partial_edge_windows_are_not_judged(tmp_path: Path):
+    # every node's input-bound chain rests on its run's first and last window only (start-up and
+    # teardown, partial): no shared finding; with steady windows besides, the finding stands
+    ib = [{"rule_id": "input-bound", "severity": "MEDIUM", "share": 0.3}]
+    edges = tmp_path / "edges"
+    generate(str(edges), [NodeSpec(n, 20.0, chains=ib, evidence_s=[0, 59]) for n in ("a", "b", "c")], seconds=60,
+             segment_s=20)
+    report, _ = status.explain(str(edges), job=None, since_s=None)
+    assert report.chains == []
+    steady = tmp_path / "steady"
+    generate(str(steady), [NodeSpec(n, 20.0, chains=ib, evidence_s=[0, 5, 10, 30, 45, 59]) for n in ("a", "b", "c")],
+             seconds=60, segment_s=20)
+    report, _ = status.explain(str(steady), job=None, since_s=None)
+    assert [(c.rule_id, c.numbers["nodes"]) for c in report.chains] == [("fleet-shared", 3)]
+    # segment 1 keeps 2 of its 3 windows (share 0.3 x 2/3), segment 2 its one (0.3), segment 3
+    # one of 2: too few to count; over the node's 3 segments
+    assert report.chains[0].numbers["mean_share"] == round((0.2 + 0.3) / 3, 4)
+
+
 def test_busy_host_outside_the_job(tmp_path: Path):
     root = tmp_path / "ds"
     generate(str(root), [NodeSpec("a", 20.0), NodeSpec("b", 20.0, others_cores=1.5, others_name="backup",
