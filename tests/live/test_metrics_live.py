@@ -145,15 +145,22 @@ def run(tmp_path_factory):
         held = flag.with_name("hold.done")
         assert wait_for(lambda: held.exists() and held.read_text(), timeout=HOLD_MAX_S), tracer.stderr
         loop_pid = int(held.read_text())
-        # release the loop once Prometheus has scraped what the store holds (both settled)
-        wait_for(lambda: (n := _store_counts_through_the_tracer(db, loop_pid)) and n == _scraped_counts(prom_port, loop_pid),
-                 timeout=120, step=1.0)
+        # release the loop once Prometheus has scraped what the store holds, and the store held it
+        # a flush earlier too (the loop's last calls may still be in the ring when it writes the flag)
+        seen: list = []
+
+        def settled() -> bool:
+            n = _store_counts_through_the_tracer(db, loop_pid)
+            seen.append((round(time.monotonic(), 1), n, _scraped_counts(prom_port, loop_pid)))
+            return len(seen) >= 2 and bool(n) and seen[-2][1] == n == seen[-1][2]
+
+        wait_for(settled, timeout=120, step=1.5)
         flag.with_name("hold.go").touch()
         summary = tracer.finish(sig=None, timeout=360)
         done.set()
         scraper.join(5)
         time.sleep(1.5)  # Prometheus' last scrape of a target that went away is already in; its rules ran
-        yield {"db": db, "prom": prom_port, "scrapes": scrapes, "mcp": mcp, "summary": summary}
+        yield {"db": db, "prom": prom_port, "scrapes": scrapes, "mcp": mcp, "summary": summary, "seen": seen}
     finally:
         done.set()
         prom.terminate()
@@ -177,7 +184,7 @@ def test_prometheus_counter_equals_the_store(run):
     assert store.get("cudaStreamSync", 0) > 50
     # the call counter is the duration histogram's _count (a counter series of its own)
     got = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_count{{pid="{pid}"}}[10m]))')
-    assert {r["metric"]["op"]: int(float(r["value"][1])) for r in got} == store
+    assert {r["metric"]["op"]: int(float(r["value"][1])) for r in got} == store, run["seen"][-3:]
     inf = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_bucket{{pid="{pid}",le="+Inf"}}[10m]))')
     assert {r["metric"]["op"]: int(float(r["value"][1])) for r in inf} == store
 
