@@ -96,7 +96,7 @@ class Tracer:
             raise AssertionError(f"ingero trace did not start: {err}")
         return next(x for x in self.lines if x["type"] == "start")
 
-    def finish(self, sig: int | None = signal.SIGINT, timeout: float = 40) -> dict:
+    def finish(self, sig: int | None = signal.SIGINT, timeout: float = 180) -> dict:
         """Send ``sig`` (None: wait for it to end by itself) and return the summary line."""
         if sig is not None:
             self.proc.send_signal(sig)
