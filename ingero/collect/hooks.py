@@ -24,6 +24,9 @@ class TraceHook:
     raises: it is the tracer's bug, not the user's.
     """
 
+    def on_program(self, program: Any) -> None:
+        """The BPF program is loaded (``loader.Program``) and no library is attached yet."""
+
     def on_flush(self, sess: Any, recs: "np.ndarray", flush_s: float) -> None:
         pass
 

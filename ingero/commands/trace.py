@@ -9,6 +9,7 @@ import click
 
 from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, Value, db_option, json_option, resolve_db
 from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
+from ingero.values import parse_percent
 
 
 @click.command("trace")
@@ -36,10 +37,15 @@ from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
                    "block I/O, tracer health, active causal chains. Off by default.")
 @click.option("--metrics-addr", type=Value("address", parse_address), default=None,
               help=f"Address the metrics endpoint binds (default {DEFAULT_ADDR}; 0.0.0.0: every interface).")
+@click.option("--overhead-budget", "overhead_budget", type=Value("overhead budget", parse_percent), default=None,
+              help="Keep what tracing costs the traced CUDA threads under PCT of their CPU (e.g. 2%): "
+                   "kernel-launch probes are then attached for only a slice of each second and launch "
+                   "counts are scaled (explain says so). Default: 2% in daemon mode (no --duration/--cmd), "
+                   "off otherwise; 'off' traces every call.")
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
-            no_serve, metrics_port, metrics_addr, db_path, as_json) -> None:
+            no_serve, metrics_port, metrics_addr, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -55,6 +61,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
       sudo ingero trace --cmd "python3 train.py" --streams   (launch streams too)
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
       sudo ingero trace --retain 24h --metrics-port 9464   (Prometheus scrapes it)
+      sudo ingero trace --cmd "python3 train.py" --overhead-budget 2%
     """
     from ingero.collect import session, targets
 
@@ -92,6 +99,14 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    if overhead_budget is None and duration is None and cmd is None:
+        from ingero.collect.budget import DEFAULT_DAEMON_PCT
+
+        overhead_budget = DEFAULT_DAEMON_PCT  # daemon mode: always on, at a bounded cost
+    if overhead_budget:
+        from ingero.collect.budget import BudgetHook
+
+        opts.hooks.append(BudgetHook(overhead_budget))
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)

@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 12
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -95,6 +95,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE events ADD COLUMN IF NOT EXISTS peer INTEGER",
         REAPPLY_SCHEMA,  # creates ranks
     ],
+    # 11: the summaries engineer's (issue 22 parts 2-3); 12: the sampling table (overhead budget)
+    12: [REAPPLY_SCHEMA],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"

@@ -233,3 +233,19 @@ CREATE TABLE IF NOT EXISTS ranks (
     local_rank INTEGER,          -- LOCAL_RANK ('env')
     job VARCHAR                  -- TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else MASTER_ADDR:MASTER_PORT ('env'); NULL for 'nccl' rows
 );
+
+-- Periods in which the per-call probes of some CUDA ops were attached for
+-- only a slice (schema 12): `ingero trace --overhead-budget`.  Calls of those
+-- ops have rows only between attached_from_ns and attached_to_ns of each
+-- period; every other op, and every tracepoint, is traced throughout.  A
+-- period without a row here was traced whole.  Counts of the ops scale by
+-- 1 / ratio; their durations and percentiles come from the attached slices.
+CREATE TABLE IF NOT EXISTS sampling (
+    session_id INTEGER,
+    from_ns BIGINT NOT NULL,          -- the period (wall clock)
+    to_ns BIGINT NOT NULL,
+    attached_from_ns BIGINT NOT NULL, -- the slice in which the probes were attached
+    attached_to_ns BIGINT NOT NULL,
+    ratio DOUBLE NOT NULL,            -- (attached_to_ns - attached_from_ns) / (to_ns - from_ns)
+    ops VARCHAR NOT NULL              -- comma list of the sampled op names
+);
