@@ -150,8 +150,14 @@ class BudgetHook(TraceHook):
             self._calls[p] = self._calls.get(p, 0) + n
 
     def every_second(self, sess: Any) -> None:
+        if self.note:
+            sess.notes.append(self.note)
+            self.note = None
         if self.probes is None:
             return
+        if self.probes.notes:
+            sess.notes += self.probes.notes
+            self.probes.notes = []
         now = time.monotonic()
         with self._lock:
             attached_s = self._attached_s
@@ -174,6 +180,10 @@ class BudgetHook(TraceHook):
                 cpu[pid] = (total - prev[0]) / (now - prev[1])
         self._history = (self._history + [(calls, min(attached_s, dt), cpu)])[-RATE_S:]
         self.ratio = self.decide()
+        if os.environ.get("INGERO_BUDGET_DEBUG"):
+            import sys
+            print(f"budget: cost {self.cost_ns:.0f} ns calls {calls} att {attached_s:.3f} cpu {cpu} ratio {self.ratio:.3f} "
+                  f"periods {len(periods)}", file=sys.stderr)
         if periods:
             self._store(sess, periods)
 

@@ -219,7 +219,9 @@ class Program:
         self._attached_ids.add(key)
         ok = failed = 0
         no_return: set[str] = set()
-        for a in probes.plan_library(str(path), kind, frozenset(exported)):
+        plan = probes.plan_library(str(path), kind, frozenset(exported))
+        taken = self.switchable.take(str(path), plan, addresses) if self.switchable is not None else set()
+        for a in plan:
             if a.probe_kind == "uprobe" and a.symbol in no_return:
                 # An entry without its return would leave call state that never
                 # ends: the symbol is skipped whole rather than half-traced.
@@ -227,15 +229,7 @@ class Program:
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False,
                                                  "skipped: its return probe could not be attached"))
                 continue
-            if self.switchable is not None and a.op in self.switchable.ops:  # the overhead budget's (budget.py)
-                try:
-                    self.switchable.place(a.path, a.symbol, a.fn, a.probe_kind, None if addresses is None else addresses[a.symbol])
-                except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
-                    failed += 1
-                    if a.probe_kind == "uretprobe":
-                        no_return.add(a.symbol)
-                    self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False, str(exc)))
-                    continue
+            if a in taken:  # linked by the overhead budget's switchable set (budget.py)
                 ok += 1
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
                 continue
@@ -254,8 +248,6 @@ class Program:
             ok += 1
             self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
             # BCC just added the probe's perf event under its event name (dicts keep insertion order)
-        if self.switchable is not None:
-            self.switchable.link_new()
         return ok, failed
 
     def switchable_probes(self, ops: Iterable[int]) -> "SwitchableProbes":
@@ -437,13 +429,19 @@ def _close_later(first: list[int], then: list[int], done: Any = None, gap_s: flo
     threading.Thread(target=run, name="ingero-detach", daemon=True).start()
 
 
+def _close_links(links: Mapping[tuple[str, str, str], int]) -> None:
+    """Close links keyed (path, fn, probe_kind): the entries first, the returns RETURN_GRACE_S later."""
+    _close_later([fd for k, fd in links.items() if k[2] == "uprobe"],
+                 [fd for k, fd in links.items() if k[2] == "uretprobe"])
+
+
 class SwitchableProbes:
     """The per-call uprobes of some ops as uprobe_multi links that attach and detach in
     milliseconds of CPU, instead of BCC's perf events (see above).
 
-    ``place()`` (from attach_library) adds a probe to its group, one link per
-    (file, program, entry or return); ``attach()`` links every group not yet
-    linked, returns first; ``detach()`` unlinks the entries, then the returns.
+    ``take()`` (from attach_library) adds a library's probes of these ops, one
+    link per (file, program, entry or return); ``attach()`` links every group,
+    returns first; ``detach()`` unlinks the entries, then the returns.
     Safe to call from the tracer's thread and the budget's cycling thread.
     """
 
@@ -457,23 +455,48 @@ class SwitchableProbes:
         self._groups: dict[tuple[str, str, str], set[int]] = {}  # (path, fn, probe_kind) -> file offsets
         self._progs: dict[str, int] = {}  # program name -> fd loaded for uprobe_multi
         self._links: dict[tuple[str, str, str], int] = {}
+        self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
 
-    def place(self, path: str, symbol: str, fn: str, probe_kind: str, addr: int | None) -> None:
-        """Add one probe (linked at once when the set is attached); raises like BCC's attach on a bad symbol."""
-        self._prog_fd(fn)
-        real, off = self.program.bpf._check_path_symbol(path.encode(), b"" if addr is not None else symbol.encode(),
-                                                        addr, -1)
-        with self.lock:
-            key = (real.decode(), fn, probe_kind)
-            if key in self._links:  # a group already linked gains a probe: link it again with it
-                raise OSError(f"{path} {symbol}: its group is already linked")
-            self._groups.setdefault(key, set()).add(int(off))
+    def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
+        """The attachments of ``plan`` (probes.Attachment) this set links from now on, linked at
+        once when it is attached; none when they cannot be (a note says why): BCC attaches them.
 
-    def link_new(self) -> None:
-        """Link the groups placed since the last attach, if the set is attached."""
-        with self.lock:
-            if self.attached:
-                self._link_missing()
+        Every group is linked once here to know: a uprobe_multi link is refused (EINVAL) where
+        another tracer's BCC uprobe sits at the same offset, BCC passing the kernel a garbage
+        ref_ctr_offset (its Python binding omits that argument; dmesg: "ref_ctr_offset mismatch").
+        """
+        mine = [a for a in plan if a.op in self.ops]
+        if not mine:
+            return set()
+        bpf = self.program.bpf
+        try:
+            with self.lock:
+                groups: dict[tuple[str, str, str], set[int]] = {}
+                for a in mine:
+                    real, off = bpf._check_path_symbol(a.path.encode(),
+                                                       b"" if addresses is not None else a.symbol.encode(),
+                                                       None if addresses is None else addresses[a.symbol], -1)
+                    groups.setdefault((real.decode(), a.fn, a.probe_kind), set()).add(int(off))
+                links: dict[tuple[str, str, str], int] = {}
+                try:
+                    for kind in ("uretprobe", "uprobe"):  # returns first
+                        for key, offs in groups.items():
+                            if key[2] == kind:
+                                links[key] = _bpf_link_uprobe_multi(self._prog_fd(key[1]), key[0], sorted(offs),
+                                                                    kind == "uretprobe")
+                except OSError:
+                    _close_links(links)
+                    raise
+                for key, offs in groups.items():
+                    self._groups.setdefault(key, set()).update(offs)
+                if self.attached:
+                    self._links.update(links)
+                else:
+                    _close_links(links)
+        except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
+            self.notes.append(f"overhead budget: {path}'s launch probes are traced in full, not switched ({exc})")
+            return set()
+        return set(mine)
 
     def _link_missing(self) -> None:
         for kind in ("uretprobe", "uprobe"):  # returns first: a call entering in between keeps its return
@@ -503,8 +526,7 @@ class SwitchableProbes:
 
     def _unlink(self) -> None:
         links, self._links = self._links, {}
-        _close_later([fd for k, fd in links.items() if k[2] == "uprobe"],
-                     [fd for k, fd in links.items() if k[2] == "uretprobe"])
+        _close_links(links)
 
     def _prog_fd(self, fn: str) -> int:
         fd = self._progs.get(fn)

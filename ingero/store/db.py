@@ -508,6 +508,7 @@ TABLES = (
     "device_activity",
     "spans",
     "ranks",
+    "sampling",
 )
 
 
