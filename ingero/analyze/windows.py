@@ -28,6 +28,7 @@ in the next window, so shares stay exact and never exceed 100%.
 from __future__ import annotations
 
 from ingero import ops
+from ingero.analyze import sampling
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
 
@@ -378,6 +379,7 @@ def build(ctx: Context) -> None:
     base = ("sid", "t0", "t1", "wns", "all_pids", "pids")
     cats = ("launch_ops", "sync_ops", "copy_ops", "pinned_ops")
     run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
+    sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     # a file older than schema 5 opened read-only has no in_call / queued: a TEMP
     # view derives them from its CUDA calls (the migration's SQL)
     events = events_relation(con, ctx.session_id)
