@@ -85,12 +85,15 @@ def proc_cpu_s(pid: int) -> float | None:
 
 @dataclass
 class Period:
-    """One period of the duty cycle, wall-clock ns: attached from a0 to a1 within [from, to)."""
+    """One period of the duty cycle, wall-clock ns: attached from a0 to a1 within [from, to).
+
+    from = a0 (taken before the links are made: no row of the slice starts before it)."""
 
     from_ns: int
     to_ns: int
     a0_ns: int
     a1_ns: int
+    gone_ns: int  # the entry probes' closes returned: no row starts after it
 
     @property
     def ratio(self) -> float:
@@ -119,6 +122,7 @@ class BudgetHook(TraceHook):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        self._primed = False
         self.sampled_periods = 0
 
     # -- the seam ------------------------------------------------------------
@@ -169,6 +173,13 @@ class BudgetHook(TraceHook):
         dt = now - self._last_decision
         self._last_decision = now
         calls, self._calls = self._calls, {}
+        if not self._primed:  # the first second: attaching libraries may have taken any time; rates start now
+            self._primed = True
+            for pid in calls:
+                total = proc_cpu_s(pid)
+                if total is not None:
+                    self._cpu_prev[pid] = (total, now)
+            return
         cpu = {}
         for pid in calls:
             total = proc_cpu_s(pid)
@@ -222,32 +233,34 @@ class BudgetHook(TraceHook):
         while not self._stop.is_set():
             ratio = self.ratio
             if ratio >= 1.0:
-                self._set(True)
+                self._attach()
                 self._stop.wait(self.period_s)
                 continue
-            from_ns = time.time_ns()
             t0 = time.monotonic()
-            self._set(True)
-            a0 = time.time_ns()
+            from_ns = a0 = time.time_ns()  # before the links: every row of the slice starts after it
+            self._attach()
             self._stop.wait(ratio * self.period_s)
-            a1 = time.time_ns()
-            self._set(False)
+            a1, gone = self._detach()
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
             to_ns = max(time.time_ns(), a1 + 1)
             with self._lock:
-                self._periods.append(Period(from_ns, to_ns, a0, a1))
+                self._periods.append(Period(from_ns, to_ns, a0, a1, gone))
             self.cycles += 1
 
-    def _set(self, attached: bool) -> None:
+    def _attach(self) -> None:
         with self._lock:
-            if attached == self.probes.attached:
+            if self.probes.attached:
                 return
-            if attached:
-                self.probes.attach()
-                self._attached_at = time.monotonic()
-            else:
-                self._attached_s += time.monotonic() - self._attached_at
-                self.probes.detach()
+            self._attached_at = time.monotonic()
+            self.probes.attach()
+
+    def _detach(self) -> tuple[int, int]:
+        with self._lock:
+            if self.probes.attached:
+                now = time.monotonic()
+                self._attached_s += now - self._attached_at
+                self._attached_at = now  # a second counted meanwhile adds ~0
+        return self.probes.detach()  # blocks this thread for a grace period: not under the lock
 
     def _stop_cycle(self) -> None:
         self._stop.set()
@@ -266,6 +279,7 @@ class BudgetHook(TraceHook):
             "to_ns": pa.array([p.to_ns for p in rows], pa.int64()),
             "attached_from_ns": pa.array([p.a0_ns for p in rows], pa.int64()),
             "attached_to_ns": pa.array([p.a1_ns for p in rows], pa.int64()),
+            "detached_by_ns": pa.array([p.gone_ns for p in rows], pa.int64()),
             "ratio": pa.array([p.ratio for p in rows], pa.float64()),
             "ops": pa.array([SWITCHED_NAMES] * len(rows), pa.string()),
         }))

@@ -429,6 +429,13 @@ def _close_later(first: list[int], then: list[int], done: Any = None, gap_s: flo
     threading.Thread(target=run, name="ingero-detach", daemon=True).start()
 
 
+def _quiet_close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def _close_links(links: Mapping[tuple[str, str, str], int]) -> None:
     """Close links keyed (path, fn, probe_kind): the entries first, the returns RETURN_GRACE_S later."""
     _close_later([fd for k, fd in links.items() if k[2] == "uprobe"],
@@ -516,13 +523,37 @@ class SwitchableProbes:
                 raise
             self.attached = True
 
-    def detach(self) -> None:
-        """Unlink: the entries at once, the returns RETURN_GRACE_S later (closed in the background)."""
+    def detach(self) -> tuple[int, int]:
+        """Unlink: the entries now, on this thread (each close waits a grace period: this
+        thread only), the returns RETURN_GRACE_S later in the background.
+
+        Returns (wall clock ns just before the entry closes, just after them):
+        the kernel removes the breakpoints at the start of a close, then waits,
+        so the first is when the probes went (to within the instant it takes
+        to enter the syscall), and no row of these ops starts after the second.
+        """
+        import threading
+
         with self.lock:
             if not self.attached:
-                return
+                now = time.time_ns()
+                return now, now
             self.attached = False
-            self._unlink()
+            links, self._links = self._links, {}
+        # launch entries first: the hot ones go at the returned instant, the rest a close later at worst
+        entries = sorted((k for k in links if k[2] == "uprobe"), key=lambda k: "launch_kernel" not in k[1])
+        returns = [fd for k, fd in links.items() if k[2] == "uretprobe"]
+        at = time.time_ns()
+        others = [threading.Thread(target=_quiet_close, args=(links[k],), daemon=True) for k in entries[1:]]
+        for t in others:
+            t.start()
+        if entries:
+            _quiet_close(links[entries[0]])
+        for t in others:
+            t.join()
+        done = time.time_ns()
+        _close_later([], returns)
+        return at, done
 
     def _unlink(self) -> None:
         links, self._links = self._links, {}

@@ -100,9 +100,9 @@ def sample_store(store: Store, ratio: float, period_ns: int = NS, phase_ns: int 
     rows = []
     p = start
     while p < t1:
-        rows.append((sid, p, p + period_ns, p, p + keep, keep / period_ns, budget.SWITCHED_NAMES))
+        rows.append((sid, p, p + period_ns, p, p + keep, p + keep, keep / period_ns, budget.SWITCHED_NAMES))
         p += period_ns
-    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
     after = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
     return before, after
 

@@ -1,0 +1,86 @@
+"""Live: a launch-bound loop under a tight `--overhead-budget` gets its launch probes detached and
+reattached, and the store says exactly when.
+
+The workload is demos/workloads/train.py on a private copy of the simulated
+runtime (a uprobe belongs to a file, host-wide: another tracer's BCC uprobe
+on the shared copy refuses our links, and the budget would fall back to a
+full trace).  Asserted, all counts and states:
+
+* the budget sampled: sampling rows, each a slice of its period;
+* every launch row lies inside a slice: it starts at or after the slice's
+  attach and no later than the end of its detach, and ends before the next
+  slice (no row spans a detached part: no stale call was paired with a later
+  return);
+* fewer launch rows than the loop made launches (the workload counts steps);
+* syncs and copies, never sampled: one of each per step;
+* the scheduler tracepoint kept writing rows in the detached parts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from workloads import REPO, Tracer, query, simcuda
+
+pytestmark = pytest.mark.live
+
+KERNELS_PER_STEP = 100
+LAUNCH_OPS = ["cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch"]
+
+
+def test_tight_budget_duty_cycles_the_launch_probes(tmp_path):
+    lib = tmp_path / "libcudart.so.12"
+    shutil.copyfile(simcuda(), lib)
+    summary_file = tmp_path / "summary.json"
+    cmd = (f"{sys.executable} {REPO / 'demos' / 'workloads' / 'train.py'} --lib {lib} --duration 8 "
+           f"--kernel-us 5 --kernels-per-step {KERNELS_PER_STEP} --workers 0 --host-us 0 --batch-bytes 64KiB "
+           f"--summary-json {summary_file}")
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(lib), "--overhead-budget", "0.1", "--cmd", cmd)
+    tracer.wait_started()
+    summary = tracer.finish(sig=None, timeout=300)
+    notes = " ".join(summary.get("notes", []))
+    assert "traced in full" not in notes and "budget off" not in notes, notes
+    steps = json.loads(summary_file.read_text())["steps"]
+    pid = int(json.loads(summary_file.read_text())["pid"])
+
+    periods = query(db, "SELECT from_ns, to_ns, attached_from_ns, attached_to_ns, detached_by_ns, ratio, ops "
+                        "FROM sampling ORDER BY from_ns")
+    assert len(periods) >= 2, periods
+    for f, t, a0, a1, gone, ratio, ops in periods:
+        assert f <= a0 < a1 <= gone and a1 < t, (f, t, a0, a1, gone)
+        assert ratio == pytest.approx((a1 - a0) / (t - f))
+        assert ratio < 1.0
+        assert set(ops.split(",")) == set(LAUNCH_OPS)
+
+    # every launch row of a sampled period lies in its slice: after the attach began, started before
+    # the detach was done, ended before the period did
+    stray = query(db, """
+        SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.from_ns AND e.timestamp < s.to_ns
+        WHERE e.pid = $pid AND list_contains($ops, e.op)
+          AND (e.timestamp < s.attached_from_ns OR e.timestamp >= s.detached_by_ns
+               OR e.timestamp + e.duration_ns >= s.to_ns)""", {"pid": pid, "ops": LAUNCH_OPS})[0][0]
+    assert stray == 0
+    in_slices = query(db, """
+        SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.attached_from_ns
+                                                     AND e.timestamp < s.detached_by_ns
+        WHERE e.pid = $pid AND e.op = 'cudaLaunchKernel'""", {"pid": pid})[0][0]
+    assert in_slices > 0
+    launches = query(db, "SELECT count(*) FROM events WHERE pid = $pid AND op = 'cudaLaunchKernel'",
+                     {"pid": pid})[0][0]
+    assert 0 < launches < steps * KERNELS_PER_STEP
+
+    # never sampled: one async copy and one sync per step, every one of them
+    per_op = dict(query(db, """SELECT op, count(*) FROM events WHERE pid = $pid
+                               AND op IN ('cudaMemcpyAsync', 'cudaStreamSync') GROUP BY op""", {"pid": pid}))
+    assert per_op == {"cudaMemcpyAsync": steps, "cudaStreamSync": steps}
+
+    # the tracepoints kept going while the launch probes were off
+    switches = query(db, """
+        SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.detached_by_ns AND e.timestamp < s.to_ns
+        WHERE e.pid = $pid AND e.op = 'sched_switch'""", {"pid": pid})[0][0]
+    assert switches > 0
