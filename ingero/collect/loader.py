@@ -524,8 +524,8 @@ class SwitchableProbes:
             self.attached = True
 
     def detach(self) -> tuple[int, int]:
-        """Unlink: the entries now, on this thread (each close waits a grace period: this
-        thread only), the returns RETURN_GRACE_S later in the background.
+        """Unlink: the entries now (each close then waits a grace period: this thread only),
+        the returns RETURN_GRACE_S later, in the background.
 
         Returns (wall clock ns just before the entry closes, just after them):
         the kernel removes the breakpoints at the start of a close, then waits,
@@ -540,19 +540,27 @@ class SwitchableProbes:
                 return now, now
             self.attached = False
             links, self._links = self._links, {}
-        # launch entries first: the hot ones go at the returned instant, the rest a close later at worst
+        # The breakpoint leaves the text only once no link holds the offset: the returns must
+        # not wait for the entries' grace period (0.1-0.7 s here), only RETURN_GRACE_S.  The
+        # hot launch entry is closed on this thread (no thread start between the clock and it).
         entries = sorted((k for k in links if k[2] == "uprobe"), key=lambda k: "launch_kernel" not in k[1])
         returns = [fd for k, fd in links.items() if k[2] == "uretprobe"]
+
+        def close_returns() -> None:
+            time.sleep(RETURN_GRACE_S)
+            for fd in returns:
+                threading.Thread(target=_quiet_close, args=(fd,), daemon=True).start()
+
         at = time.time_ns()
-        others = [threading.Thread(target=_quiet_close, args=(links[k],), daemon=True) for k in entries[1:]]
-        for t in others:
+        threads = [threading.Thread(target=close_returns, daemon=True)]
+        threads += [threading.Thread(target=_quiet_close, args=(links[k],), daemon=True) for k in entries[1:]]
+        for t in threads:
             t.start()
         if entries:
             _quiet_close(links[entries[0]])
-        for t in others:
+        for t in threads:
             t.join()
         done = time.time_ns()
-        _close_later([], returns)
         return at, done
 
     def _unlink(self) -> None:
