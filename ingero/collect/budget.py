@@ -112,6 +112,7 @@ class BudgetHook(TraceHook):
         self.note: str | None = None  # why the budget is off (no uprobe_multi ...)
         self.probes: Any = None  # loader.SwitchableProbes
         self.ratio = 1.0  # the decision in force
+        self.switched_ops = SWITCHED_OPS
         self._calls: dict[int, int] = {}  # pid -> switched calls seen since the last decision
         self._history: list[tuple[dict[int, int], float, dict[int, float]]] = []  # per second: calls, attached s, cpu
         self._cpu_prev: dict[int, tuple[float, float]] = {}

@@ -174,3 +174,19 @@ def test_the_sampled_matrix_samples():
     """The default budget samples the launch-bound replay (~7.6%), the tightest samples every scenario."""
     assert 0.05 < budget_ratio(_replay("launch-bound"), 2.0) < 0.1
     assert all(budget_ratio(_replay(n, duration_s=5), 0.1) < 1.0 for n in scenarios.names())
+
+
+def test_metrics_scale_sampled_launches():
+    from ingero.collect.records import EVENT_DTYPE
+    from ingero.metrics.aggregate import Aggregates
+
+    recs = np.zeros(10, dtype=EVENT_DTYPE)
+    recs["op"] = int(budget.Op.CUDA_LAUNCH_KERNEL)
+    recs["pid"] = 4242
+    recs["duration_ns"] = 1000
+    agg = Aggregates(alive=lambda pid: True)
+    agg.add(recs, {4242: "python3"}, {int(budget.Op.CUDA_LAUNCH_KERNEL): 1 / 0.05})
+    h = agg.cuda[(4242, "cudaLaunchKernel")]
+    assert h.count == 200 and h.sum_ns == 200_000 and int(h.buckets.sum()) == 200
+    agg.add(recs, {4242: "python3"})  # a whole second: counted as stored
+    assert agg.cuda[(4242, "cudaLaunchKernel")].count == 210
