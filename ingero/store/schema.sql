@@ -237,14 +237,14 @@ CREATE TABLE IF NOT EXISTS ranks (
 -- Periods in which the per-call probes of some CUDA ops were attached for
 -- only a slice (schema 12): `ingero trace --overhead-budget`.  Calls of those
 -- ops have rows only between attached_from_ns and attached_to_ns of each
--- period (detached_by_ns at the latest, a grace period later); every other op, and every tracepoint, is traced throughout.  A
+-- period (from from_ns at the earliest, to detached_by_ns at the latest); every other op, and every tracepoint, is traced throughout.  A
 -- period without a row here was traced whole.  Counts of the ops scale by
 -- 1 / ratio; their durations and percentiles come from the attached slices.
 CREATE TABLE IF NOT EXISTS sampling (
     session_id INTEGER,
-    from_ns BIGINT NOT NULL,          -- the period (wall clock)
+    from_ns BIGINT NOT NULL,          -- the period (wall clock); the probes' links were being made
     to_ns BIGINT NOT NULL,
-    attached_from_ns BIGINT NOT NULL, -- the slice in which the probes were attached
+    attached_from_ns BIGINT NOT NULL, -- the slice in which the probes were attached: links made
     attached_to_ns BIGINT NOT NULL,   -- when the entry probes were being removed
     detached_by_ns BIGINT NOT NULL,   -- when that was done: no row of the ops starts after it
     ratio DOUBLE NOT NULL,            -- (attached_to_ns - attached_from_ns) / (to_ns - from_ns)

@@ -7,8 +7,8 @@ on the shared copy refuses our links, and the budget would fall back to a
 full trace).  Asserted, all counts and states:
 
 * the budget sampled: sampling rows, each a slice of its period;
-* every launch row lies inside a slice: it starts at or after the slice's
-  attach and no later than the end of its detach, and ends before the next
+* every launch row lies inside a slice: it starts at or after the start of
+  the slice's attach and before the end of its detach, and ends before the next
   slice (no row spans a detached part: no stale call was paired with a later
   return);
 * fewer launch rows than the loop made launches (the workload counts steps);
@@ -64,16 +64,16 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
         assert ratio < 1.0
         assert set(ops.split(",")) == set(LAUNCH_OPS)
 
-    # every launch row of a sampled period lies in its slice: after the attach began, started before
-    # the detach was done, ended before the period did
+    # every launch row of a sampled period lies in its slice: started after the attach began and
+    # before the detach was done, ended before the period did
     stray = query(db, """
         SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.from_ns AND e.timestamp < s.to_ns
         WHERE e.pid = $pid AND list_contains($ops, e.op)
-          AND (e.timestamp < s.attached_from_ns OR e.timestamp >= s.detached_by_ns
+          AND (e.timestamp < s.from_ns OR e.timestamp >= s.detached_by_ns
                OR e.timestamp + e.duration_ns >= s.to_ns)""", {"pid": pid, "ops": LAUNCH_OPS})[0][0]
     assert stray == 0
     in_slices = query(db, """
-        SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.attached_from_ns
+        SELECT count(*) FROM events e JOIN sampling s ON e.timestamp >= s.from_ns
                                                      AND e.timestamp < s.detached_by_ns
         WHERE e.pid = $pid AND e.op = 'cudaLaunchKernel'""", {"pid": pid})[0][0]
     assert in_slices > 0
