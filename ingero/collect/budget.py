@@ -234,7 +234,7 @@ class BudgetHook(TraceHook):
         self._attached_at = time.monotonic()
         while not self._stop.is_set():
             ratio = self.ratio
-            if ratio >= 1.0:
+            if ratio >= 1.0 or not self.probes.switchable():
                 self._attach()
                 self._stop.wait(self.period_s)
                 continue

@@ -463,6 +463,7 @@ class SwitchableProbes:
         self._progs: dict[str, int] = {}  # program name -> fd loaded for uprobe_multi
         self._links: dict[tuple[str, str, str], int] = {}
         self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
+        self.refused: list[str] = []  # libraries whose probes of these ops BCC attached instead (never switched)
 
     def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
         """The attachments of ``plan`` (probes.Attachment) this set links from now on, linked at
@@ -501,9 +502,16 @@ class SwitchableProbes:
                 else:
                     _close_links(links)
         except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
-            self.notes.append(f"overhead budget: {path}'s launch probes are traced in full, not switched ({exc})")
+            self.refused.append(path)
+            self.notes.append(f"overhead budget: {path}'s launch probes cannot be switched, each of its calls "
+                              f"is traced ({exc})")
             return set()
         return set(mine)
+
+    def switchable(self) -> bool:
+        """Whether detaching means anything: some library's probes were taken."""
+        with self.lock:
+            return bool(self._groups)
 
     def _link_missing(self) -> None:
         for kind in ("uretprobe", "uprobe"):  # returns first: a call entering in between keeps its return

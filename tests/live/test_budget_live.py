@@ -50,8 +50,8 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
     tracer = Tracer(db, "--cuda-lib", str(lib), "--overhead-budget", "0.1", "--cmd", cmd)
     tracer.wait_started()
     summary = tracer.finish(sig=None, timeout=START_WAIT_S)
-    notes = " ".join(summary.get("notes", []))
-    assert "traced in full" not in notes and "budget off" not in notes, notes
+    notes = " ".join(n for n in summary.get("notes", []) if str(lib) in n or "budget off" in n)
+    assert notes == "", notes  # the workload's library was switched (others on the host may not be)
     steps = json.loads(summary_file.read_text())["steps"]
     pid = int(json.loads(summary_file.read_text())["pid"])
 
