@@ -287,4 +287,5 @@ class BudgetHook(TraceHook):
             "detached_by_ns": pa.array([p.gone_ns for p in rows], pa.int64()),
             "ratio": pa.array([p.ratio for p in rows], pa.float64()),
             "ops": pa.array([SWITCHED_NAMES] * len(rows), pa.string()),
+            "call_cost_ns": pa.array([self.cost_ns] * len(rows), pa.float64()),
         }))

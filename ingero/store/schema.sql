@@ -239,7 +239,9 @@ CREATE TABLE IF NOT EXISTS ranks (
 -- ops have rows only between attached_from_ns and attached_to_ns of each
 -- period (from from_ns at the earliest, to detached_by_ns at the latest); every other op, and every tracepoint, is traced throughout.  A
 -- period without a row here was traced whole.  Counts of the ops scale by
--- 1 / ratio; their durations and percentiles come from the attached slices.
+-- 1 / ratio, less the time the probes themselves took from the calling thread
+-- in the slice (call_cost_ns per call); their durations and percentiles come
+-- from the attached slices.
 CREATE TABLE IF NOT EXISTS sampling (
     session_id INTEGER,
     from_ns BIGINT NOT NULL,          -- the period (wall clock); the probes' links were being made
@@ -248,5 +250,6 @@ CREATE TABLE IF NOT EXISTS sampling (
     attached_to_ns BIGINT NOT NULL,   -- when the entry probes were being removed
     detached_by_ns BIGINT NOT NULL,   -- when that was done: no row of the ops starts after it
     ratio DOUBLE NOT NULL,            -- (attached_to_ns - attached_from_ns) / (to_ns - from_ns)
-    ops VARCHAR NOT NULL              -- comma list of the sampled op names
+    ops VARCHAR NOT NULL,             -- comma list of the sampled op names
+    call_cost_ns DOUBLE               -- what one traced call cost its thread (the tracer's calibration)
 );

@@ -100,9 +100,10 @@ def sample_store(store: Store, ratio: float, period_ns: int = NS, phase_ns: int 
     rows = []
     p = start
     while p < t1:
-        rows.append((sid, p, p + period_ns, p, p + keep, p + keep, keep / period_ns, budget.SWITCHED_NAMES))
+        # no call cost: the replay's calls were not slowed by probes in their slices
+        rows.append((sid, p, p + period_ns, p, p + keep, p + keep, keep / period_ns, budget.SWITCHED_NAMES, None))
         p += period_ns
-    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     after = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
     return before, after
 
@@ -190,3 +191,26 @@ def test_metrics_scale_sampled_launches():
     assert h.count == 200 and h.sum_ns == 200_000 and int(h.buckets.sum()) == 200
     agg.add(recs, {4242: "python3"})  # a whole second: counted as stored
     assert agg.cuda[(4242, "cudaLaunchKernel")].count == 210
+
+
+def test_scaling_takes_the_probes_own_time_out_of_the_slice():
+    """n launches in a slice of a host-bound thread took n x cost of it in traps: the rate without
+    the probes is n / (slice - n x cost), and that is what the detached rest of the window ran at."""
+    store = Store.memory()
+    sid = store.begin_session(command="test", targets="test")
+    t0 = START_NS
+    # one 1 s window; the probes attached for its first 100 ms; 5,000 launches seen, 10 us each in traps
+    store.con.execute("""INSERT INTO events (session_id, timestamp, duration_ns, pid, tid, op)
+                         SELECT $sid, $t0 + i * 20000, 5000, 7, 7, 'cudaLaunchKernel' FROM range(5000) t(i)""",
+                      {"sid": sid, "t0": t0})
+    store.con.execute("INSERT INTO events (session_id, timestamp, duration_ns, pid, tid, op) "
+                      "VALUES ($sid, $t, 1000, 7, 7, 'cudaStreamSync')", {"sid": sid, "t": t0 + NS - 1000})
+    store.con.execute("INSERT INTO sampling VALUES ($sid, $t0, $t1, $t0, $a1, $a1, 0.1, $ops, 10000.0)",
+                      {"sid": sid, "t0": t0, "t1": t0 + NS, "a1": t0 + NS // 10, "ops": budget.SWITCHED_NAMES})
+    from ingero.analyze import windows
+
+    ctx = resolve(store.con, Options(from_ns=t0, to_ns=t0 + NS, window_s=1.0))
+    windows.build(ctx)
+    n = store.con.execute("SELECT sum(n) FROM ing_cuda WHERE cat = 'launch'").fetchone()[0]
+    # 5,000 / (0.1 s - 5,000 x 10 us = 0.05 s) = 100 k/s over the 1 s window
+    assert n == 100_000
