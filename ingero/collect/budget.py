@@ -124,6 +124,7 @@ class BudgetHook(TraceHook):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        self.refused_attaches = 0
         self._primed = False
         self.sampled_periods = 0
 
@@ -244,8 +245,11 @@ class BudgetHook(TraceHook):
             # the breakpoints are written at the end of the link call: the slice starts there (an
             # attach takes 0.3 ms of CPU but 10-15 ms of wall time on this loaded box)
             a0 = time.time_ns()
+            linked = self.probes.attached
             self._stop.wait(ratio * self.period_s)
             a1, gone = self._detach()
+            if not linked:  # refused: an empty slice
+                a0 = a1 = gone = from_ns
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
             to_ns = max(time.time_ns(), a1 + 1)
             with self._lock:
@@ -257,7 +261,16 @@ class BudgetHook(TraceHook):
             if self.probes.attached:
                 return
             self._attached_at = time.monotonic()
-            self.probes.attach()
+            try:
+                self.probes.attach()
+            except OSError as exc:
+                # another tracer's BCC uprobe took the offset while ours was detached (see
+                # SwitchableProbes.take): nothing of ours is attached this slice, and the
+                # period says so (ratio 0); tried again next period
+                self.refused_attaches += 1
+                if self.refused_attaches == 1:
+                    self.probes.notes.append(f"overhead budget: re-attaching the launch probes was refused "
+                                             f"({exc}); their calls are missing until it succeeds")
 
     def _detach(self) -> tuple[int, int]:
         with self._lock:
