@@ -74,7 +74,7 @@ def _run(loop_args: list[str], simlib: Path, tmp: Path, mode: str, tag: str) -> 
     # A fresh copy per run: the previous tracer's detaching process may hold its probes on the
     # last one for minutes (every uprobe detach on the host queues behind one kernel mutex), and
     # a uprobe belongs to the file: they would slow this run and refuse the budget's links.
-    lib = tmp / tag / "cudart-private.so"  # a name library discovery does not match: other tracers skip it"
+    lib = tmp / tag / "cudart-private.so"  # a name library discovery does not match: other tracers skip it
     lib.parent.mkdir()
     shutil.copyfile(simlib, lib)
     work = [sys.executable, str(TRAIN), "--lib", str(lib), "--duration", str(SECONDS), "--summary-json", str(summary),
