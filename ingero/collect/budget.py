@@ -193,7 +193,13 @@ class BudgetHook(TraceHook):
             if prev is not None and now > prev[1]:
                 cpu[pid] = (total - prev[0]) / (now - prev[1])
         self._history = (self._history + [(calls, min(attached_s, dt), cpu)])[-RATE_S:]
+        before = self.ratio
         self.ratio = self.decide()
+        if (before < 1.0) != (self.ratio < 1.0) or abs(self.ratio - before) > 0.5 * before:
+            sess.notes.append(
+                f"overhead budget {self.pct:g}%: launch probes attached {self.ratio:.0%} of each second "
+                f"(one traced call costs {self.cost_ns / 1e3:.1f} us here)" if self.ratio < 1.0 else
+                f"overhead budget {self.pct:g}%: every launch traced again")
         if os.environ.get("INGERO_BUDGET_DEBUG"):
             import sys
             print(f"budget: cost {self.cost_ns:.0f} ns calls {calls} att {attached_s:.3f} cpu {cpu} ratio {self.ratio:.3f} "
