@@ -239,14 +239,20 @@ class BudgetHook(TraceHook):
 
     def _cycle(self) -> None:
         self._attached_at = time.monotonic()
+        last_to: int | None = None
         while not self._stop.is_set():
             ratio = self.ratio
             if ratio >= 1.0 or not self.probes.switchable():
                 self._attach()
+                last_to = None
                 self._stop.wait(self.period_s)
                 continue
             t0 = time.monotonic()
-            from_ns = time.time_ns()  # before the links: every row of the slice starts after it
+            # before the links: every row of the slice starts after it.  Periods follow one another
+            # without a gap: a thread descheduled between two (tens of ms at a load of 30) would
+            # leave detached time that no row of the sampling table covers, read as attached.
+            now_ns = time.time_ns()
+            from_ns = now_ns if last_to is None else min(last_to, now_ns)
             self._attach()
             # the breakpoints are written at the end of the link call: the slice starts there (an
             # attach takes 0.3 ms of CPU but 10-15 ms of wall time on this loaded box)
@@ -260,6 +266,7 @@ class BudgetHook(TraceHook):
             to_ns = max(time.time_ns(), a1 + 1)
             with self._lock:
                 self._periods.append(Period(from_ns, to_ns, a0, a1, gone))
+            last_to = to_ns
             self.cycles += 1
 
     def _attach(self) -> None:
