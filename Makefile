@@ -12,7 +12,7 @@ setup:
 # The full suite: unit tests and live eBPF tests (root).  Under CI=1 a live
 # test that cannot load BPF fails instead of skipping.
 test: setup
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -rs --durations=40 $(PYTEST_ARGS) tests
 
 unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -15,6 +15,15 @@ for compression), which lets explain's scans skip whole vectors of other ops;
     python bench/bench_explain.py                 # 1 M and 10 M
     python bench/bench_explain.py --sizes 1e6 --repeat 5 --dir /tmp/ingero-bench
     python -m bench.bench_explain --sizes 1e7 --keep --statements   # + where the time goes
+    python -m bench.bench_explain --sizes 1e6 --day 0        # skip the day store
+
+Each size is measured twice: a store without per-second summaries (an imported
+session or one recorded before schema 11: explain summarises its range on the
+fly) and one with them, written chunk by chunk as the tracer's hook writes them
+per flush.  ``--day N`` (default 864e6: a daemon's 10 k events/s) then times
+`explain --since 120s` and `--since 24h` over a day of summaries (``day_store``:
+one generated 10-minute block stored as the tracer stores it, its summaries
+repeated over the day).
 
 ``--statements`` also prints, per size, the best-of-N wall and CPU time of
 every SQL statement explain runs (window tables by name, rules by module), so
@@ -114,24 +123,31 @@ class CallState:
         return in_call, queued
 
 
-def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float:
+def build(path: Path, n: int, seed: int = 0, interleaved: bool = False, summarise: bool = False,
+          rate: int = EVENTS_PER_S, only_summaries: bool = False, t0: int = T0) -> float:
     """Write an n-event DB at path; returns seconds taken.
 
     Rows are stored as the tracer stores them (each flush grouped by op);
     ``interleaved`` keeps plain time order across ops instead, a layout the
-    tracer never writes: the worst case for explain's scans."""
+    tracer never writes: the worst case for explain's scans.  ``summarise``:
+    also write the per-second summaries of each appended chunk, as the tracer's
+    hook does per flush (analyze/summaries.py, the same SQL); ``only_summaries``:
+    write the summaries of the generated events but not the events themselves
+    (a day of summaries without a day of raw rows to store)."""
     t = time.perf_counter()
     if path.exists():
         path.unlink()
     rng = np.random.default_rng(seed)
-    span_ns = int(n / EVENTS_PER_S * NS)
+    span_ns = int(n / rate * NS)
     store = Store.open(path)
     store.con.execute(
         "INSERT INTO sessions (session_id, started_ns, ended_ns, status, events, ncpu)"
         " VALUES (1, $t0, $t1, 'closed', $n, 2)",
-        {"t0": T0, "t1": T0 + span_ns, "n": n},
+        {"t0": t0, "t1": t0 + span_ns, "n": n},
     )
     chunk = 2_000_000
+    if summarise or only_summaries:
+        from ingero.analyze import summaries
     shares = np.array([m[2] for m in MIX])
     shares /= shares.sum()
     state = CallState()
@@ -140,8 +156,8 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
         m = min(chunk, n - start)
         which = rng.choice(len(MIX), size=m, p=shares)
         # timestamps: this chunk's slice of the span, sorted (as the tracer appends)
-        lo = T0 + span_ns * start // n
-        hi = T0 + span_ns * (start + m) // n
+        lo = t0 + span_ns * start // n
+        hi = t0 + span_ns * (start + m) // n
         ts = np.sort(rng.integers(lo, hi, size=m))
         med = np.array([x[3] for x in MIX], dtype=np.float64)[which]
         dur = (med * rng.lognormal(0.0, 0.5, size=m)).astype(np.int64)
@@ -159,7 +175,7 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
         # Row order as the tracer stores it: each flush (one per FLUSH_INTERVAL_S
         # at this rate) grouped by op id, time order within an op
         # (decode.storage_order).  Explain's scans skip the vectors of other ops.
-        flush = (ts - T0) // int(FLUSH_INTERVAL_S * NS)
+        flush = (ts - t0) // int(FLUSH_INTERVAL_S * NS)
         order = np.arange(m) if interleaved else np.lexsort((ts, OP_IDS[which], flush))
         ts, dur, which, ops, kinds, pid, in_call, queued, nbytes, preempted, other, runq, cuda, sched = (
             a[order] for a in (ts, dur, which, ops, kinds, pid, in_call, queued, nbytes, preempted, other, runq,
@@ -180,9 +196,14 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
             "in_call": pa.array(np.where(in_call >= 0, op_names[np.maximum(in_call, 0)], None), type=pa.string()),
             "queued": pa.array(queued == 1, mask=queued < 0),
         })
-        store.append("events", table)
+        if not only_summaries:
+            store.append("events", table)
+        if summarise or only_summaries:
+            store.con.register("_chunk", table)
+            summaries.summarise(store.con, "_chunk", session_id=1, stored="_chunk" if only_summaries else "events")
+            store.con.unregister("_chunk")
     secs = span_ns // NS + 1
-    sample_ts = T0 + (np.arange(secs) + 1) * NS
+    sample_ts = t0 + (np.arange(secs) + 1) * NS
     store.append("system_metrics", pa.table({
         "session_id": np.ones(secs, dtype=np.int32), "timestamp": sample_ts,
         "cpu_pct": np.full(secs, 70.0), "mem_pct": np.full(secs, 40.0), "load1": np.full(secs, 2.0),
@@ -199,7 +220,7 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False) -> float
     }))
     store.upsert_process_names([
         {"pid": int(p), "name": f"proc {p}", "comm": "python3", "cmdline": "python3 train.py",
-         "session_id": 1, "seen_ns": T0} for p in pids
+         "session_id": 1, "seen_ns": t0} for p in pids
     ])
     store.con.execute("CHECKPOINT")
     store.close()
@@ -251,8 +272,8 @@ class _TimedConnection:
         return getattr(self._con, name)
 
 
-def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None
-                 ) -> tuple[list[float], list[float], int]:
+def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None,
+                 opts: Options | None = None) -> tuple[list[float], list[float], int]:
     """Wall and CPU seconds of each run (CPU time: this machine is shared, wall time is noisy).
     With ``statements``, fills it with the best (over runs) wall and CPU seconds per statement label."""
     times, cpus = [], []
@@ -262,7 +283,7 @@ def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | N
         spent: dict[str, list[float]] = {}
         con = _TimedConnection(store.con, spent) if statements is not None else store.con
         c, t = _cpu_s(), time.perf_counter()
-        report = explain(con, Options())
+        report = explain(con, opts or Options())
         times.append(time.perf_counter() - t)
         cpus.append(_cpu_s() - c)
         chains = len(report.chains)
@@ -292,30 +313,92 @@ def main() -> None:
     ap.add_argument("--statements", action="store_true", help="also time every SQL statement of explain")
     ap.add_argument("--interleaved", action="store_true",
                     help="store rows in time order across ops (the tracer groups each flush by op): worst case")
+    ap.add_argument("--day", default="864e6", help="events of the day store (0: skip it)")
     args = ap.parse_args()
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     per_statement = {}
     for size in (int(float(s)) for s in args.sizes.split(",")):
-        path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}.duckdb"
-        built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved)
-        statements: dict[str, list[float]] | None = {} if args.statements else None
-        times, cpus, chains = time_explain(path, args.repeat, statements)
-        rows.append((size, built, min(times), statistics.median(times), min(cpus), chains, path.stat().st_size))
-        per_statement[size] = statements
+        for summarise in (False, True):
+            path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}{'-summaries' if summarise else ''}.duckdb"
+            built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved,
+                                                                      summarise=summarise)
+            statements: dict[str, list[float]] | None = {} if args.statements else None
+            times, cpus, chains = time_explain(path, args.repeat, statements)
+            rows.append((size, summarise, built, min(times), statistics.median(times), min(cpus), chains,
+                         path.stat().st_size))
+            per_statement[(size, summarise)] = statements
     load = os.getloadavg()[0]
     layout = "time order across ops (worst case)" if args.interleaved else "each flush grouped by op, as the tracer stores"
     print(f"explain over N stored events ({os.cpu_count()} CPUs, load {load:.1f}, best of {args.repeat} runs, "
           f"read-only file DB; rows: {layout})\n")
-    print("| events | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for size, built, best, med, cpu, chains, nbytes in rows:
-        print(f"| {size:,} | {built:.1f} | {best:.3f} | {med:.3f} | {cpu:.3f} | {best / size * 1e9:.0f} | "
-              f"{chains} | {nbytes / 1e6:.0f} |")
-    for size, statements in per_statement.items():
+    print("| events | summaries | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for size, summarise, built, best, med, cpu, chains, nbytes in rows:
+        print(f"| {size:,} | {'stored' if summarise else 'on the fly'} | {built:.1f} | {best:.3f} | {med:.3f} | "
+              f"{cpu:.3f} | {best / size * 1e9:.0f} | {chains} | {nbytes / 1e6:.0f} |")
+    for (size, summarise), statements in per_statement.items():
         if statements is not None:
             print_statements(size, statements)
+    day = int(float(args.day))
+    if day:
+        big_store(out, day, args)
+
+
+DAEMON_EVENTS_PER_S = 10_000  # the issue's always-on daemon: 864 M events a day
+DAY_S = 86_400
+BLOCK_S = 600  # the day is one generated block of this long, its summaries repeated
+
+
+def day_store(path: Path, n_day: int) -> tuple[float, int]:
+    """A day at n_day / 86400 events/s, as explain reads it: per-second summaries of all of it,
+    raw events of its last BLOCK_S.  The last block is generated and stored as the tracer
+    stores it (events + per-flush summaries); the earlier ones are copies of its summary rows
+    shifted back in time (generating 864 M raw events would take this shared VM hours):
+    explain over the day reads as many summary rows as a real day's.  Returns (build s, events
+    summarised)."""
+    t = time.perf_counter()
+    rate = n_day // DAY_S
+    block_n = rate * BLOCK_S
+    day_t0 = T0 - (DAY_S - BLOCK_S) * NS
+    build(path, block_n, summarise=True, rate=rate, t0=T0)
+    store = Store.open(path)
+    blocks = DAY_S // BLOCK_S
+    shift = ", ".join(f"({k * BLOCK_S * NS})" for k in range(1, blocks))
+    con = store.con
+    con.execute(f"""INSERT INTO windows SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns, first_ns - k AS first_ns,
+                                                          last_ns - k AS last_ns)
+                    FROM windows, (VALUES {shift}) v(k)""")
+    con.execute(f"""INSERT INTO window_late_waits SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns)
+                    FROM window_late_waits, (VALUES {shift}) v(k)""")
+    con.execute("UPDATE sessions SET started_ns = $t0", {"t0": day_t0})
+    con.execute("CHECKPOINT")
+    total = con.execute("SELECT sum(events_n) FROM windows").fetchone()[0]
+    store.close()
+    return time.perf_counter() - t, int(total)
+
+
+def big_store(out: Path, n: int, args: argparse.Namespace) -> None:
+    """`explain --since 120s` and `--since 24h` on a day of summaries (day_store)."""
+    path = out / f"explain-day-{n}.duckdb"
+    built, total = (0.0, 0) if (args.keep and path.exists()) else day_store(path, n)
+    size = path.stat().st_size
+    print(f"\nexplain over a day at {n // DAY_S:,} events/s: {total:,} events summarised "
+          f"(raw rows of the last {BLOCK_S} s, {n // DAY_S * BLOCK_S:,}; built in {built:.0f} s; "
+          f"{size / 1e6:.0f} MB; load {os.getloadavg()[0]:.1f}, best of {args.repeat})\n")
+    print("| range | events in range | explain wall min s | wall median s | CPU s (min) | chains |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, since in (("--since 120s", 120.0), ("--since 24h", float(DAY_S))):
+        statements: dict[str, list[float]] | None = {} if args.statements else None
+        times, cpus, chains = time_explain(path, args.repeat, statements, Options(since_s=since))
+        in_range = min(n, int(since * n // DAY_S))
+        print(f"| {label} | {in_range:,} | {min(times):.3f} | {statistics.median(times):.3f} | {min(cpus):.3f} | "
+              f"{chains} |", flush=True)
+        if statements:
+            print_statements(in_range, statements)
+    if not args.keep:
+        path.unlink()
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def ingest_step(gen: Path, rate: float, db: Path, *, ring_mb: int = DEFAULT_RING
                                        bench_burst=BURST))
     store = Store.open(db)
     sid = store.begin_session(command="bench_ingest", targets=f"bench pid {proc.pid}")
-    sess = TraceSession(TraceOptions(db_path=db, samplers=False), store, program, sid)
+    sess = TraceSession(TraceOptions(db_path=db), store, program, sid)
     try:
         assert proc.stdin is not None
         proc.stdin.write("x")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ingero.daemon.retention import Retention, prune_stacks
+from ingero.store.retention import Retention, prune_stacks
 from ingero.store.db import Store
 
 EVENTS = 1_000_000

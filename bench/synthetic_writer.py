@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.daemon.retention import Retention
+from ingero.store.retention import Retention
 from ingero.demo.synthetic import event_batch
 from ingero.store.db import Store
 

@@ -75,6 +75,7 @@ enum ingero_op {
 	OP_BLOCK_IO = 66,
 	OP_PROC_EXEC = 67,  /* a traced process (or its child) started */
 	OP_PROC_EXIT = 68,
+	OP_CPU_SAMPLE = 69, /* --stack: a ~99 Hz CPU sample of a traced thread (bpf/sample.bpf.c) */
 	OP_BENCH = 127, /* synthetic records of the throughput benchmark */
 };
 
@@ -125,8 +126,8 @@ struct ingero_event {
 	 * bits, enclaves and SEV-SNP guests only, are dropped).  16 bits keep
 	 * the record at 56 bytes with call_op and call_flags beside it. */
 	s16 ret;
-	u8 call_op;      /* sched_switch, page_fault: enum ingero_op of the CUDA call the thread was inside, OP_NONE outside */
-	u8 call_flags;   /* sched_switch, page_fault: enum ingero_call_flag bits of the thread */
+	u8 call_op;      /* sched_switch, page_fault, cpu_sample: enum ingero_op of the CUDA call the thread was inside, OP_NONE outside */
+	u8 call_flags;   /* sched_switch, page_fault, cpu_sample: enum ingero_call_flag bits of the thread */
 	u8 op;           /* enum ingero_op */
 	u8 kind;         /* enum ingero_kind */
 	u16 cpu;         /* CPU the event happened on */

@@ -13,6 +13,8 @@
  *                   mode); 0: only pids user space / fork / TARGET_COMM add
  *   TARGET_COMM     "name": processes with this comm become targets
  *   INGERO_STACK    include stack.h and collect stack ids
+ *   INGERO_SAMPLE   (with INGERO_STACK) the cpu_sample program: a ~99 Hz CPU
+ *                   sample of the traced threads (sample.bpf.c); SAMPLE_PERIOD_NS
  *   LAUNCH_STREAMS  1: read launches' streams from user memory (cuda.bpf.c)
  *   INGERO_BENCH    only the throughput generator probe (bench.bpf.c)
  *   INGERO_EMPTY    every program returns at once: the kernel floor of the
@@ -25,6 +27,9 @@
  * maps only through these accessors.
  */
 #include <uapi/linux/ptrace.h>
+#ifdef INGERO_SAMPLE
+#include <uapi/linux/bpf_perf_event.h>
+#endif
 #include "events.h"
 
 #ifndef RING_PAGES
@@ -357,6 +362,11 @@ TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
 #include "sched.bpf.c"
 #include "mm.bpf.c"
 #include "blockio.bpf.c"
+#ifdef INGERO_SAMPLE
+#include "sample.bpf.c"
+/* The perf_event program (loader.py attaches it to a cpu-clock event per CPU). */
+int cpu_sample(struct bpf_perf_event_data *ctx) { EMPTY_RETURN(); return on_cpu_sample(ctx); }
+#endif
 
 /* Uprobe programs: BCC only loads functions written in the main file; each
  * is a one-line wrapper around its handler in cuda.bpf.c.  ingero/collect/

@@ -17,7 +17,7 @@ from ingero import __version__
 from ingero.errors import IngeroError
 
 # name -> module in ingero.commands exposing a click command called `command`.
-COMMANDS = ("trace", "explain", "query", "check", "demo", "status", "import", "export", "report", "mcp")
+COMMANDS = ("trace", "explain", "query", "check", "demo", "status", "import", "export", "report", "mcp", "fleet")
 MODULES = {"import": "import_cmd"}  # a command whose name is a Python keyword
 
 

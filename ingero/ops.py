@@ -56,6 +56,7 @@ class Op(enum.IntEnum):
     BLOCK_IO = 66
     PROC_EXEC = 67
     PROC_EXIT = 68
+    CPU_SAMPLE = 69
     BENCH = 127
 
 
@@ -102,6 +103,7 @@ OP_NAMES: dict[Op, str] = {
     Op.BLOCK_IO: "block_io",
     Op.PROC_EXEC: "proc_exec",
     Op.PROC_EXIT: "proc_exit",
+    Op.CPU_SAMPLE: "cpu_sample",  # --stack: a ~99 Hz CPU sample of a traced thread (bpf/sample.bpf.c)
     Op.BENCH: "bench",
 }
 
@@ -163,7 +165,8 @@ STREAM_SYNC_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_STREAM_SYNC], OP_NAMES[Op.C
 PINNED_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_MALLOC_HOST], OP_NAMES[Op.CUDA_HOST_REGISTER])
 # Rows that are not CUDA calls: the kernel's events and the benchmark's marker.
 HOST_OPS: tuple[str, ...] = tuple(
-    OP_NAMES[o] for o in (Op.SCHED_SWITCH, Op.PAGE_FAULT, Op.BLOCK_IO, Op.PROC_EXEC, Op.PROC_EXIT, Op.BENCH, Op.NONE)
+    OP_NAMES[o]
+    for o in (Op.SCHED_SWITCH, Op.PAGE_FAULT, Op.BLOCK_IO, Op.PROC_EXEC, Op.PROC_EXIT, Op.CPU_SAMPLE, Op.BENCH, Op.NONE)
 )
 
 # Kernel tracepoints the BPF object attaches (declared in bpf/ingero.bpf.c),

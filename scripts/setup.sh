@@ -15,7 +15,8 @@ say() { echo "setup: $*"; }
 arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 . /etc/os-release
 if [ "${ID:-}" = "ubuntu" ]; then headers="linux-headers-$(uname -r)"; else headers="linux-headers-$arch"; fi
-want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make chromium prometheus "$headers")
+# openjdk-17-jre-headless: Java for pyspark (the fleet dataset's Spark test, tests/live/test_fleet_spark.py)
+want=(python3-bpfcc libbpfcc python3-venv python3-dev gcc make chromium prometheus openjdk-17-jre-headless "$headers")
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -47,7 +48,8 @@ if ! "$VENV/bin/python" -c "import bcc" 2>/dev/null; then
     "$SYS_PY" -m venv --system-site-packages "$VENV"
 fi
 stamp="$VENV/.ingero-deps"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# setup.py and ingero/export/_wire.c: the export's C part, built by this install (editable: in place)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ ingero/export/_wire.c -nt "$stamp" ]; then
     say "installing Python dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
     "$VENV/bin/python" -c "import duckdb, pyarrow, numpy, click, rich, psutil, bcc" 

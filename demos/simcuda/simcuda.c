@@ -55,6 +55,15 @@
  * late; simcudaWaitLateNs() sums how late (the truth a rule about CPU
  * contention inside waits is checked against).
  *
+ * Gated work (for demos/simnccl, the simulated NCCL): simcudaEnqueueGated
+ * queues device work on a stream whose start another process decides - a
+ * collective starts when the last rank enters it.  The call returns at once;
+ * whatever later needs the stream's end (a sync, an event record, later work
+ * on the stream) first waits, by the same wait policy, for the gate's word in
+ * shared memory to reach its value (blocking sync sleeps on it as a futex),
+ * then places the work on the timeline from the start time the last rank
+ * wrote.  simcudaGateWaitNs() sums the time spent waiting for gates.
+ *
  * Knobs (environment, read once at load; setters below at run time):
  *   SIMCUDA_KERNEL_US      default kernel duration (100)
  *   SIMCUDA_LAUNCH_US      host CPU per launch (5; real launches cost ~3-8 us)
@@ -71,12 +80,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -187,6 +198,20 @@ static uint64_t device_used;
 #define MAX_ALLOCS 65536
 static struct pinned allocs[MAX_ALLOCS]; /* live cudaMalloc blocks [lo, hi) */
 static unsigned n_allocs;
+
+/* Gated device work (simcudaEnqueueGated): per stream, in stream order, work
+ * whose start another process decides (the last rank entering a collective). */
+#define MAX_GATES 16
+struct gate {
+	const volatile uint32_t *word; /* opens when (int32_t)(*word - value) >= 0 */
+	uint32_t value;
+	const volatile uint64_t *start_ns; /* CLOCK_MONOTONIC start, valid once open */
+	uint64_t dur_ns;
+};
+static struct gate gates[MAX_STREAMS][MAX_GATES];
+static unsigned n_gates[MAX_STREAMS];
+static _Atomic uint64_t gate_wait_ns; /* time waits spent for gates to open */
+static int gate_open(const struct gate *g);
 
 static __thread cudaError_t last_error;
 static __thread uint64_t next_kernel_ns; /* 0 = none */
@@ -369,9 +394,10 @@ static int stream_index(cudaStream_t s)
 	return (int)i;
 }
 
-/* Queue one operation of duration dur on engine e and stream si; returns its
- * end time.  Called with mu held; may wait for a queue slot. */
-static uint64_t enqueue_locked(int e, int si, uint64_t dur)
+/* Queue one operation of duration dur on engine e and stream si, starting no
+ * earlier than not_before (and now); returns its end time.  Called with mu
+ * held; may wait for a queue slot. */
+static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_before)
 {
 	/* a full launch queue blocks the launcher until the oldest operation ends */
 	while (q_len >= queue_depth) {
@@ -385,7 +411,7 @@ static uint64_t enqueue_locked(int e, int si, uint64_t dur)
 		pthread_mutex_lock(&mu);
 	}
 	uint64_t t = now_ns();
-	uint64_t start = t;
+	uint64_t start = t > not_before ? t : not_before;
 	if (engine_tail[e] > start)
 		start = engine_tail[e];
 	uint64_t dep = si == 0 ? all_tail : (stream_tail[si] > stream_tail[0] ? stream_tail[si] : stream_tail[0]);
@@ -406,8 +432,18 @@ static uint64_t enqueue_locked(int e, int si, uint64_t dur)
 	return end;
 }
 
+static uint64_t enqueue_locked(int e, int si, uint64_t dur)
+{
+	return enqueue_locked_at(e, si, dur, 0);
+}
+
+static void resolve_gates(int si);
+
 static uint64_t enqueue(int e, int si, uint64_t dur)
 {
+	/* work behind a pending gate (a collective waiting for its peers) can only be
+	 * placed on the timeline once the gate's start is known */
+	resolve_gates(si);
 	pthread_mutex_lock(&mu);
 	uint64_t end = enqueue_locked(e, si, dur);
 	pthread_mutex_unlock(&mu);
@@ -416,6 +452,7 @@ static uint64_t enqueue(int e, int si, uint64_t dur)
 
 static uint64_t tail_of(int si)
 {
+	resolve_gates(si);
 	pthread_mutex_lock(&mu);
 	uint64_t t = si == 0 ? all_tail : stream_tail[si];
 	pthread_mutex_unlock(&mu);
@@ -700,6 +737,15 @@ static cudaError_t stream_query(cudaStream_t stream)
 	int si = stream_index(stream);
 	if (si < 0)
 		return ret(cudaErrorInvalidResourceHandle);
+	/* a query never waits: a gate not yet open means not ready */
+	pthread_mutex_lock(&mu);
+	int pending = 0;
+	for (int i = 0; i < MAX_STREAMS && !pending; i++)
+		if ((si == 0 || i == si || i == 0) && n_gates[i] && !gate_open(&gates[i][0]))
+			pending = 1;
+	pthread_mutex_unlock(&mu);
+	if (pending)
+		return cudaErrorNotReady;
 	return now_ns() >= tail_of(si) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -1090,6 +1136,127 @@ EXPORT cudaError_t cudaDriverGetVersion(int *v)
 		return ret(cudaErrorInvalidValue);
 	*v = 12040;
 	return cudaSuccess;
+}
+
+/* ---- gated device work (the simulated NCCL's collectives) ------------------ */
+
+static int gate_open(const struct gate *g)
+{
+	return (int32_t)(*g->word - g->value) >= 0;
+}
+
+/* Wait, by the wait policy, until gate g opens (another process sets its word:
+ * the last rank entering a collective).  Blocking sync sleeps on the word as a
+ * futex (shared memory: the setter wakes it with FUTEX_WAKE). */
+static void wait_gate(const struct gate *g)
+{
+	uint64_t t0 = now_ns();
+	switch (effective_schedule()) {
+	case cudaDeviceScheduleSpin:
+		while (!gate_open(g))
+			;
+		break;
+	case cudaDeviceScheduleYield:
+		while (!gate_open(g))
+			sched_yield();
+		break;
+	default:
+		for (;;) {
+			uint32_t seen = *g->word;
+			if ((int32_t)(seen - g->value) >= 0)
+				break;
+			struct timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
+			syscall(SYS_futex, (uint32_t *)g->word, FUTEX_WAIT, seen, &ts, NULL, 0);
+		}
+	}
+	gate_wait_ns += now_ns() - t0;
+}
+
+/* Place the pending gated work of stream si (all streams for the legacy
+ * stream, and the legacy stream's for any other) on the timeline, waiting for
+ * each gate to open.  Called without mu. */
+static void resolve_stream_gates(int si)
+{
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		if (!n_gates[si]) {
+			pthread_mutex_unlock(&mu);
+			return;
+		}
+		struct gate g = gates[si][0];
+		pthread_mutex_unlock(&mu);
+		if (!gate_open(&g))
+			wait_gate(&g);
+		pthread_mutex_lock(&mu);
+		/* another thread of this process may have placed it meanwhile */
+		if (n_gates[si] && gates[si][0].word == g.word && gates[si][0].value == g.value) {
+			memmove(&gates[si][0], &gates[si][1], (n_gates[si] - 1) * sizeof(struct gate));
+			n_gates[si]--;
+			enqueue_locked_at(ENGINE_COMPUTE, si, g.dur_ns, *g.start_ns);
+		}
+		pthread_mutex_unlock(&mu);
+	}
+}
+
+static void resolve_gates(int si)
+{
+	if (si == 0) {
+		for (int i = 0; i < MAX_STREAMS; i++)
+			if (n_gates[i])
+				resolve_stream_gates(i);
+		return;
+	}
+	resolve_stream_gates(0);
+	resolve_stream_gates(si);
+}
+
+/* Queue device work on `stream` that starts once the 32-bit word at `word`
+ * reaches `value` (wrap-around compare), no earlier than the CLOCK_MONOTONIC
+ * time at `start_ns` (read once the gate is open) nor than the stream's
+ * earlier work, and runs dur_ns on the compute engine.  The call itself does
+ * not wait: a sync, a later launch or copy on the stream, or an event on it
+ * waits for the gate (by the wait policy) and then for the work.  This is how
+ * demos/simnccl queues a collective whose start is the last rank's entry. */
+EXPORT cudaError_t simcudaEnqueueGated(cudaStream_t stream, const volatile uint32_t *word, uint32_t value,
+				       const volatile uint64_t *start_ns, uint64_t dur_ns)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si < 0)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (!word || !start_ns)
+		return ret(cudaErrorInvalidValue);
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		if (n_gates[si] < MAX_GATES) {
+			gates[si][n_gates[si]++] = (struct gate){word, value, start_ns, dur_ns};
+			pthread_cond_signal(&queued_cv);
+			pthread_mutex_unlock(&mu);
+			return cudaSuccess;
+		}
+		pthread_mutex_unlock(&mu);
+		resolve_stream_gates(si); /* too many pending: place the oldest first */
+	}
+}
+
+/* End of the work already placed on the stream's timeline (pending gates not
+ * included; never waits): when this process' part of a collective could start. */
+EXPORT uint64_t simcudaStreamTailNs(cudaStream_t stream)
+{
+	ensure_init();
+	int si = stream_index(stream);
+	if (si < 0)
+		return 0;
+	pthread_mutex_lock(&mu);
+	uint64_t t = si == 0 ? all_tail : (stream_tail[si] > stream_tail[0] ? stream_tail[si] : stream_tail[0]);
+	pthread_mutex_unlock(&mu);
+	return t;
+}
+
+/* Time waits spent waiting for gates to open (peers not there yet), summed. */
+EXPORT uint64_t simcudaGateWaitNs(void)
+{
+	return gate_wait_ns;
 }
 
 /* ---- simulator knobs and queries (not in NVIDIA's library) ----------------- */

@@ -20,9 +20,25 @@ prints one line per N steps to stderr.  Stops after --steps or --duration,
 or on SIGINT/SIGTERM (the summary is still printed); workers are always
 terminated.
 
+With ``--ranks N`` it is a data-parallel job: a launcher (this script)
+starts N rank processes the way torchrun does (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR/MASTER_PORT, TORCHELASTIC_RUN_ID in each one's
+environment), each pinned to its core of ``--rank-cpus``, each with its own
+DataLoader workers.  Rank 0 makes the ncclUniqueId (ncclGetUniqueId) and
+hands it to the others through a rendezvous directory (torchrun's TCP store
+does this for real jobs); every rank joins with ncclCommInitRank and, per
+step, all-reduces its gradients (ncclAllReduce of ``--grad-bytes`` on the
+step's stream) after its kernels, before the step's stream sync.  With
+demos/build/libnccl.so.2 the all-reduce really waits for every rank, so a
+late rank makes the others wait in that sync.  All ranks stop at the same
+step (the first to pass --duration sets it for all: a collective needs
+every rank).  The summary then has one entry per rank (steps, mean step,
+time waited in collectives, how often it entered last).
+
 Example:
     python3 demos/workloads/train.py --duration 30 --kernel-us 2000 \\
         --kernels-per-step 8 --batch-bytes 16MiB --pinned --workers 2
+    python3 demos/workloads/train.py --ranks 2 --rank-cpus 0,1 --duration 20
 """
 
 from __future__ import annotations
@@ -43,6 +59,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_LIB = HERE.parent / "build" / "libcudart.so.12"
+DEFAULT_NCCL = HERE.parent / "build" / "libnccl.so.2"
+NCCL_FLOAT32 = 7
+NCCL_SUM = 0
+# The launcher's rendezvous directory (what torchrun's TCP store is for a real job).
+RDZV_ENV = "INGERO_DEMO_RDZV"
 
 CUDA_H2D = 1
 # Work calibration buffer: 256 KiB hashes in ~0.2-0.5 ms here, long enough to
@@ -197,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress", type=int, default=0, help="print a line every N steps to stderr")
     ap.add_argument("--summary-json", default="", help="also write the JSON summary to this file")
     ap.add_argument("--ready-file", default="", help="create this file once the first step is done")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="data-parallel ranks: start this many rank processes, torchrun-style (default 1: no NCCL)")
+    ap.add_argument("--rank-cpus", default="",
+                    help="with --ranks: rank i is pinned to the i-th core of this list (cycled), its workers too")
+    ap.add_argument("--nccl", default=os.environ.get("INGERO_DEMO_NCCL", str(DEFAULT_NCCL)),
+                    help="libnccl.so.2 to load in each rank (default: the simulated one in demos/build); "
+                         "a comma list: rank i loads the i-th (cycled), e.g. two copies of one library")
+    ap.add_argument("--grad-bytes", type=parse_size, default=parse_size("32MiB"),
+                    help="gradients all-reduced per step (float32)")
     ap.add_argument("--measure-from", default="",
                     help="the summary counts only steps that start after this file appears "
                          "(the demo creates it when the interference starts)")
@@ -211,8 +241,165 @@ class Stop:
         self.flag = True
 
 
+# ---- data parallel: the launcher and each rank's NCCL ------------------------------
+
+
+def launch_ranks(args: argparse.Namespace, argv: list[str]) -> int:
+    """torchrun's job for this script: N rank processes with the torchrun environment, then one summary."""
+    import subprocess
+    import tempfile
+    import uuid
+
+    cpus = [c for c in args.rank_cpus.split(",") if c] if args.rank_cpus else []
+    rdzv = Path(tempfile.mkdtemp(prefix="train-rdzv-"))
+    run_id = uuid.uuid4().hex[:12]
+    procs = []
+    stop_signal = Stop()
+    signal.signal(signal.SIGTERM, stop_signal)
+    signal.signal(signal.SIGINT, stop_signal)
+    try:
+        for r in range(args.ranks):
+            env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(args.ranks),
+                   "LOCAL_WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                   "TORCHELASTIC_RUN_ID": run_id, RDZV_ENV: str(rdzv)}
+            cmd = [sys.executable, str(Path(__file__).resolve()), *argv,
+                   "--summary-json", str(rdzv / f"rank{r}.json")]
+            if cpus:
+                core = cpus[r % len(cpus)]
+                cmd += ["--cpu", core]
+                if not args.worker_cpus:
+                    cmd += ["--worker-cpus", core]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+        while any(p.poll() is None for p in procs):
+            if stop_signal.flag:
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                stop_signal.flag = False
+            time.sleep(0.1)
+        per_rank = []
+        for r, p in enumerate(procs):
+            f = rdzv / f"rank{r}.json"
+            if p.returncode != 0 or not f.exists():
+                raise SystemExit(f"train.py: rank {r} failed (exit code {p.returncode})")
+            per_rank.append(json.loads(f.read_text()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in rdzv.iterdir():
+            f.unlink()
+        rdzv.rmdir()
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in per_rank if r.get(key) is not None]
+        return round(sum(vals) / len(vals), 3) if vals else None
+
+    summary = {
+        "ranks": args.ranks,
+        "steps": min(r["steps"] for r in per_rank),
+        "wall_s": max(r["wall_s"] for r in per_rank),
+        # the job runs at its slowest rank's pace: the slowest rank's rate, the ranks' mean step
+        "steps_per_s": round(min(r["steps_per_s"] for r in per_rank), 2),
+        "step_ms_mean": mean("step_ms_mean"),
+        "step_ms_p99": max(r["step_ms_p99"] for r in per_rank),
+        "sync_ms_p99": max(r["sync_ms_p99"] for r in per_rank),
+        "device_busy_pct": mean("device_busy_pct"),
+        # per rank: how long its all-reduces waited for the other ranks (the simulated NCCL's truth)
+        "collective_wait_ms_mean": mean("collective_wait_ms_mean"),
+        "collective_wait_ms_by_rank": [r.get("collective_wait_ms_mean") for r in per_rank],
+        "entered_last_by_rank": [r.get("entered_last") for r in per_rank],
+        "wait_policy": per_rank[0].get("wait_policy"),
+        "pid": os.getpid(),
+        "job": run_id,
+        "per_rank": per_rank,
+    }
+    print(json.dumps(summary), flush=True)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary) + "\n")
+    return 0
+
+
+class Rank:
+    """This process' rank of the job: its NCCL communicator and the shared stop step."""
+
+    def __init__(self, path: str, rdzv: Path):
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.rdzv = rdzv
+        self.stop_at: int | None = None
+        lib = self.lib = ctypes.CDLL(path)
+        p, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+        lib.ncclGetUniqueId.argtypes = [ctypes.c_char_p]
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(p), i, UniqueId, i]
+        lib.ncclAllReduce.argtypes = [p, p, sz, i, i, p, p]
+        lib.ncclCommDestroy.argtypes = [p]
+        for name in ("simncclWaitNs", "simncclLastCount", "simncclCollectives"):
+            if hasattr(lib, name):
+                getattr(lib, name).restype = ctypes.c_uint64
+                getattr(lib, name).argtypes = [p]
+        uid = UniqueId()
+        path_id = rdzv / "nccl-unique-id"
+        if self.rank == 0:
+            # rank 0 makes the id and publishes it whole (written aside, then renamed)
+            rc = lib.ncclGetUniqueId(ctypes.cast(ctypes.byref(uid), ctypes.c_char_p))
+            if rc != 0:
+                raise SystemExit(f"train.py: ncclGetUniqueId failed with ncclResult {rc}")
+            tmp = rdzv / "nccl-unique-id.tmp"
+            tmp.write_bytes(bytes(uid))
+            tmp.rename(path_id)
+        else:
+            deadline = time.monotonic() + 60
+            while not path_id.exists():
+                if time.monotonic() > deadline:
+                    raise SystemExit("train.py: no ncclUniqueId from rank 0 within 60 s")
+                time.sleep(0.01)
+            ctypes.memmove(ctypes.byref(uid), path_id.read_bytes(), ctypes.sizeof(uid))
+        self.comm = ctypes.c_void_p()
+        rc = lib.ncclCommInitRank(ctypes.byref(self.comm), self.world, uid, self.rank)
+        if rc != 0:
+            raise SystemExit(f"train.py: ncclCommInitRank failed with ncclResult {rc}")
+
+    def all_reduce(self, buf: ctypes.c_void_p, nbytes: int, stream: ctypes.c_void_p) -> None:
+        rc = self.lib.ncclAllReduce(buf, buf, nbytes // 4, NCCL_FLOAT32, NCCL_SUM, self.comm, stream)
+        if rc != 0:
+            raise SystemExit(f"train.py: ncclAllReduce failed with ncclResult {rc}")
+
+    def truth(self, name: str) -> int | None:
+        fn = getattr(self.lib, name, None)
+        return int(fn(self.comm)) if fn is not None else None
+
+    def request_stop(self, step: int) -> None:
+        """Stop every rank at the same step: the first rank to ask fixes it at step + 2, which no rank
+        has started yet (the all-reduce keeps ranks within one step of each other)."""
+        if self.stop_at is not None:
+            return
+        tmp = self.rdzv / f"stop.{self.rank}"
+        tmp.write_text(str(step + 2))
+        try:
+            os.link(tmp, self.rdzv / "stop")  # atomic: the first link wins
+        except FileExistsError:
+            pass
+        tmp.unlink()
+        self.poll_stop()
+
+    def poll_stop(self) -> None:
+        if self.stop_at is None and (self.rdzv / "stop").exists():
+            self.stop_at = int((self.rdzv / "stop").read_text())
+
+    def close(self) -> None:
+        self.lib.ncclCommDestroy(self.comm)
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.ranks > 1 and RDZV_ENV not in os.environ:
+        return launch_ranks(args, argv)
     if args.cpu:
         os.sched_setaffinity(0, {int(c) for c in args.cpu.split(",")})
     stop_signal = Stop()
@@ -244,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     msize = os.fstat(mfd).st_size if mfd >= 0 else 0
     rng = random.Random(0)
 
+    rank = None
+    if RDZV_ENV in os.environ:
+        libs = [x for x in args.nccl.split(",") if x]
+        rank = Rank(libs[int(os.environ["RANK"]) % len(libs)], Path(os.environ[RDZV_ENV]))
+    grads = ctypes.c_void_p()
+    if rank is not None:
+        check(lib.cudaMalloc(ctypes.byref(grads), args.grad_bytes), "cudaMalloc")
+
     kernel_fn = getattr(lib, "simcudaTimedKernel", None)
     kernel_ptr = ctypes.cast(kernel_fn, ctypes.c_void_p) if kernel_fn is not None else ctypes.c_void_p()
     us = ctypes.c_uint32(args.kernel_us)
@@ -263,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     step_ms: list[float] = []
     wait_ms: list[float] = []
     sync_ms: list[float] = []
+    coll0 = {k: rank.truth(k) or 0 for k in ("simncclWaitNs", "simncclLastCount")} if rank else {}
     device_busy_ns = getattr(lib, "simcudaDeviceBusyNs", None)  # only the simulated runtime has it
     busy0 = device_busy_ns() if device_busy_ns else 0
     # how late waits returned past the device's finish (CPU wait inside waits), simulated runtime only
@@ -274,10 +470,19 @@ def main(argv: list[str] | None = None) -> int:
     measure_from = Path(args.measure_from) if args.measure_from else None
     measured_from_step = 0
     try:
-        while not stop_signal.flag:
-            if args.steps and step >= args.steps:
+        while True:
+            if rank is not None:
+                # every rank must run the same steps: a collective needs all of them
+                if stop_signal.flag or (not args.steps and time.perf_counter() >= deadline):
+                    rank.request_stop(step)
+                rank.poll_stop()
+                if (rank.stop_at is not None and step >= rank.stop_at) or (args.steps and step >= args.steps):
+                    break
+            elif stop_signal.flag:
                 break
-            if not args.steps and time.perf_counter() >= deadline:
+            elif args.steps and step >= args.steps:
+                break
+            elif not args.steps and time.perf_counter() >= deadline:
                 break
             t0 = time.perf_counter()
             if measure_from is not None and measure_from.exists():
@@ -288,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                 measured_from_step, t_start = step, t0
                 busy0 = device_busy_ns() if device_busy_ns else 0
                 late0 = wait_late_ns() if wait_late_ns else 0
+                if rank is not None:
+                    coll0 = {k: rank.truth(k) or 0 for k in coll0}
             # -- data: from the workers, or loaded inline
             if args.workers:
                 while not stop_signal.flag:
@@ -330,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
             # -- forward/backward: kernels, with syncs spread among them
             for k in range(args.kernels_per_step):
                 check(lib.cudaLaunchKernel(kernel_ptr, grid, block, kargs, 0, stream), "cudaLaunchKernel")
+                if rank is not None and k == args.kernels_per_step - 1:
+                    # backward done: all-reduce the gradients on the step's stream (DDP's bucket)
+                    rank.all_reduce(grads, args.grad_bytes, stream)
                 if sync_every and (k + 1) % sync_every == 0 and (k + 1) // sync_every <= syncs:
                     ts = time.perf_counter()
                     check(lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
@@ -347,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {step}: {step_ms[-1]:.2f} ms (data wait {wait_ms[-1]:.2f} ms)",
                       file=sys.stderr, flush=True)
         lib.cudaDeviceSynchronize()
+        if rank is not None:
+            coll = {k: (rank.truth(k) or 0) - coll0.get(k, 0) for k in coll0}
+            rank.close()
     finally:
         stop.set()
         for w in workers:
@@ -377,7 +590,17 @@ def main(argv: list[str] | None = None) -> int:
         "wait_policy": {1: "spin", 2: "yield", 4: "block"}.get(schedule) if schedule is not None else None,
         "pid": os.getpid(),
     }
-    print(json.dumps(summary), flush=True)
+    if rank is not None:
+        summary.update({
+            "rank": rank.rank,
+            "world_size": rank.world,
+            # how long this rank's all-reduces stood waiting for the other ranks (simulated NCCL's truth)
+            "collective_wait_ms_mean": round(coll["simncclWaitNs"] / 1e6 / measured, 3) if measured else 0.0,
+            "collective_wait_pct": round(100 * coll["simncclWaitNs"] / 1e9 / wall, 2) if wall else 0.0,
+            "entered_last": coll["simncclLastCount"],
+        })
+    if rank is None or RDZV_ENV not in os.environ:
+        print(json.dumps(summary), flush=True)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary) + "\n")
     return 0

@@ -9,25 +9,76 @@ not waiting for the host.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ingero.analyze import device as inferred_device
 from ingero.analyze import steps as rhythm
 from ingero.analyze import procs, timeline
-from ingero.analyze.context import Context
+from ingero.analyze.context import NS, Context
 from ingero.analyze.model import DeviceBusy, StepStats
 
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
+# ctx.extra keys the rules read: the inferred DeviceActivity per pid (its windows: when the
+# device surely idled, could have been busy, most likely was) and the rhythm Steps per pid
+ACTIVITY_KEY = "device_activity"
+STEPS_KEY = "rhythm_steps"
+
+
+def device_activity(ctx: Context) -> dict:
+    """The inferred device activity per pid (cached on ctx by resolve; inferred here when missing)."""
+    if ACTIVITY_KEY not in ctx.extra:
+        ctx.extra[ACTIVITY_KEY] = inferred_device.infer(ctx)
+    return ctx.extra[ACTIVITY_KEY]
+
+
+def rhythm_steps(ctx: Context, pid: int):
+    """The steps found in ``pid``'s call rhythm (rhythm.Steps), or None (cached on ctx)."""
+    found = ctx.extra.setdefault(STEPS_KEY, {})
+    if pid not in found:
+        act = device_activity(ctx).get(pid)
+        found[pid] = rhythm.detect(ctx, act) if act is not None else None
+    return found[pid]
+
+# Inferring the device's activity and the steps reads the raw calls (device.py,
+# steps.py: a call sequence no per-second summary keeps), a pass that grows
+# with the range: 0.2 s CPU per 3.6 M events here.  Over a longer range they
+# see its last MAX_RAW_SPAN_S only (whole windows), and explain says so.
+MAX_RAW_SPAN_S = 300
 
 
 def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     measured, marked = _measured(ctx)
     if measured is not None:
         return measured, marked
-    return _inferred(ctx, marked)
+    with _recent_calls(ctx):
+        return _inferred(ctx, marked)
+
+
+@contextmanager
+def _recent_calls(ctx: Context) -> Iterator[None]:
+    """Within: ``events`` on ctx.con is the range's last MAX_RAW_SPAN_S (a TEMP VIEW over the table)."""
+    span_windows = max(1, -(-MAX_RAW_SPAN_S * NS // ctx.window_ns))
+    if ctx.n_windows <= span_windows:
+        yield
+        return
+    con = ctx.con
+    from_ns = ctx.start_ns + (ctx.n_windows - span_windows) * ctx.window_ns
+    db = con.execute("SELECT current_database()").fetchone()[0]
+    # the bound is a literal: a view holds no parameters (an integer computed here, never user text)
+    con.execute(f'CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM "{db}".main.events '
+                f"WHERE timestamp >= {int(from_ns)}")
+    ctx.extra["calls_from_ns"] = from_ns
+    try:
+        yield
+    finally:
+        con.execute("DROP VIEW IF EXISTS temp.events")
 
 
 def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:
     """From the CUDA call stream: what the device can have done (bounds) and most likely did."""
     activity = inferred_device.infer(ctx)
+    ctx.extra[ACTIVITY_KEY] = activity
     for pid, act in activity.items():
         ctx.device_busy[pid] = act.busy_share
     main = inferred_device.main_process(ctx, activity)
@@ -38,6 +89,7 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
     if marked is not None:
         return busy, marked
     found = rhythm.detect(ctx, main)
+    ctx.extra[STEPS_KEY] = {main.pid: found}
     if found is None:
         return busy, None
     stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), "rhythm")
@@ -60,9 +112,7 @@ def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     step_stats = None
     if steps is not None:
         step_stats = StepStats(steps.count, round(steps.median_ms, 3), round(steps.p99_ms, 3), "marked")
-        total = sum(s.end_ns - s.start_ns for s in steps.steps)
-        if total > 0:
-            step_stats.breakdown["data_wait"] = round(sum(s.dataloader_ns for s in steps.steps) / total, 4)
+        step_stats.breakdown.update(timeline.breakdown(con, ctx.session_id, steps).shares())
     measured = timeline.device(con, ctx.session_id, lo, hi)
     if measured is None:
         return None, step_stats

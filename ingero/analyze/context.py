@@ -66,6 +66,19 @@ class Context:
     # last event (a step, a kernel) are whole
     whole_session: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the data can cover inside [start_ns, end_ns) (whole seconds): from the first row
+    # (or the requested start, when later) to the last; a window's wall clock is its part of it.
+    covered_start_ns: int | None = None
+    covered_end_ns: int | None = None
+    # start_ns and end_ns are whole seconds (windows are sets of per-second summaries); False
+    # for an explicit --from / --to off whole seconds, an exact range only raw rows can give
+    aligned: bool = True
+
+    def __post_init__(self) -> None:
+        if self.covered_start_ns is None:
+            self.covered_start_ns = self.start_ns
+        if self.covered_end_ns is None:
+            self.covered_end_ns = self.end_ns
 
     @property
     def n_windows(self) -> int:
@@ -88,19 +101,34 @@ class Context:
         }
 
     def window_bounds(self, w: int) -> tuple[int, int]:
+        """Window ``w`` as far as the data covers it (the first and last of an aligned range
+        start at the first row and end after the last, as before windows were whole seconds)."""
         start = self.start_ns + w * self.window_ns
-        return start, min(start + self.window_ns, self.end_ns)
+        return max(start, self.covered_start_ns), min(start + self.window_ns, self.end_ns, self.covered_end_ns)
 
 
 def adaptive_window_ns(span_ns: int) -> int:
     seconds = min(MAX_WINDOW_S, max(MIN_WINDOW_S, span_ns / NS / TARGET_WINDOWS))
-    # round to a readable value: whole seconds above 2 s, tenths below
-    seconds = round(seconds) if seconds >= 2 else round(seconds, 1)
-    return int(seconds * NS)
+    # whole seconds: a window is a set of whole per-second summaries (analyze/summaries.py)
+    return whole_seconds_ns(seconds)
 
 
-def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
-    """Pick the session and time range; raise IngeroError when there is nothing to explain."""
+def whole_seconds_ns(seconds: float) -> int:
+    """``seconds`` rounded to a whole number of seconds, at least one, in ns."""
+    return max(1, round(seconds)) * NS
+
+
+# The range's first and last rows: from the per-second summaries when the tracer
+# wrote them (a few rows a second), else from the events (a scan of the session).
+SUMMARY_SPAN_SQL = "SELECT min(first_ns), max(last_ns) FROM windows WHERE session_id = $sid"
+EVENTS_SPAN_SQL = "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid"
+
+
+def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = False) -> Context:
+    """Pick the session and time range; raise IngeroError when there is nothing to explain.
+
+    ``align``: grow the range to whole seconds (explain: its windows are then sets of
+    per-second summaries); else it is exactly what was asked (exports, device.analyse)."""
     if opts.session is None:
         row = con.execute("SELECT max(session_id) FROM sessions").fetchone()
         if row is None or row[0] is None:
@@ -114,12 +142,23 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
     if srow is None:
         raise IngeroError(f"no session {sid} in the database", "list sessions with `ingero status`")
     started, ended, heartbeat, ncpu = srow["started_ns"], srow["ended_ns"], srow["heartbeat_ns"], srow["ncpu"]
-    data = con.execute(
-        "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid", {"sid": sid}
-    ).fetchone()
+    from ingero.analyze import summaries  # (it imports nothing of analyze back)
+
+    span_sql = SUMMARY_SPAN_SQL if summaries.has_summaries(con, sid) else EVENTS_SPAN_SQL
+    data = con.execute(span_sql, {"sid": sid}).fetchone()
     first = data[0] if data and data[0] is not None else started
     last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
     end = int(opts.to_ns) if opts.to_ns is not None else int(last) + 1
+    # Windows are whole seconds aligned to epoch seconds, so each is a set of whole
+    # per-second summaries: the range grows to the seconds around it (the wall clock
+    # of its first and last window is what the data can cover of them).
+    # An explicit --from / --to between whole seconds is taken as given: only the raw rows
+    # can answer it (windows.build reads them then).
+    aligned = align and not ((opts.to_ns is not None and opts.to_ns % NS)
+                             or (opts.from_ns is not None and opts.from_ns % NS))
+    covered_end = end
+    if aligned:
+        end = -(-end // NS) * NS
     if opts.from_ns is not None:
         start = int(opts.from_ns)
     elif opts.since_s is not None:
@@ -127,6 +166,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
     else:
         start = int(first)
     start = max(start, int(min(first, started)))
+    covered_start = start
     if end <= start:
         raise IngeroError(
             "the time range holds no data of session %d" % sid,
@@ -137,7 +177,9 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
             "SELECT max(ncpu) FROM system_metrics WHERE session_id = $sid", {"sid": sid}
         ).fetchone()
         ncpu = nrow[0] if nrow and nrow[0] else 1
-    window_ns = int(opts.window_s * NS) if opts.window_s else adaptive_window_ns(end - start)
+    if aligned:
+        start = start // NS * NS
+    window_ns = whole_seconds_ns(opts.window_s) if opts.window_s else adaptive_window_ns(end - start)
     return Context(
         con=con,
         session_id=sid,
@@ -154,6 +196,9 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options) -> Context:
         sched_autogroup=None if srow.get("sched_autogroup") is None else bool(srow["sched_autogroup"]),
         imported_from=srow.get("imported_from"),  # schema 7
         whole_session=opts.since_s is None and opts.from_ns is None and opts.to_ns is None,
+        covered_start_ns=covered_start,
+        covered_end_ns=covered_end,
+        aligned=aligned,
     )
 
 

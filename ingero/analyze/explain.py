@@ -84,9 +84,25 @@ def _rank(chain: Chain, active_wall: dict[int, float]) -> None:
             chain.severity = _DOWNGRADE[chain.severity]
 
 
-def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
-    ctx = context.resolve(con, opts)
-    windows.build(ctx)
+def _explainers_first(chains: list[Chain], explains) -> None:
+    """A chain that names another process' chain as its own cause (a straggler rank: its CPU
+    contention makes every other rank wait, the same time again on each) is listed before that
+    chain, which it explains: ``explains`` holds (chain, rule id, pid) from the rules."""
+    for parent, rule_id, pid in explains:
+        if parent not in chains:
+            continue
+        i = chains.index(parent)
+        for j, c in enumerate(chains[:i]):
+            if c.rule_id == rule_id and pid in c.pids:
+                chains.insert(j, chains.pop(i))
+                break
+
+
+def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "summaries") -> Report:
+    """``source``: what the window tables are built from (windows.build): the per-second
+    summaries (the default), or the raw events (the reference the tests compare with)."""
+    ctx = context.resolve(con, opts, align=True)
+    windows.build(ctx, source)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
@@ -99,12 +115,19 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options) -> Report:
         _rank(chain, active_wall)
         _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
+    _explainers_first(chains, ctx.extra.get("explains", ()))
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
     if ctx.imported_from:
         report.notes.append(
             "imported from a profiler trace: it holds no scheduler, page-fault or block-I/O events, so "
             "cpu-contention, launch-bound, io-stall and memory-pressure cannot be judged here (trace the "
             "job with `ingero trace` for them)"
+        )
+    if "calls_from_ns" in ctx.extra:
+        minutes = (ctx.end_ns - ctx.extra["calls_from_ns"]) / 60e9
+        report.notes.append(
+            f"device activity and steps were inferred from the last {minutes:.0f} min of the range "
+            "(they read the raw calls); the chains cover all of it"
         )
     if not report.analysed.cuda_events:
         report.notes.append("no CUDA calls in this range: only host events were analysed")
@@ -166,4 +189,17 @@ def _stack(ctx: Context, report: Report) -> dict:
     return {
         "top_callers": callers.top_callers(ctx.con, ctx),
         "preempted_lines": callers.most_preempted_lines(ctx.con, ctx),
+        "sampled_lines": _sampled_lines(ctx),
     }
+
+
+def _sampled_lines(ctx: Context) -> list[dict]:
+    """The main loop thread's CPU samples outside CUDA calls, by line (the --stack sampler)."""
+    from ingero.analyze import samples
+
+    row = ctx.con.execute("SELECT pid, tid FROM ing_loop ORDER BY cuda_n DESC, pid LIMIT 1").fetchone()
+    if row is None:
+        return []
+    ws = [int(r[0]) for r in ctx.con.execute("SELECT w FROM ing_win WHERE pid = $pid", {"pid": row[0]}).fetchall()]
+    found = samples.top_lines(ctx, int(row[1]), ws, limit=10)
+    return [x.to_dict() | {"text": x.text()} for x in found.lines] if found else []

@@ -120,7 +120,12 @@ WITH c AS (
            sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
                FILTER (inside IN ('other', 'pinned')) AS cpu_in_other,
            sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none') AS data_wait,
-           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io,
+           -- outside every call: CPU wait, and sleeps with nothing queued on the device
+           sum(CASE WHEN kind = 'preempted' THEN off_ns ELSE least(off_ns, runq_ns) END)
+               FILTER (inside = 'none') AS cpu_out,
+           sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued IS NOT TRUE)
+               AS data_idle
     FROM ing_sched WHERE tid = $tid GROUP BY w
 ), f AS (
     SELECT w, sum(dur_ns) AS faults FROM ing_faults WHERE tid = $tid AND inside = 'none' GROUP BY w
@@ -133,7 +138,8 @@ SELECT w.w, w.wall_ns,
        coalesce(c.sync, 0) - coalesce(s.cpu_in_sync, 0) - coalesce(lt.late, 0),
        coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0),
        coalesce(s.cpu_wait, 0) - coalesce(s.preempt_in_sync, 0) + coalesce(lt.late, 0),
-       coalesce(s.io, 0) + coalesce(f.faults, 0)
+       coalesce(s.io, 0) + coalesce(f.faults, 0),
+       coalesce(s.cpu_out, 0), coalesce(s.data_idle, 0)
 FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w) LEFT JOIN lt USING (w)
 WHERE w.pid = $pid AND list_contains($ws, w.w)
 ORDER BY w.w
@@ -217,6 +223,37 @@ def _drains(ctx: Context, pid: int) -> int:
         "OR op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1))",
         {"pid": pid, "always": DEVICE_SYNC_OPS + SYNC_COPY_OPS}).fetchone()
     return int(row[0])
+
+
+@dataclass(frozen=True)
+class WindowParts:
+    """The loop thread's time in one window by part (ns); the parts sum to ``wall_ns``."""
+
+    w: int
+    wall_ns: float
+    data_wait_ns: float
+    host_ns: float  # on CPU outside CUDA calls: the remainder
+    launch_ns: float
+    copy_ns: float
+    device_wait_ns: float
+    other_cuda_ns: float
+    cpu_wait_ns: float
+    faults_io_ns: float
+    cpu_wait_out_ns: float  # of cpu_wait: outside every CUDA call
+    data_wait_idle_ns: float  # of data_wait: with nothing of the thread's queued on the device
+
+
+def window_parts(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, WindowParts]:
+    """The loop thread's time per window of ``ws`` by part (the parts of the breakdown, unscaled)."""
+    out = {}
+    for r in ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall():
+        wall = float(r[1])
+        v = [max(0.0, float(x)) for x in r[2:9]]
+        # parts can exceed the wall only through rounding at window edges
+        host = max(0.0, wall - sum(v))
+        out[int(r[0])] = WindowParts(int(r[0]), wall, v[0], host, v[1], v[2], v[3], v[4], v[5], v[6],
+                                     max(0.0, float(r[9])), max(0.0, float(r[10])))
+    return out
 
 
 def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms: float) -> StepBreakdown | None:

@@ -14,6 +14,16 @@ rows, so a caller tells "not measured" from "idle".
   the steps' span (first step's start to last step's end) when steps are
   marked, else the span of the session's CUDA calls, else of the device
   activity; clipped to the range asked for.
+- ``breakdown(con, sid, steps)``: where the marked steps' wall clock goes, from
+  the trace's own calls and spans: data loading, launches, copies, waits for the
+  device (syncs, and launches held by a full launch queue), other CUDA calls,
+  and host work (the rest: operators, Python).  The trace has no scheduler or
+  fault events, so CPU wait and faults are not parts of it.
+- ``device_idle(con, sid, steps)``: per marked step, the time the device ran
+  nothing, split by what the steps' process did meanwhile: loading data, in a
+  launch, in another CUDA call, in a CPU operator outside all of those (host
+  work: host-bound's cause), or nothing the trace recorded.  With
+  ``idle_host_ops`` it names the step thread's operators that held that time.
 - ``device(con, sid)``: the MEASURED device-busy share of that span (the union
   of all kernel/copy/memset intervals, every device and stream together), and
   per stream: busy time, and overlap (the part of it during which another
@@ -29,6 +39,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from ingero import ops
 from ingero.collect.records import CUDA_OPS, OP_NAMES
 
 STEP_PREFIX = "ProfilerStep#"
@@ -95,6 +106,71 @@ class Steps:
     @property
     def dataloader_ms_median(self) -> float:
         return _quantile([s.dataloader_ns / 1e6 for s in self.steps], 0.5)
+
+
+# A launch that takes this many times the session's median launch, with the device busy when it
+# returns, waited for room in the launch queue (about a thousand entries): back-pressure from a
+# busy device, not host overhead.  Real V100 launches are bimodal: median 5.2 µs, and 696 of 4,350
+# over 50 µs holding 89% of all launch time on a device 97% busy (issue 26); 4x puts the cut at
+# ~21 µs, between the modes.  Only the part above the median counts as waiting.
+BACKPRESSURE_FACTOR = 4.0
+
+# The calls of the steps' process inside the steps, by category; a launch's part above the
+# median launch is a wait for the device when the device was running something as it returned,
+# and so is a copy call's time beyond its own transfer on the device (matched by the call's
+# thread and start, as the importer links them).
+BREAKDOWN_SQL = """
+WITH st AS (SELECT * FROM (VALUES {steps}) t(s, e)),
+calls AS (
+    SELECT e.timestamp AS t, e.timestamp + e.duration_ns AS t_end, e.duration_ns AS d, e.tid,
+           CASE WHEN list_contains($launch, e.op) THEN 'launch'
+                WHEN list_contains($copy, e.op) THEN 'copy'
+                WHEN list_contains($sync, e.op) THEN 'sync' ELSE 'other' END AS cat
+    FROM events e JOIN st ON e.timestamp >= st.s AND e.timestamp < st.e
+    WHERE e.session_id = $sid AND e.duration_ns > 0 AND list_contains($cuda, e.op)
+), xfer AS (
+    -- a copy call's own transfer, as the device ran it: the rest of the call waited for the
+    -- work queued before it (a D2H copy into pageable memory waits for the step's kernels)
+    SELECT least(c.d, coalesce(sum(a.end_ns - a.start_ns), c.d)) AS moving
+    FROM calls c LEFT JOIN device_activity a
+      ON a.session_id = $sid AND a.call_tid = c.tid AND a.call_ns = c.t AND a.kind = 'memcpy'
+    WHERE c.cat = 'copy' GROUP BY c.t, c.tid, c.d
+), med AS (SELECT coalesce(median(d), 0) AS m FROM calls WHERE cat = 'launch'),
+busy AS ({islands}),
+held AS (
+    SELECT c.d - med.m AS excess
+    FROM calls c CROSS JOIN med ASOF JOIN busy b ON c.t_end >= b.s
+    WHERE c.cat = 'launch' AND c.d > $factor * med.m AND b.e >= c.t_end
+)
+SELECT coalesce(sum(d) FILTER (cat = 'launch'), 0), coalesce(sum(d) FILTER (cat = 'copy'), 0),
+       coalesce(sum(d) FILTER (cat = 'sync'), 0), coalesce(sum(d) FILTER (cat = 'other'), 0),
+       (SELECT coalesce(sum(excess), 0) FROM held), (SELECT coalesce(sum(moving), 0) FROM xfer)
+FROM calls
+"""
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Where the marked steps' wall clock went, summed over the steps, in ns: the parts sum to ``total_ns``."""
+
+    data_wait_ns: int
+    host_ns: int
+    launch_ns: int
+    copy_ns: int
+    device_wait_ns: int
+    other_cuda_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return (self.data_wait_ns + self.host_ns + self.launch_ns + self.copy_ns + self.device_wait_ns
+                + self.other_cuda_ns)
+
+    def shares(self) -> dict[str, float]:
+        """Each part's share of the steps, keyed as explain's step breakdown (steps.PARTS)."""
+        total = self.total_ns
+        if total <= 0:
+            return {}
+        return {k[:-3]: round(v / total, 4) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -165,6 +241,159 @@ def steps(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None 
         out.append(Step(int(suffix) if suffix.isdigit() else None, s, e, loader, busy))
     durations = [st.duration_ms for st in out]
     return Steps(len(out), _quantile(durations, 0.5), _quantile(durations, 0.99), tuple(out))
+
+
+def breakdown(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps) -> StepParts:
+    """Where the marked steps' time went, from the trace's CUDA calls and spans (see BREAKDOWN_SQL).
+
+    Calls of every thread count (PyTorch launches backward's kernels from its autograd
+    thread while the step's own thread waits for it); a part is clipped so that the
+    parts never exceed the steps, and host work is what is left.
+    """
+    total = sum(st.end_ns - st.start_ns for st in marked.steps)
+    loader = sum(st.dataloader_ns for st in marked.steps)
+    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
+    lo = min(st.start_ns for st in marked.steps)
+    hi = max(st.end_ns for st in marked.steps)
+    islands = ISLANDS.format(src=DEVICE_IN_SPAN.format(key="0"))
+    launch, copy, sync, other, held, moving = con.execute(
+        BREAKDOWN_SQL.format(steps=values, islands=f"SELECT s, e FROM ({islands})"),
+        {"sid": session_id, "lo": lo, "hi": hi, "launch": list(ops.LAUNCH_OPS), "copy": list(ops.COPY_OPS),
+         "sync": sorted(ops.SYNC_OPS), "cuda": CUDA_OP_NAMES, "factor": BACKPRESSURE_FACTOR}).fetchone()
+    held = min(int(held), int(launch))
+    moving = min(int(moving), int(copy))
+    parts = [loader, int(launch) - held, moving, int(sync) + held + int(copy) - moving, int(other)]
+    room = total
+    clipped = []
+    for v in parts:  # in this order: data loading first, then the calls, so the sum never passes the steps
+        v = max(0, min(v, room))
+        clipped.append(v)
+        room -= v
+    data_wait, launch_ns, copy_ns, wait_ns, other_ns = clipped
+    return StepParts(data_wait, room, launch_ns, copy_ns, wait_ns, other_ns)
+
+
+# The thread that ran the marked steps: its process' operators and calls are the host side.
+STEP_THREAD_SQL = """
+SELECT pid, tid FROM spans WHERE session_id = $sid AND starts_with(name, $prefix)
+GROUP BY pid, tid ORDER BY count(*) DESC, pid, tid LIMIT 1
+"""
+
+# One sweep over the steps, the device's intervals and the process' operator spans, DataLoader
+# spans, launches and other CUDA calls (every thread: PyTorch launches backward's kernels from
+# its autograd thread): +1 at each start, -1 at each end, per kind; between two consecutive
+# points each running count says whether that kind was active.  A segment inside a step with
+# no device interval is device idle, and is given to the first of: data loading, a launch,
+# another CUDA call, a CPU operator (host work), nothing recorded.  ``seg`` keeps the segments
+# (with the step each lies in); the queries below sum them.
+IDLE_SEGMENTS = """
+WITH st AS (SELECT * FROM (VALUES {steps}) t(s, e)),
+calls AS (
+    SELECT timestamp AS s, timestamp + duration_ns AS e,
+           CASE WHEN list_contains($launch, op::VARCHAR) THEN 'k' ELSE 'c' END AS kind
+    FROM events WHERE session_id = $sid AND pid = $pid AND duration_ns > 0
+      AND list_contains($cuda, op::VARCHAR) AND timestamp < $hi AND timestamp + duration_ns > $lo
+), iv AS (
+    SELECT s, e, 's' AS kind FROM st
+    UNION ALL SELECT start_ns, end_ns, 'd' FROM device_activity
+        WHERE session_id = $sid AND start_ns < $hi AND end_ns > $lo
+    UNION ALL SELECT start_ns, end_ns, CASE WHEN starts_with(name, $loader) THEN 'l' ELSE 'h' END FROM spans
+        WHERE session_id = $sid AND pid = $pid AND start_ns < $hi AND end_ns > $lo
+          AND (category = 'cpu_op' OR starts_with(name, $loader))
+    UNION ALL SELECT s, e, kind FROM calls
+), pts AS (
+    SELECT s AS t, kind, 1 AS d FROM iv WHERE e > s UNION ALL SELECT e, kind, -1 FROM iv WHERE e > s
+), agg AS (
+    SELECT t, sum(d) FILTER (kind = 's') AS s, sum(d) FILTER (kind = 'd') AS dv, sum(d) FILTER (kind = 'l') AS l,
+           sum(d) FILTER (kind = 'k') AS k, sum(d) FILTER (kind = 'c') AS c, sum(d) FILTER (kind = 'h') AS h
+    FROM pts GROUP BY t
+), run AS (
+    SELECT t, lead(t) OVER (ORDER BY t) - t AS len,
+           sum(coalesce(s, 0)) OVER w AS s, sum(coalesce(dv, 0)) OVER w AS dv, sum(coalesce(l, 0)) OVER w AS l,
+           sum(coalesce(k, 0)) OVER w AS k, sum(coalesce(c, 0)) OVER w AS c, sum(coalesce(h, 0)) OVER w AS h
+    FROM agg WINDOW w AS (ORDER BY t ROWS UNBOUNDED PRECEDING)
+), seg AS (
+    SELECT run.t, run.len, st.s AS step,
+           CASE WHEN l > 0 THEN 'data' WHEN k > 0 THEN 'launch' WHEN c > 0 THEN 'cuda'
+                WHEN h > 0 THEN 'host' ELSE 'unrecorded' END AS part
+    FROM run ASOF JOIN st ON run.t >= st.s
+    WHERE run.s > 0 AND run.dv = 0 AND run.len > 0 AND run.t < st.e
+)
+"""
+IDLE_PARTS_SQL = IDLE_SEGMENTS + "SELECT step, part, sum(len) FROM seg GROUP BY ALL"
+# The outermost operators (not inside another of their thread's) that the host work of the
+# idle segments fell in, the step thread's first where two threads had one open.  A segment
+# lies inside its operators, as segments split at every operator's edge.
+IDLE_OPS_SQL = IDLE_SEGMENTS + """,
+ops AS (
+    SELECT tid, start_ns AS s, end_ns AS e, name FROM (
+        SELECT tid, start_ns, end_ns, name,
+               max(end_ns) OVER (PARTITION BY tid ORDER BY start_ns, end_ns DESC
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+        FROM spans WHERE session_id = $sid AND pid = $pid AND category = 'cpu_op'
+          AND start_ns < $hi AND end_ns > $lo)
+    WHERE prev IS NULL OR start_ns >= prev
+), host AS (
+    SELECT seg.t, seg.len, th.tid FROM seg, (SELECT DISTINCT tid FROM ops) th WHERE seg.part = 'host'
+), cand AS (
+    SELECT host.t, host.len, ops.name, host.tid = $tid AS mine
+    FROM host ASOF JOIN ops ON host.tid = ops.tid AND host.t >= ops.s WHERE host.t < ops.e
+), pick AS (SELECT t, any_value(len) AS len, arg_max(name, mine) AS name FROM cand GROUP BY t)
+SELECT name, sum(len) AS ns FROM pick GROUP BY name ORDER BY ns DESC, name LIMIT $limit
+"""
+
+IDLE_PARTS = ("data", "launch", "cuda", "host", "unrecorded")
+
+
+@dataclass(frozen=True)
+class StepIdle:
+    """One marked step's device-idle time (ns), by what the steps' process did meanwhile."""
+
+    step: Step
+    data_ns: int = 0  # in an enumerate(DataLoader) span
+    launch_ns: int = 0  # in a launch call
+    cuda_ns: int = 0  # in another CUDA call (a sync, a copy, cudaMalloc ...)
+    host_ns: int = 0  # in a CPU operator outside all of those: host work
+    unrecorded_ns: int = 0  # nothing the trace recorded (Python between operators, or asleep)
+
+    @property
+    def idle_ns(self) -> int:
+        return self.data_ns + self.launch_ns + self.cuda_ns + self.host_ns + self.unrecorded_ns
+
+    @property
+    def wall_ns(self) -> int:
+        return self.step.end_ns - self.step.start_ns
+
+
+def step_thread(con: duckdb.DuckDBPyConnection, session_id: int) -> tuple[int, int] | None:
+    """(pid, tid) of the thread that ran the marked steps; None without steps."""
+    row = con.execute(STEP_THREAD_SQL, {"sid": session_id, "prefix": STEP_PREFIX}).fetchone()
+    return (int(row[0]), int(row[1])) if row else None
+
+
+def _idle_params(session_id: int, marked: Steps, pid: int) -> tuple[str, dict[str, object]]:
+    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
+    return values, {"sid": session_id, "pid": pid, "lo": min(st.start_ns for st in marked.steps),
+                    "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS),
+                    "cuda": CUDA_OP_NAMES, "loader": DATALOADER_PREFIX}
+
+
+def device_idle(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int) -> list[StepIdle]:
+    """Per marked step, its device-idle time by what process ``pid`` did meanwhile (IDLE_SEGMENTS)."""
+    values, p = _idle_params(session_id, marked, pid)
+    parts: dict[int, dict[str, int]] = {}
+    for step, part, ns in con.execute(IDLE_PARTS_SQL.format(steps=values), p).fetchall():
+        parts.setdefault(int(step), {})[f"{part}_ns"] = int(ns)
+    return [StepIdle(st, **parts.get(int(st.start_ns), {})) for st in marked.steps]
+
+
+def idle_host_ops(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int, tid: int,
+                  limit: int = 3) -> list[tuple[str, int]]:
+    """The outermost operators that held the most host work while the device idled, the step
+    thread ``tid``'s first: (name, ns) summed over the steps."""
+    values, p = _idle_params(session_id, marked, pid)
+    return [(name, int(ns)) for name, ns in
+            con.execute(IDLE_OPS_SQL.format(steps=values), {**p, "tid": tid, "limit": limit}).fetchall()]
 
 
 def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None = None,

@@ -28,7 +28,8 @@ in the next window, so shares stay exact and never exceed 100%.
 from __future__ import annotations
 
 from ingero import ops
-from ingero.analyze import sampling
+from ingero.analyze import sampling, summaries
+from ingero.analyze.context import NS as NS_PER_S
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
 
@@ -104,6 +105,25 @@ FROM g
 # 1.7-1.85 s without (interleaved rounds, docs/rules.md).
 _INSIDE = f"CASE WHEN in_call IS NULL THEN 'none' ELSE {_category('in_call')} END"
 
+# The end of both ing_sched builds (SCHED_SQL from events, S_SCHED_SQL from summaries): each
+# group of off-CPU time ``g`` (with ``over``, its overflow past the window's end) is split into
+# the part inside its window and the spill into the next, and named by kind and call category.
+_SCHED_SPLIT = f"""), k AS (
+    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
+           -- who took the CPU, for preemptions only (a sleep's successor is no culprit)
+           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
+           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
+    FROM g
+)
+SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
+       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
+FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
+      UNION ALL
+      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
+GROUP BY ALL
+"""
+assert "{" not in _SCHED_SPLIT and "}" not in _SCHED_SPLIT  # the templates are .format()ed again
+
 # Grouped on the raw columns straight from the scan (per-row CASE
 # expressions and each extra group key cost ~0.04 s CPU at 10 M events);
 # kinds and call categories are named per group.  The group needs no pid
@@ -122,20 +142,7 @@ WITH g AS (
            coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
     FROM {{events}} WHERE {_FILTER} AND {_PID_FILTER} AND op = 'sched_switch'
     GROUP BY ALL
-), k AS (
-    SELECT pid, tid, w, coalesce(kind, 'other') AS kind, {_INSIDE} AS inside, queued,
-           -- who took the CPU, for preemptions only (a sleep's successor is no culprit)
-           CASE WHEN kind = 'preempted' THEN coalesce(other_pid, 0) ELSE 0 END AS other_pid,
-           n, dur_ns - over AS off_in, least(over, $wns) AS spill, runq_ns, dur_ns
-    FROM g
-)
-SELECT pid, tid, w, kind, inside, queued, other_pid, sum(n) AS n, sum(off_ns) AS off_ns,
-       sum(runq_ns) AS runq_ns, sum(dur_ns) AS dur_ns
-FROM (SELECT pid, tid, w, kind, inside, queued, other_pid, n, off_in AS off_ns, runq_ns, dur_ns FROM k
-      UNION ALL
-      SELECT pid, tid, w + 1, kind, inside, queued, other_pid, 0, spill, 0, 0 FROM k WHERE spill > 0)
-GROUP BY ALL
-"""
+{_SCHED_SPLIT}"""
 
 # Preemptions and who took the CPU, from ing_sched (off_ns: whole intervals,
 # counted in the window they start in).
@@ -297,7 +304,7 @@ WITH c AS (
     FROM ing_late lt JOIN ing_loop l ON lt.pid = l.pid AND lt.tid = l.tid
     GROUP BY ALL
 )
-SELECT c.pid, c.w, least($wns, $t1 - ($t0 + c.w * $wns))::DOUBLE AS wall_ns,
+SELECT c.pid, c.w, (least($t0 + (c.w + 1) * $wns, $c1) - greatest($t0 + c.w * $wns, $c0))::DOUBLE AS wall_ns,
     c.ops_n, coalesce(c.launch_n, 0) AS launch_n, coalesce(c.launch_ns, 0) AS launch_ns,
     c.launch_mean_ns,
     coalesce(c.sync_n, 0) AS sync_n, coalesce(c.sync_ns, 0) AS sync_ns, c.sync_p99_ns,
@@ -354,14 +361,136 @@ FROM helpers h JOIN s USING (pid) LEFT JOIN ing_pcpu p ON p.pid = h.pid AND p.w 
 # was waiting for that CPU: a spin or yield loop sees the device done at its
 # first check (~1 µs), plus the uretprobe (~5 µs here).  50 µs leaves room for
 # a slow VM without taking in a sync that spun on for a kernel's worth.
-LATE_EPS_NS = 50_000
+LATE_EPS_NS = summaries.LATE_EPS_NS
 # Below this many bytes a device-to-host copy is a scalar read-back
 # (`tensor.item()`, a loss print): 1 KiB covers any scalar or tiny vector.
-SMALL_COPY_BYTES = 1024
+SMALL_COPY_BYTES = summaries.SMALL_COPY_BYTES
 
 
-def build(ctx: Context) -> None:
-    """Create every ing_* TEMP table for ``ctx`` (replacing earlier ones)."""
+# ---- The same tables from the per-second summaries (analyze/summaries.py).
+# {w}: the windows relation (the stored table, or TEMP summaries made on the
+# fly), {l}: the late waits.  Windows are whole seconds aligned to seconds
+# (context.resolve), so a window is a set of whole summary seconds.
+_SFILTER = """session_id = $sid AND start_ns >= $t0 AND start_ns < $t1"""
+_SW = "(start_ns - $t0) // $wns"
+
+# p99_ns for syncs only: the one ing_win reads (sync_p99_ns); merging every
+# call's histograms over a day cost 5 s CPU (the raw path has them all).
+S_CUDA_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_cuda AS
+WITH r AS MATERIALIZED (
+    SELECT * FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER}
+      AND NOT (list_contains($host_ops, op) AND NOT list_contains($launch_ops, op))
+), l AS (
+    SELECT tid, {_SW} AS w, any_value(op) AS op, any_value(pid) AS pid,
+           sum(events_n)::BIGINT AS n, sum(duration_ns)::DOUBLE AS dur_ns
+    FROM r WHERE list_contains($launch_ops, op)
+    GROUP BY tid, w
+), g AS (
+    SELECT tid, {_SW} AS w, op, coalesce(kind, '') AS kind, any_value(pid) AS pid,
+           sum(events_n)::BIGINT AS n, sum(duration_ns)::DOUBLE AS dur_ns,
+           coalesce(sum(bytes), 0)::DOUBLE AS bytes, coalesce(sum(small_copy_n), 0)::BIGINT AS small_n
+    FROM r WHERE NOT list_contains($launch_ops, op)
+    GROUP BY ALL
+), h AS (
+    SELECT tid, w, op, kind, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
+    FROM (SELECT tid, {_SW} AS w, op, coalesce(kind, '') AS kind, unnest(duration_hist_bucket) AS bucket,
+                 unnest(duration_hist_n) AS n, unnest(duration_hist_sum_ns) AS sum_ns
+          FROM r WHERE list_contains($sync_ops, op))
+    GROUP BY ALL
+), q AS ({{q99}})
+SELECT pid, tid, w, op, 'launch' AS cat, '' AS kind, n, dur_ns,
+       NULL::DOUBLE AS p99_ns, 0::DOUBLE AS bytes, 0::BIGINT AS small_n
+FROM l
+UNION ALL
+SELECT g.pid, g.tid, g.w, g.op, {_category('g.op')} AS cat, g.kind, g.n, g.dur_ns, q.value AS p99_ns, g.bytes, g.small_n
+FROM g LEFT JOIN q ON q.tid = g.tid AND q.w = g.w AND q.op = g.op AND q.kind = g.kind
+"""
+
+# The overflow past the window's end, row by row: at most one off-CPU interval of
+# a thread crosses it (summaries.py), so this is SCHED_SQL's `over` exactly.
+S_SCHED_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_sched AS
+WITH g AS (
+    SELECT tid, {_SW} AS w, kind, in_call, queued, other_pid,
+           any_value(pid) AS pid, sum(events_n) AS n, sum(duration_ns)::DOUBLE AS dur_ns,
+           sum(greatest(0, overflow_ns - ($t0 + ({_SW} + 1) * $wns - (start_ns + {NS_PER_S}))))::DOUBLE AS over,
+           coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
+    FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'sched_switch'
+    GROUP BY ALL
+{_SCHED_SPLIT}"""
+
+# LATE_SQL from the summaries: the late waits are stored one row each; the
+# thread's undisturbed wait (25th percentile of its syncs) comes from the merged
+# histograms, within summaries.QUANTILE_REL_ERROR.  b - clamp(s0 + u, a, b) =
+# least(b - a, greatest(0, (b - s0) - u)).
+S_LATE_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_late AS
+WITH p AS (
+    SELECT pid, tid, {_SW} AS w, sum(duration_ns)::DOUBLE AS wait_preempt_ns
+    FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND kind = 'preempted'
+      AND list_contains($sync_ops, in_call)
+    GROUP BY ALL
+), h AS (
+    SELECT tid, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
+    FROM (SELECT tid, unnest(duration_hist_bucket) AS bucket, unnest(duration_hist_n) AS n,
+                 unnest(duration_hist_sum_ns) AS sum_ns
+          FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND list_contains($sync_ops, op)
+            AND tid IN (SELECT tid FROM p))
+    GROUP BY ALL
+), q AS ({{q25}}), x AS (
+    SELECT pid, tid, {_SW} AS w, sum(preempted_ns)::DOUBLE AS late_hi_ns,
+           sum(least(preempted_ns, greatest(0, since_call_ns - q.value)))::DOUBLE AS late_ns
+    FROM {{l}} JOIN q USING (tid)
+    WHERE {_SFILTER} AND {_PID_FILTER}
+    GROUP BY ALL
+)
+SELECT p.pid, p.tid, p.w, p.wait_preempt_ns, coalesce(x.late_hi_ns, 0)::DOUBLE AS late_hi_ns,
+       coalesce(x.late_ns, 0)::DOUBLE AS late_ns
+FROM p JOIN q USING (tid) LEFT JOIN x USING (pid, tid, w)
+"""
+
+S_FAULTS_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_faults AS
+SELECT pid, tid, w, {_INSIDE} AS inside, sum(n) AS n, sum(dur_ns) AS dur_ns
+FROM (SELECT tid, {_SW} AS w, in_call, any_value(pid) AS pid, sum(events_n) AS n,
+             coalesce(sum(duration_ns), 0)::DOUBLE AS dur_ns
+      FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'page_fault'
+      GROUP BY ALL)
+GROUP BY ALL
+"""
+
+S_BIO_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_bio AS
+WITH r AS (
+    SELECT * FROM {{w}} WHERE {_SFILTER} AND op = 'block_io'
+), h AS (
+    SELECT w, pid, kind, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
+    FROM (SELECT {_SW} AS w, pid, coalesce(kind, '') AS kind, unnest(duration_hist_bucket) AS bucket,
+                 unnest(duration_hist_n) AS n, unnest(duration_hist_sum_ns) AS sum_ns FROM r)
+    GROUP BY ALL
+), q AS ({{q99}})
+SELECT g.w, g.pid, g.kind, g.n, g.bytes, g.lat_ns, q.value AS p99_ns, g.max_ns
+FROM (SELECT {_SW} AS w, pid, coalesce(kind, '') AS kind,
+             sum(events_n)::BIGINT AS n, coalesce(sum(bytes), 0)::DOUBLE AS bytes,
+             sum(duration_ns)::DOUBLE AS lat_ns, max(max_duration_ns) AS max_ns
+      FROM r GROUP BY ALL) g
+LEFT JOIN q ON q.w = g.w AND q.pid = g.pid AND q.kind = g.kind
+"""
+
+
+def build(ctx: Context, source: str = "summaries") -> None:
+    """Create every ing_* TEMP table for ``ctx`` (replacing earlier ones).
+
+    ``source``: "summaries" (the per-second summaries: stored by the tracer, or
+    made on the fly from the events with the same SQL when the session has
+    none) or "events" (one pass over the raw rows: the reference the summaries
+    are tested against; also what a range off whole seconds, an explicit
+    --from / --to, is built from)."""
+    if source not in ("summaries", "events"):
+        raise ValueError(f"unknown source {source!r}")
+    if not ctx.aligned:  # a range off whole seconds: summaries cannot split a second
+        source = "events"
     p = ctx.params(
         launch_ops=LAUNCH_OPS,
         sync_ops=SYNC_OPS,
@@ -378,16 +507,29 @@ def build(ctx: Context) -> None:
 
     base = ("sid", "t0", "t1", "wns", "all_pids", "pids")
     cats = ("launch_ops", "sync_ops", "copy_ops", "pinned_ops")
-    run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
-    sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     # a file older than schema 5 opened read-only has no in_call / queued: a TEMP
     # view derives them from its CUDA calls (the migration's SQL)
     events = events_relation(con, ctx.session_id)
-    run(SCHED_SQL.format(events=events), *base, *cats)
-    con.execute(PREEMPT_SQL)
-    run(LATE_SQL.format(events=events), *base, "sync_ops", "late_eps_ns")
-    run(FAULTS_SQL.format(events=events), *base, *cats)
-    run(BIO_SQL, "sid", "t0", "t1", "wns")
+    if source == "events":
+        run(CUDA_SQL, *base, *cats, "host_ops", "small_copy_bytes")
+        run(SCHED_SQL.format(events=events), *base, *cats)
+        con.execute(PREEMPT_SQL)
+        run(LATE_SQL.format(events=events), *base, "sync_ops", "late_eps_ns")
+        run(FAULTS_SQL.format(events=events), *base, *cats)
+        run(BIO_SQL, "sid", "t0", "t1", "wns")
+    else:
+        if summaries.has_summaries(con, ctx.session_id):
+            w, late = summaries.WINDOWS_TABLE, summaries.LATE_TABLE
+        else:
+            w, late = summaries.on_the_fly(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
+        q99 = summaries.hist_quantile_sql("h", "tid, w, op, kind", 0.99)
+        run(S_CUDA_SQL.format(w=w, q99=q99), *base, *cats, "host_ops")
+        run(S_SCHED_SQL.format(w=w), *base, *cats)
+        con.execute(PREEMPT_SQL)
+        run(S_LATE_SQL.format(w=w, l=late, q25=summaries.hist_quantile_sql("h", "tid", 0.25)), *base, "sync_ops")
+        run(S_FAULTS_SQL.format(w=w), *base, *cats)
+        run(S_BIO_SQL.format(w=w, q99=summaries.hist_quantile_sql("h", "w, pid, kind", 0.99)), "sid", "t0", "t1", "wns")
+    sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")
     run(PCPU_SQL, "sid", "t0", "t1", "wns")
@@ -397,8 +539,9 @@ def build(ctx: Context) -> None:
         {
             "wns": ctx.window_ns,
             "t0": ctx.start_ns,
-            "t1": ctx.end_ns,
             "nw": ctx.n_windows,
+            "c0": ctx.covered_start_ns,
+            "c1": ctx.covered_end_ns,
             "sync_copy_ops": SYNC_COPY_OPS,
         },
     )

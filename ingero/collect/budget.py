@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect.hooks import TraceHook
 from ingero.ops import OP_NAMES, Op
+from ingero.traceapi import TraceHook
 
 # Daemon mode's default.  Ingero upstream publishes 0.4-1.7% for its adaptive
 # sampling; 2% of the traced threads' CPU is one slow step in fifty, inside

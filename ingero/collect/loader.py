@@ -25,7 +25,7 @@ import numpy as np
 from ingero.collect import probes
 from ingero.collect.bpfmaps import discard
 from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
-from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter
+from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter, Op
 from ingero.errors import IngeroError
 
 MAIN_SOURCE = "ingero.bpf.c"
@@ -61,9 +61,17 @@ class BpfSettings:
     # Read each launch's stream from user memory (`trace --streams`): ~200 ns of
     # the traced job's wall time per launch here (bpf/cuda.bpf.c), so off by default.
     launch_streams: bool = False
+    # With --stack: sample the traced threads' CPU at this rate (bpf/sample.bpf.c; 0: off).
+    # 99 Hz: off the kernel's 100/250/1000 Hz ticks, so samples do not lock step with them.
+    sample_hz: int = 99
     bench_pid: int | None = None  # compile only the ingest benchmark generator
     bench_burst: int | None = None
     empty: bool = False  # every program returns at once (overhead floor)
+
+    @property
+    def samples(self) -> bool:
+        """The CPU sampler is compiled and attached (--stack, a rate, not the benchmark)."""
+        return self.stack and self.sample_hz > 0 and self.bench_pid is None
 
     def cflags(self, src: Path) -> list[str]:
         pages = self.ring_bytes // mmap.PAGESIZE
@@ -72,6 +80,8 @@ class BpfSettings:
             flags.append(f'-DTARGET_COMM="{_c_string(self.target_comm[:15])}"')
         if self.stack:
             flags.append("-DINGERO_STACK")
+        if self.samples:
+            flags += ["-DINGERO_SAMPLE", f"-DSAMPLE_PERIOD_NS={1_000_000_000 // self.sample_hz}"]
         if self.launch_streams:
             flags.append("-DLAUNCH_STREAMS=1")
         if self.bench_pid is not None:
@@ -124,6 +134,8 @@ def compiled_source(settings: BpfSettings) -> tuple[list[tuple[Path, str]], list
     # files behind an #ifdef these settings leave off
     if not settings.stack:
         seen.add("stack.h")
+    if not settings.samples:
+        seen.add("sample.bpf.c")
     if settings.bench_pid is None:
         seen.add("bench.bpf.c")
     else:
@@ -255,6 +267,18 @@ class Program:
         if self.switchable is None:
             self.switchable = SwitchableProbes(self, ops)
         return self.switchable
+    def attach_cpu_sampler(self) -> None:
+        """The cpu_sample program on a software cpu-clock event of every CPU, at settings.sample_hz."""
+        from bcc import PerfSWConfig, PerfType
+
+        what = f"cpu-clock@{self.settings.sample_hz}Hz"
+        try:
+            self.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
+                                       fn_name=b"cpu_sample", sample_freq=self.settings.sample_hz, cpu=-1)
+        except Exception as exc:  # BCC raises bare Exception; stacks of CUDA calls still work without it
+            self.records.append(AttachRecord("kernel", what, OP_NAMES[Op.CPU_SAMPLE], "perf_event", False, str(exc)))
+            return
+        self.records.append(AttachRecord("kernel", what, OP_NAMES[Op.CPU_SAMPLE], "perf_event", True))
 
     def uprobe_count(self) -> int:
         return int(self.bpf.num_open_uprobes())
@@ -329,7 +353,7 @@ class Program:
         self.bpf.tracepoint_fds.clear()
         if fds:
             _close_in_background(fds)
-        self.bpf.cleanup()  # maps and programs: only references dropped now
+        self.bpf.cleanup()  # maps and programs: only references dropped now (the sampler's perf events closed)
 
 
 # ---- switchable per-call probes (the overhead budget: collect/budget.py) ------------
@@ -702,7 +726,10 @@ def load_program(settings: BpfSettings) -> Program:
             failure = None
     if failure is not None:
         raise load_error(str(failure), cap.text, src)
-    return Program(bpf, settings)
+    program = Program(bpf, settings)
+    if settings.samples:
+        program.attach_cpu_sampler()
+    return program
 
 
 # BCC's exception for a program the kernel refused: "Failed to load BPF program b'NAME': REASON"

@@ -133,7 +133,7 @@ class ProcStat(ctypes.Structure):
 
 
 class CallFlag(enum.IntFlag):
-    """enum ingero_call_flag: bits of Event.call_flags (sched_switch and page_fault records)."""
+    """enum ingero_call_flag: bits of Event.call_flags (sched_switch, page_fault and cpu_sample records)."""
 
     SEEN = 1  # the thread has made a traced CUDA call (else events.queued is NULL)
     QUEUED = 2  # async device work issued since its last synchronising call returned

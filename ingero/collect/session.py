@@ -9,9 +9,10 @@ appends and the odd slow commit (a shared VM disk stalls fsync for a second).  T
 * once a second, or as soon as FLUSH_ROWS are pending (then whole DuckDB row
   groups only), decodes and appends them to ``events`` (so stored data is
   about a second old at most);
-* once a second: system/GPU samplers, process_cpu harvest, process names of
-  pids that appeared, new CUDA library copies (LibraryWatcher), --comm rescan,
-  and a stats tick for the live view.
+* once a second: process_cpu harvest, process names of pids that appeared,
+  new CUDA library copies (LibraryWatcher), --comm rescan, the hooks' second
+  (ingero/traceapi.py: the query daemon's retention, the samplers, ...), and
+  a stats tick for the live view.
 
 --duration, SIGINT and SIGTERM end it the same way: drain the ring, store
 every decoded record, close the session with totals and drops.  With --cmd
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.collect import decode, ranks, targets
-from ingero.collect.hooks import TraceHook
+from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
 from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
@@ -80,62 +81,10 @@ class TraceOptions:
     launch_streams: bool = False  # --streams: read each kernel launch's stream (costs the traced job time)
     ring_mb: int = DEFAULT_RING_MB
     command_line: str = "ingero trace"
-    samplers: bool = True  # benchmarks turn them off
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
-    retain_s: float | None = None  # --retain: drop events older than this
-    max_db_bytes: int | None = None  # --max-db: prune oldest data to stay under this size
-    serve: bool = True  # answer `ingero query/explain/status` over a local socket while tracing
-    # Services the trace command wires in (Prometheus metrics, ...): see TraceHook.
+    # Services the trace command wires in (the query daemon, the samplers, Prometheus
+    # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
-
-
-@dataclass
-class OpStats:
-    count: int = 0
-    p50_ns: float | None = None
-    p95_ns: float | None = None
-    p99_ns: float | None = None
-
-
-@dataclass
-class StartInfo:
-    session_id: int
-    db_path: str
-    lines: list[str]  # what was attached where, what is traced
-
-
-@dataclass
-class TickStats:
-    elapsed_s: float
-    events: int  # stored so far
-    events_per_s: float  # over the last tick
-    drops_kernel: int
-    drops_user: int
-    nest_skipped: int
-    ops: dict[str, OpStats]
-    notes: list[str]  # new since the previous tick (new library attached ...)
-    stale_calls: int = 0  # CUDA calls whose return never came (BPF counter CNT_STALE_CALLS)
-
-
-@dataclass
-class TraceSummary:
-    session_id: int
-    db_path: str
-    elapsed_s: float
-    events: int
-    drops_kernel: int
-    drops_user: int
-    nest_skipped: int
-    ops: dict[str, OpStats]
-    ended_by: str  # 'duration' | 'SIGINT' | 'SIGTERM' | 'command exited'
-    command_exit: int | None = None
-    notes: list[str] = field(default_factory=list)
-    # CUDA calls whose return probe never fired (left by longjmp or a C++
-    # exception), counted by BPF when the thread's next call replaced their
-    # state (bpf/cuda.bpf.c); they have no row in events.
-    stale_calls: int = 0
-    # runs of our BPF programs the kernel skipped (Program.probe_misses)
-    probe_misses: int = 0
 
 
 class _Stop:
@@ -249,7 +198,8 @@ class TraceSession:
         self.stacks: Any = None
         self.stack_failures = 0  # flushes stored without stacks because resolving them failed
         self._stack_errors: set[str] = set()
-        self.daemon: Any = None  # ingero.daemon.runtime.Daemon once the session runs
+        self.daemon: Any = None  # the query daemon, when a hook serves one (ingero.daemon.hook)
+        self.traced: set[int] = set()  # the traced pids, as of the last second's rows
         self._proc_prev: dict[int, np.ndarray] = {}
         self._proc_prev_ns = time.monotonic_ns()
         self._probe_rows_written = 0
@@ -576,47 +526,6 @@ def _attach_line(lib: Any, ok: int, failed: int) -> str:
     return f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
 
 
-class _Samplers:
-    def __init__(self, enabled: bool):
-        self.system = self.gpu = self.memory = None
-        self.note: str | None = None
-        if not enabled:
-            return
-        try:
-            from ingero.sample import memory
-
-            self.memory = memory
-        except ImportError:
-            self.memory = None
-        try:
-            from ingero.sample.system import SystemSampler
-
-            self.system = SystemSampler()
-        except ImportError:
-            self.system = None
-        try:
-            from ingero.sample.gpu import GpuSampler
-
-            self.gpu = GpuSampler()
-            self.note = self.gpu.note
-        except ImportError:
-            self.gpu = None
-
-    def sample(self, store: Store, session_id: int, traced: set[int] | None = None) -> None:
-        if self.memory is not None:
-            rows = self.memory.sample(frozenset(traced or ()))
-            if rows:
-                store.append("process_memory", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
-        if self.system is not None:
-            row = self.system.sample()
-            if row:
-                store.append("system_metrics", pa.Table.from_pylist([{**row, "session_id": session_id}]))
-        if self.gpu is not None:
-            rows = self.gpu.sample()
-            if rows:
-                store.append("gpu_metrics", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
-
-
 def check_can_trace() -> None:
     if os.geteuid() != 0:
         raise IngeroError("trace needs root (eBPF): run with sudo")
@@ -659,7 +568,7 @@ def run_trace(
         raise
     stop = _Stop()
     resolver = None
-    daemon = None
+    sess = None
     fault: StorageFault | None = None
     completed = False
     try:
@@ -704,21 +613,14 @@ def run_trace(
             resolver.prepare(initial + ([launched] if launched else []))
         sess.write_probe_rows()
         sess.upsert_names(initial)
-        # Other shells query through this (DuckDB allows one writer process);
-        # it also applies --retain/--max-db on this thread, once a second.
-        from ingero.daemon.runtime import Daemon
-
-        sess.daemon = daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes,
-                                      serve=opts.serve).start()
-        samplers = _Samplers(opts.samplers)
-        if samplers.note:
-            lines.append(samplers.note)
+        for hook in opts.hooks:  # the query daemon, the samplers, metrics ... (wired by the trace command)
+            lines += hook.on_start(sess) or []
         if on_start is not None:
             on_start(StartInfo(session_id, str(store.path), lines))
         if launcher is not None:
             launcher.release()
         try:
-            summary = _loop(sess, opts, stop, launcher, watcher, samplers, spec, on_tick)
+            summary = _loop(sess, opts, stop, launcher, watcher, spec, on_tick)
         except StorageFault as exc:
             if launcher is None:
                 raise
@@ -730,8 +632,9 @@ def run_trace(
             launcher.stop()  # signalled or failed: do not leave the command behind
         if resolver is not None:
             resolver.close()
-        if daemon is not None:
-            daemon.stop()
+        if sess is not None:
+            for hook in opts.hooks:  # idempotent: a normal end told them already, before the drain
+                hook.on_stopping(sess)
         program.close()
         store.close()
     if fault is not None:
@@ -757,7 +660,6 @@ def _loop(
     stop: _Stop,
     launcher: targets.Launcher | None,
     watcher: Any,
-    samplers: _Samplers,
     spec: targets.TargetSpec,
     on_tick: Callable[[TickStats], None] | None,
 ) -> TraceSummary:
@@ -776,7 +678,7 @@ def _loop(
         sess.flush_if_due(now)
         if now >= next_second:
             next_second = now + 1.0
-            _every_second(sess, watcher, samplers, spec)
+            _every_second(sess, watcher, spec)
             counters = sess.counters()
             drops_kernel = int(counters[Counter.RB_DROPS])
             nest_skipped = int(counters[Counter.NEST_SKIPPED])
@@ -814,10 +716,10 @@ def _loop(
             idle_sleep = POLL_INTERVAL_S / 2
             if n < READ_BATCH:
                 time.sleep(POLL_INTERVAL_S)
-    if sess.daemon is not None:
-        # Stop serving first: queries in flight are interrupted ("tracer stopping") and their
-        # read transactions end, so the final CHECKPOINT below has none to wait for.
-        sess.daemon.stop()
+    # Stop serving first: queries in flight are interrupted ("tracer stopping") and their
+    # read transactions end, so the final CHECKPOINT below has none to wait for.
+    for hook in opts.hooks:
+        hook.on_stopping(sess)
     sess.drain()
     counters = sess.counters()
     drops_kernel = int(counters[Counter.RB_DROPS])
@@ -856,16 +758,12 @@ def _loop(
     )
 
 
-def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> None:
-    if sess.daemon is not None:
-        info = sess.daemon.tick()  # retention, when due: by age even while no events arrive
-        if info is not None and sess.stacks is not None and len(info.get("pruned_stack_ids", ())):
-            sess.stacks.forget_stacks(info["pruned_stack_ids"])
+def _every_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) -> None:
     # One transaction for the second's rows (process_cpu, the samplers, probes, names): one
     # commit instead of four; measured on an idle trace, the commits were a third of its CPU.
     try:
         with sess.store.transaction():
-            traced = _write_second(sess, watcher, samplers, spec)
+            traced = _write_second(sess, watcher, spec)
     except duckdb.Error as exc:
         raise write_error(exc, sess.store.path) from None
     # targets whose process is gone (exit handler missed them, e.g. thread keys)
@@ -876,10 +774,11 @@ def _every_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: t
         hook.every_second(sess)
 
 
-def _write_second(sess: TraceSession, watcher: Any, samplers: _Samplers, spec: targets.TargetSpec) -> set[int]:
+def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) -> set[int]:
     sess.harvest_process_cpu()
-    traced = sess.program.targets()
-    samplers.sample(sess.store, sess.session_id, traced)
+    traced = sess.traced = sess.program.targets()
+    for hook in sess.opts.hooks:
+        hook.write_second(sess)
     if watcher is not None:
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)

@@ -130,6 +130,7 @@ ROWS = (
     ("sync p99", "sync_ms_p99", "ms", False),
     ("steps/s", "steps_per_s", "", True),
     ("device busy", "device_busy_pct", "%", True),
+    ("collective wait", "collective_wait_ms_mean", "ms", False),  # multi-rank scenarios: per rank, mean
 )
 
 

@@ -42,10 +42,18 @@ from ingero.values import parse_percent
                    "kernel-launch probes are then attached for only a slice of each second and launch "
                    "counts are scaled (explain says so). Default: 2% in daemon mode (no --duration/--cmd), "
                    "off otherwise; 'off' traces every call.")
+@click.option("--publish", "publish_root", default=None, metavar="ROOT",
+              help="Also publish closed Parquet segments to the fleet dataset at ROOT (a shared directory or a "
+                   "pyarrow filesystem URL): `ingero fleet explain ROOT` asks every node at once.")
+@click.option("--node", default=None, help="This node's name in the fleet dataset (default: the hostname).")
+@click.option("--job", default=None, help="The job's id in the fleet dataset (default: TORCHELASTIC_RUN_ID, "
+                                           "SLURM_JOB_ID, the traced ranks' environment, else 'default').")
+@click.option("--publish-segment", type=DURATION, default=None,
+              help="Length of a published segment (default 60s, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
-            no_serve, metrics_port, metrics_addr, overhead_budget, db_path, as_json) -> None:
+            no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -61,6 +69,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
       sudo ingero trace --cmd "python3 train.py" --streams   (launch streams too)
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
       sudo ingero trace --retain 24h --metrics-port 9464   (Prometheus scrapes it)
+      sudo ingero trace --cmd "torchrun train.py" --publish /mnt/shared/ingero   (the fleet dataset)
       sudo ingero trace --cmd "python3 train.py" --overhead-budget 2%
     """
     from ingero.collect import session, targets
@@ -77,9 +86,6 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         ring_mb=ring_mb,
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,
-        retain_s=retain,
-        max_db_bytes=max_db,
-        serve=not no_serve,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source
@@ -99,6 +105,26 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
 
         # bound before anything is loaded or attached: a port in use is one line, nothing traced
         opts.hooks.append(MetricsServer.bind(metrics_addr or DEFAULT_ADDR, metrics_port))
+    publisher = None
+    if (node or job or publish_segment is not None) and publish_root is None:
+        raise click.UsageError("--node, --job and --publish-segment need --publish ROOT")
+    if publish_root is not None:
+        from ingero.fleet.publish import DEFAULT_SEGMENT_S, MAX_SEGMENT_S, MIN_SEGMENT_S, Publisher
+
+        seg = DEFAULT_SEGMENT_S if publish_segment is None else publish_segment
+        if not MIN_SEGMENT_S <= seg <= MAX_SEGMENT_S:
+            raise click.UsageError(f"--publish-segment must be {MIN_SEGMENT_S:g}s-{MAX_SEGMENT_S:g}s")
+        # ROOT checked before anything is attached: one line, nothing traced
+        publisher = Publisher.bind(publish_root, opts.db_path, node=node, job=job, segment_s=seg)
+        opts.hooks.append(publisher)
+    from ingero.commands.summaries_hook import SummaryHook
+    from ingero.daemon.hook import DaemonHook
+    from ingero.sample.hook import SamplerHook
+
+    # what rides on the trace, in this order: the query daemon first (metrics' diagnosis asks its
+    # socket), the samplers, the per-second summaries explain reads (written at each flush)
+    opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook(),
+                      SummaryHook()]
     if overhead_budget is None and duration is None and cmd is None:
         from ingero.collect.budget import DEFAULT_DAEMON_PCT
 
@@ -114,3 +140,5 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
         for hook in opts.hooks:
             hook.close()
     view.finish(summary)
+    if publisher is not None:
+        click.echo(f"ingero: {publisher.summary()}", err=True)

@@ -1,6 +1,6 @@
-"""The three calls the trace session makes to run as a daemon.
+"""The three calls that run the query daemon beside a trace (made by ``daemon/hook.py``).
 
-    daemon = Daemon(store, retain_s=opts.retain_s, max_db_bytes=opts.max_db_bytes).start()
+    daemon = Daemon(store, retain_s=..., max_db_bytes=...).start()
     ...  in the run loop, on the writer's thread, once a second:
     daemon.tick()                      # applies retention every RETENTION_INTERVAL_S
     ...  on exit (before store.close()):
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ingero.daemon.retention import RETENTION_INTERVAL_S, Retention
+from ingero.store.retention import RETENTION_INTERVAL_S, Retention
 from ingero.daemon.server import DEFAULT_MEMORY_LIMIT_BYTES, QueryServer, default_socket_path, lock_down
 from ingero.errors import IngeroError
 from ingero.store.db import Store

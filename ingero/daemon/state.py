@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from ingero.host import pid_alive
+from ingero.store.files import db_file_of, file_sizes
 from ingero.store.sessions import latest_session
 
 # events/s is measured over the last RATE_WINDOW_S seconds of event
@@ -23,26 +24,6 @@ from ingero.store.sessions import latest_session
 RATE_WINDOW_S = 10.0
 FLUSH_LAG_S = 1.0
 
-
-
-def db_file_of(con: duckdb.DuckDBPyConnection) -> Path | None:
-    rows = con.execute(
-        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
-    ).fetchall()
-    return Path(rows[0][0]) if rows and rows[0][0] else None
-
-
-def file_sizes(path: Path | None) -> tuple[int, int]:
-    """(database file bytes, WAL bytes); 0 for what does not exist."""
-    if path is None:
-        return 0, 0
-    sizes = []
-    for p in (path, path.with_name(path.name + ".wal")):
-        try:
-            sizes.append(p.stat().st_size)
-        except OSError:
-            sizes.append(0)
-    return sizes[0], sizes[1]
 
 
 # The session fields status reports (a column an older file lacks reads as None).

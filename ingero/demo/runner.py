@@ -41,6 +41,7 @@ from ingero.store.db import Store, sched_autogroup_enabled
 REPO = Path(__file__).resolve().parents[2]
 DEMOS = REPO / "demos"
 LIBCUDART = DEMOS / "build" / "libcudart.so.12"
+LIBNCCL = DEMOS / "build" / "libnccl.so.2"  # the simulated NCCL (multi-rank scenarios)
 TRAIN = DEMOS / "workloads" / "train.py"
 # The tracer gets this much longer than the workload: it stops when the
 # command exits, this only bounds a stuck run.
@@ -49,8 +50,9 @@ TRACE_MARGIN_S = 15.0
 # enough to write in a second.
 DATASET_BYTES = 256 << 20
 # The tracer compiles its BPF program before it starts the workload (~5-20 s
-# on these VMs, longer when the box is busy).
-WORKLOAD_START_TIMEOUT_S = 90.0
+# on these VMs, longer when the box is busy: `ingero trace --cmd true` took
+# 135 s to start at load 18 on 2026-11-26).
+WORKLOAD_START_TIMEOUT_S = 180.0
 # Seconds between SIGTERM and SIGKILL when cleaning up.
 KILL_GRACE_S = 2.0
 
@@ -139,7 +141,7 @@ def live_unavailable(build: bool = True) -> str | None:
         return "the tracer (ingero trace) is not in this build"
     if not TRAIN.exists() or not (DEMOS / "Makefile").exists():
         return f"the demo workloads are not here ({DEMOS}): run from a source checkout"
-    if not LIBCUDART.exists():
+    if not LIBCUDART.exists() or not LIBNCCL.exists():
         if not build:
             return "the simulated CUDA runtime is not built (make -C demos)"
         if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
@@ -250,8 +252,10 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     cmd = workload_command(flags, paths, duration_s, summary_path, ready, measure_from=cause)
     # --cuda-lib: probes go on the simulated runtime before the workload starts.  Found
     # later (when the process maps it), the attach races with calls in flight.
+    # a multi-rank job loads the simulated NCCL too: its probes go on before the ranks start
+    nccl = ("--cuda-lib", str(LIBNCCL)) if "--ranks" in flags else ()
     tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
-                  "--cuda-lib", str(LIBCUDART),
+                  "--cuda-lib", str(LIBCUDART), *nccl,
                   "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
     procs: list[subprocess.Popen] = []
     # the tracer's output goes to files: a pipe nobody reads while we wait would fill and stall it

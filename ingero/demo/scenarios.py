@@ -76,6 +76,9 @@ class Physics:
     block_ios_per_step: int = 0  # block I/O requests around the step
     block_io_us: float = 0.0
     hogs: int = 0  # busy competitor processes (process_cpu rows)
+    # data-parallel ranks, one process each, all-reducing per step; with more than one,
+    # preempt_share and hogs hit the last rank only (the straggler), the others wait for it
+    ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class Scenario:
 
 _LOOP = ("--cpu", str(LOOP_CPU), "--worker-cpus", str(FIX_CPU))
 _FIXED_LOOP = ("--cpu", str(FIX_CPU), "--worker-cpus", str(LOOP_CPU))
+# A data-parallel job: rank 0 on LOOP_CPU, rank 1 on FIX_CPU, each with its DataLoader workers.
+_RANKS = ("--ranks", "2", "--rank-cpus", f"{LOOP_CPU},{FIX_CPU}")
 _BASE = ("--kernel-us", "2000", "--kernels-per-step", "8", "--batch-bytes", "8MiB", "--workers", "2",
          "--decode-us", "100", "--host-us", "500")
 
@@ -205,6 +210,21 @@ SCENARIOS: tuple[Scenario, ...] = (
         fix="one sync per step: accumulate losses on the device, .item() once per log interval",
         physics=Physics(kernels=32, kernel_us=300, syncs=32, host_us=200),
         fix_physics=Physics(kernels=32, kernel_us=300, syncs=1, host_us=200),
+    ),
+    Scenario(
+        name="straggler",
+        title="one rank of a data-parallel job shares its core with CPU hogs",
+        story="two ranks (one per core) all-reduce their gradients every step; three busy processes "
+              "share rank 1's core, so rank 1 enters the all-reduce late and rank 0 waits for it "
+              "every step",
+        expected_rule="straggler",
+        workload=(*_BASE, "--kernel-us", "1000", "--workers", "1", "--host-us", "4000", *_RANKS),
+        fix_workload=(*_BASE, "--kernel-us", "1000", "--workers", "1", "--host-us", "4000", *_RANKS),
+        fix="renice -n 19 the hogs on rank 1's core (what the chain's fix says; or move them off it)",
+        interference=(Interferer("cpu-hog", (str(FIX_CPU),), count=3),),
+        fix_renice=True,
+        physics=Physics(kernel_us=1000, host_us=4800, preempt_share=0.6, hogs=3, ranks=2),
+        fix_physics=Physics(kernel_us=1000, host_us=4800, hogs=3, ranks=2),
     ),
     Scenario(
         name="healthy",

@@ -69,6 +69,7 @@ class Replay:
     policy: str = "block"
     # per sync: when the device finished the work it waited for (the simulated timeline knows)
     sync_device_done_ns: list[int] = field(default_factory=list)
+    ranks: int = 1  # data-parallel ranks (processes LOOP_PID + r)
 
     def summary(self) -> dict:
         wall = (self.end_ns - self.start_ns) / NS
@@ -163,6 +164,82 @@ def _step(th: LoopThread, rng: np.random.Generator, p: Physics, dev: _Device,
     return syncs
 
 
+# The simulated NCCL's defaults (demos/simnccl): per-rank bus bandwidth and fixed cost.
+NCCL_GBPS = 25.0
+NCCL_LAT_NS = 20 * US
+GRAD_BYTES = 32 << 20  # train.py --grad-bytes
+RANK_COMM0 = 0xC0FFEE00  # rank r's ncclComm_t in the replay: RANK_COMM0 + r
+COMM_ID = "5e" * 16  # the replay's ncclUniqueId (hex)
+
+
+def _rank_steps(ths: list[LoopThread], devs: list[_Device], rng: np.random.Generator, p: Physics,
+                clean: bool) -> tuple[int, list[tuple[int, int]]]:
+    """One step of every rank: each copies and launches on its own clock, enters the all-reduce; the
+    collective starts when the last rank is in (and its kernels are done), every rank's sync waits for
+    its end.  The last rank takes the contention (the straggler).  Returns (the step's collective end,
+    (duration, device done) of rank 0's sync)."""
+    n = len(ths)
+    entries = []
+    for r, (th, dev) in enumerate(zip(ths, devs)):
+        straggler = r == n - 1 and not clean
+        th.contend(p.preempt_share if straggler else 0.0, p.hogs if straggler else 0)
+        if p.data_wait_us:
+            th.sleep(th.jit(p.data_wait_us * US))
+        th.call_op("cudaMemcpyAsync", lambda: th.run(ASYNC_COPY_CALL_NS), kind="H2D", nbytes=p.copy_bytes)
+        dev.queue(th.t, int(p.copy_bytes / p.copy_gbps) + COPY_LATENCY_NS)
+        for _ in range(p.kernels):
+            th.call_op("cudaLaunchKernel", lambda: th.run(th.jit(p.launch_us * US)))
+            dev.queue(th.t, th.jit(p.kernel_us * US), kernel=True)
+        # the backward's Python between the last launch and the all-reduce, then its enqueue
+        th.run(th.jit(p.host_us * US))
+        th.call_op("ncclAllReduce", lambda: th.run(th.jit(15 * US)), kind="sum:float32", nbytes=GRAD_BYTES,
+                   comm=RANK_COMM0 + r)
+        entries.append(max(th.t, dev.free))
+    start = max(entries)
+    end = start + NCCL_LAT_NS + int(GRAD_BYTES * 2 * (n - 1) / n / NCCL_GBPS)
+    sync0 = (0, end)
+    for r, (th, dev) in enumerate(zip(ths, devs)):
+        dev.free = max(dev.free, end)
+        d = th.call_op("cudaStreamSync", lambda: th.wait_device(end))
+        if r == 0:
+            sync0 = (d, end)
+    return end, [sync0]
+
+
+def _generate_ranks(scenario: Scenario, physics: Physics, *, duration_s: float | None, steps: int | None,
+                    fixed: bool, t0: int, rng: np.random.Generator, how: str) -> "Replay":
+    """The replay of a data-parallel job: ``physics.ranks`` processes (LOOP_PID + r, rank r on core r)."""
+    c = Columns.empty()
+    ths = [LoopThread(c, rng, how, t0, pid=LOOP_PID + r, cpu=r) for r in range(physics.ranks)]
+    devs = [_Device(t0) for _ in ths]
+    base_steps = int(steps * BASELINE_SHARE) if steps is not None else 0
+    base_until = t0 + int((duration_s or 0) * BASELINE_SHARE * NS)
+    end_by = t0 + int((duration_s or 0) * NS)
+    step_ns: list[int] = []
+    sync_ns: list[int] = []
+    sync_done: list[int] = []
+    i = 0
+    t = t0
+    while (steps is not None and i < steps) or (steps is None and t < end_by):
+        clean = fixed or (i < base_steps if steps is not None else t < base_until)
+        p = scenario.fix_physics if clean and not fixed else physics
+        begin = ths[0].t
+        t, syncs = _rank_steps(ths, devs, rng, p, clean)
+        for d, done in syncs:
+            sync_ns.append(d)
+            sync_done.append(done)
+        for th in ths:
+            th.run(th.jit(500 * US))  # optimizer step
+        step_ns.append(ths[0].t - begin)
+        i += 1
+    end = max(th.t for th in ths)
+    cause_from = t0 + sum(step_ns[:base_steps]) if steps is not None else base_until
+    hogs = physics.hogs
+    pcpu = _process_cpu(t0, end, hogs, cause_from if not fixed else t0, c)
+    return Replay(c, i, step_ns, sync_ns, devs[0].busy, t0, end, hogs, pcpu, _system(t0, end, hogs), how,
+                  sync_done, ranks=physics.ranks)
+
+
 def generate(scenario: Scenario, *, duration_s: float | None = None, steps: int | None = None,
              fixed: bool = False, start_ns: int | None = None, seed: int = 0,
              policy: str | None = None) -> Replay:
@@ -177,8 +254,11 @@ def generate(scenario: Scenario, *, duration_s: float | None = None, steps: int 
         raise ValueError("give steps or duration_s")
     how = wait_policy(policy or scenario.policy)
     rng = np.random.default_rng(seed)
-    c = Columns.empty()
     t0 = start_ns if start_ns is not None else time.time_ns()
+    if scenario.physics.ranks > 1:
+        return _generate_ranks(scenario, scenario.fix_physics if fixed else scenario.physics,
+                               duration_s=duration_s, steps=steps, fixed=fixed, t0=t0, rng=rng, how=how)
+    c = Columns.empty()
     th = LoopThread(c, rng, how, t0)
     dev = _Device(t0)
     worker_free = [t0, t0]
@@ -237,8 +317,9 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
     store.append("events", replay.events.table(sid))
     # what BPF tags at each switch and fault (the thread's CUDA call state), derived from the calls
     fill_call_state(store.con, sid)
-    names = [{"pid": LOOP_PID, "name": "python3 (train.py)", "comm": "python3",
-              "cmdline": "python3 demos/workloads/train.py", "session_id": sid, "seen_ns": replay.start_ns}]
+    names = [{"pid": LOOP_PID + r, "name": "python3 (train.py)", "comm": "python3",
+              "cmdline": "python3 demos/workloads/train.py", "session_id": sid, "seen_ns": replay.start_ns}
+             for r in range(replay.ranks)]
     names += [{"pid": WORKER_PID0 + w, "name": "python3 (train.py worker)", "comm": "python3",
                "cmdline": "python3 demos/workloads/train.py", "session_id": sid, "seen_ns": replay.start_ns}
               for w in range(2)]
@@ -246,6 +327,17 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
                "cmdline": "python3 -m ingero.demo.interference cpu-hog 0", "session_id": sid,
                "seen_ns": replay.start_ns} for h in range(replay.hogs)]
     store.upsert_process_names(names)
+    if replay.ranks > 1:
+        # each rank's communicator (its ncclCommInitRank) and its torchrun environment
+        rows = []
+        for r in range(replay.ranks):
+            common = {"session_id": sid, "pid": LOOP_PID + r, "seen_ns": replay.start_ns, "rank": r,
+                      "nranks": replay.ranks}
+            rows.append({**common, "source": "nccl", "comm": RANK_COMM0 + r, "comm_id": COMM_ID,
+                         "local_rank": None, "job": None})
+            rows.append({**common, "source": "env", "comm": None, "comm_id": None, "local_rank": r,
+                         "job": "synthetic"})
+        store.append("ranks", pa.Table.from_pylist(rows))
     if replay.process_cpu:
         store.append("process_cpu", pa.Table.from_pylist([{**r, "session_id": sid} for r in replay.process_cpu]))
     if replay.system:

@@ -68,16 +68,17 @@ class Columns:
     ret: list[int | None]
     cpu: list[int]
     in_call: list[str | None]
+    comm: list[int | None]  # NCCL calls: the communicator
 
     @classmethod
     def empty(cls) -> "Columns":
-        return cls(*([] for _ in range(13)))
+        return cls(*([] for _ in range(14)))
 
     def add(self, ts: int, dur: int, op: str, *, pid: int = LOOP_PID, tid: int | None = None,
             kind: str | None = None, nbytes: int | None = None, preempted: bool | None = None,
             other_pid: int | None = None, runq_ns: int | None = None, cpu: int = 0,
-            in_call: str | None = None) -> None:
-        is_cuda = op.startswith("cuda")
+            in_call: str | None = None, comm: int | None = None) -> None:
+        is_cuda = op.startswith("cuda") or op.startswith("nccl")
         self.timestamp.append(int(ts))
         self.duration_ns.append(int(dur))
         self.pid.append(pid)
@@ -91,17 +92,19 @@ class Columns:
         self.ret.append(0 if is_cuda else None)
         self.cpu.append(cpu)
         self.in_call.append(in_call)
+        self.comm.append(comm)
 
-    def add_back_to_back(self, ts: int, n: int, dur: int, op: str, *, pid: int = LOOP_PID) -> None:
+    def add_back_to_back(self, ts: int, n: int, dur: int, op: str, *, pid: int = LOOP_PID, cpu: int = 0) -> None:
         """``n`` rows of op ``op``, ``dur`` each, end to end from ``ts`` (a burst of page faults)."""
         self.timestamp.extend(range(int(ts), int(ts) + n * int(dur), int(dur)) if dur > 0 else [int(ts)] * n)
         self.duration_ns.extend([int(dur)] * n)
         self.pid.extend([pid] * n)
         self.tid.extend([pid] * n)
         self.op.extend([op] * n)
-        for col in (self.kind, self.bytes, self.preempted, self.other_pid, self.runq_ns, self.ret, self.in_call):
+        for col in (self.kind, self.bytes, self.preempted, self.other_pid, self.runq_ns, self.ret, self.in_call,
+                    self.comm):
             col.extend([None] * n)
-        self.cpu.extend([0] * n)
+        self.cpu.extend([cpu] * n)
 
     def table(self, session_id: int) -> pa.Table:
         n = len(self.timestamp)
@@ -120,16 +123,20 @@ class Columns:
             "ret": pa.array(self.ret, pa.int32()),
             "cpu": pa.array(self.cpu, pa.int16()),
             "in_call": pa.array(self.in_call, pa.string()),
+            "comm": pa.array(self.comm, pa.uint64()),
         })
 
 
 class LoopThread:
     """The training loop's thread: its clock ``t`` and the rows it leaves behind."""
 
-    def __init__(self, c: Columns, rng: np.random.Generator, policy: str, t: int) -> None:
+    def __init__(self, c: Columns, rng: np.random.Generator, policy: str, t: int, *, pid: int = LOOP_PID,
+                 cpu: int = 0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"wait policy {policy!r} is not one of {POLICIES}")
         self.c = c
+        self.pid = pid  # the process (and its one thread) whose rows these are
+        self.cpu = cpu  # the core it runs on
         self.rng = rng
         self.policy = policy
         self.t = t
@@ -172,7 +179,7 @@ class LoopThread:
         """A hog takes the CPU for one slice (a preemption, or a yield to a runnable hog)."""
         off = self._off_slice()
         self.c.add(self.t, off, "sched_switch", kind="preempted", preempted=True, other_pid=self._hog(),
-                   runq_ns=off, in_call=self.call)
+                   runq_ns=off, in_call=self.call, pid=self.pid, cpu=self.cpu)
         self.t += off
         self.budget = self._run_slice()
 
@@ -192,14 +199,14 @@ class LoopThread:
     def faults(self, n: int, ns: int) -> None:
         """``n`` page faults handled on the CPU, ``ns`` each (outside any CUDA call)."""
         if not self.contended:  # nothing can preempt them: one burst of rows
-            self.c.add_back_to_back(self.t, n, ns, "page_fault")
+            self.c.add_back_to_back(self.t, n, ns, "page_fault", pid=self.pid, cpu=self.cpu)
             self.t += n * ns
             self.oncpu_ns += n * ns
             return
         for _ in range(n):
             start = self.t
             self.run(ns)
-            self.c.add(start, self.t - start, "page_fault")
+            self.c.add(start, self.t - start, "page_fault", pid=self.pid, cpu=self.cpu)
 
     def sleep(self, ns: int) -> None:
         """A voluntary sleep of ``ns`` (a queue, a blocking sync), then the wake-up: runnable until
@@ -208,7 +215,7 @@ class LoopThread:
         if self.contended and self.rng.uniform() < self.share:
             late += self.jit(PREEMPT_SLICE_NS * self.rng.uniform(0.2, 1.0))  # woke behind a hog
         self.c.add(self.t, ns + late, "sched_switch", kind="sleep", preempted=False, runq_ns=late,
-                   in_call=self.call)
+                   in_call=self.call, pid=self.pid, cpu=self.cpu)
         self.t += ns + late
         self.budget = self._run_slice()
 
@@ -242,5 +249,5 @@ class LoopThread:
             body()
         finally:
             self.call = None
-        self.c.add(start, self.t - start, op, **row)
+        self.c.add(start, self.t - start, op, **{"pid": self.pid, "cpu": self.cpu, **row})
         return self.t - start

@@ -37,10 +37,11 @@ HOST_CAUSE = {
 
 # Per evidence window: the chain's causes (longest first), and the CUDA calls of the same
 # processes that can hold them (those starting up to the longest call's duration before the
-# window).  They are paired in numpy: a cause belongs to its thread's latest call started at or
-# before it, if that call was still running.  Memory is one window's calls, not the session's.
+# window; only the numbers: no op strings, no ORDER BY, 13 ms instead of 75 for a window of
+# 234 k calls).  They are paired in numpy: a cause belongs to its thread's latest call started at
+# or before it, if that call was still running.  Memory is one window's calls, not the session's.
 _CAUSES_SQL = """
-SELECT pid, tid, timestamp, op FROM events c
+SELECT pid, tid, timestamp, op::VARCHAR AS op FROM events c
 WHERE session_id = $sid AND list_contains($pids, pid) AND timestamp >= $w0 AND timestamp < $w1 AND {cause}
 ORDER BY coalesce(duration_ns, 0) DESC, timestamp
 """
@@ -48,11 +49,13 @@ _CALLS_SQL = """
 SELECT pid, tid, timestamp, duration_ns FROM events
 WHERE session_id = $sid AND list_contains($pids, pid) AND list_contains($tids, tid) AND op LIKE 'cu%'
   AND timestamp >= greatest($lo, $t0) AND timestamp < least($w1, $t1)
-ORDER BY pid, tid, timestamp
 """
-_OP_SQL = """
-SELECT op FROM events WHERE session_id = $sid AND pid = $pid AND tid = $tid AND timestamp = $ts AND op LIKE 'cu%'
-LIMIT 1
+# The ops of the calls that were paired (a call is named by its thread and start)
+_OPS_SQL = """
+SELECT pid, tid, timestamp, min(op) FROM events
+WHERE session_id = $sid AND list_contains($pids, pid) AND list_contains($tids, tid) AND op LIKE 'cu%'
+  AND list_contains($ts, timestamp)
+GROUP BY ALL
 """
 _LONGEST_CALL_SQL = """
 SELECT coalesce(max(duration_ns), 0) FROM events
@@ -126,27 +129,45 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> duckdb.DuckD
 
 def _pairs(con: duckdb.DuckDBPyConnection, cause: str, q: dict, longest: int, n: int) -> list[tuple[Key, Key]]:
     """Up to ``n`` (cause, the call it happened inside) of one window, the longest causes first."""
-    causes = _run(con, _CAUSES_SQL.format(cause=cause), q).fetchall()
-    if not causes:
+    causes = _run(con, _CAUSES_SQL.format(cause=cause), q).fetchnumpy()
+    if not len(causes["timestamp"]):
         return []
-    tids = sorted({c[1] for c in causes})
+    # a cause without a tid belongs to no call (the calls are matched by thread)
+    cpid = np.asarray(causes["pid"], dtype=np.int64)
+    ctid = np.ma.filled(np.ma.asarray(causes["tid"]).astype(np.int64), -1)
+    cts = np.asarray(causes["timestamp"], dtype=np.int64)
+    tids = sorted(set(ctid[ctid >= 0].tolist()))
     calls = _run(con, _CALLS_SQL, {**q, "lo": q["w0"] - longest, "tids": tids}).fetchnumpy()
     if not len(calls["timestamp"]):
         return []
     pid = np.asarray(calls["pid"], dtype=np.int64)
     tid = np.asarray(calls["tid"], dtype=np.int64)
-    thread = (pid << 32) | (tid & 0xFFFFFFFF)  # sorted, as the rows are (pid, tid, timestamp)
     ts = np.asarray(calls["timestamp"], dtype=np.int64)
-    end = ts + np.asarray(calls["duration_ns"], dtype=np.int64)
+    thread = (pid << 32) | (tid & 0xFFFFFFFF)
+    srt = np.argsort(ts, kind="stable")  # by (thread, timestamp): two stable sorts of near-sorted runs
+    srt = srt[np.argsort(thread[srt], kind="stable")]
+    pid, tid, ts, thread = pid[srt], tid[srt], ts[srt], thread[srt]
+    end = ts + np.asarray(calls["duration_ns"], dtype=np.int64)[srt]
+    # every cause at once: its thread's latest call started at or before it, if still running
+    ckey = (cpid << 32) | (ctid & 0xFFFFFFFF)
+    lo = np.searchsorted(thread, ckey, "left")
+    hi = np.searchsorted(thread, ckey, "right")
+    # calls are sorted by (thread, timestamp): the last call of the thread starting at or before the cause
+    i = np.empty(len(cts), np.int64)
+    for k in np.unique(ckey).tolist():
+        sel = np.nonzero(ckey == k)[0]
+        a, b = int(lo[sel[0]]), int(hi[sel[0]])
+        i[sel] = a + np.searchsorted(ts[a:b], cts[sel], "right") - 1
+    ok = (i >= lo) & (end[np.maximum(i, 0)] > cts) & (ctid >= 0)
+    chosen = [(j, int(i[j])) for j in np.nonzero(ok)[0][:n].tolist()]
+    if not chosen:
+        return []
+    named = {tuple(r[:3]): r[3] for r in _run(con, _OPS_SQL, {
+        "sid": q["sid"], "pids": sorted({int(pid[c]) for _, c in chosen}),
+        "tids": sorted({int(tid[c]) for _, c in chosen}), "ts": [int(ts[c]) for _, c in chosen]}).fetchall()}
     out: list[tuple[Key, Key]] = []
-    for c in causes:
-        key = (int(c[0]) << 32) | (int(c[1]) & 0xFFFFFFFF)
-        lo, hi = np.searchsorted(thread, key, "left"), np.searchsorted(thread, key, "right")
-        i = lo + int(np.searchsorted(ts[lo:hi], c[2], "right")) - 1
-        if i >= lo and end[i] > c[2]:
-            call = {"sid": q["sid"], "pid": int(pid[i]), "tid": int(tid[i]), "ts": int(ts[i])}
-            op = con.execute(_OP_SQL, call).fetchone()[0]
-            out.append((tuple(c), (call["pid"], call["tid"], call["ts"], op)))
-            if len(out) >= n:
-                break
+    for j, c in chosen:
+        cause = (int(cpid[j]), int(ctid[j]), int(cts[j]), str(causes["op"][j]))
+        call = (int(pid[c]), int(tid[c]), int(ts[c]))
+        out.append((cause, (*call, named[call])))
     return out

@@ -51,31 +51,48 @@ _PROC, _THREAD, _COUNTER, _CHAIN = 1, 2, 3, 4
 def _uuid(kind: int, id_: int) -> int:
     return (id_ << 3) | kind
 
-# One time window of the selection's events, sorted per thread as the tracks are written.
-# Presentation is decided here: the slice name, which args a row carries (NULL: none).
-_WINDOW_SQL = f"""
+# Names that the slices of the selection can carry, known before any event is written:
+# the ops, and for every process that preempted a traced thread "preempted by <name> (<pid>)".
+_NAMES = """
 WITH names AS (
     SELECT pid, any_value(name) AS name FROM process_names GROUP BY pid
     UNION ALL
     SELECT pid, any_value(comm) FROM process_cpu
     WHERE session_id = $sid AND pid NOT IN (SELECT pid FROM process_names) GROUP BY pid
 ), one AS (SELECT pid, any_value(name) AS name FROM names GROUP BY pid)
-SELECT e.pid, coalesce(e.tid, e.pid) AS tid, e.tid IS NULL AS no_tid, e.timestamp,
-       coalesce(e.duration_ns, 0) AS dur, e.op,
-       CASE WHEN e.op IN ('page_fault', 'block_io') THEN 2 WHEN e.op = 'sched_switch' THEN 1 ELSE 0 END AS cls,
-       CASE WHEN e.op <> 'sched_switch' THEN e.op
-            WHEN e.preempted THEN 'preempted by ' || coalesce(n.name, 'pid') || ' (' || coalesce(e.other_pid::VARCHAR, '?') || ')'
-            ELSE 'blocked' END AS label,
-       CASE WHEN e.op = 'sched_switch' AND e.preempted THEN NULL ELSE nullif(e.kind, '') END AS kind,
-       CASE WHEN e.op IN ('page_fault', 'block_io') THEN e.in_call END AS in_call,
-       CASE WHEN e.op <> 'sched_switch' THEN e.bytes END AS bytes,
-       CASE WHEN e.op NOT IN ('sched_switch', 'page_fault', 'block_io') THEN e.stream END AS stream,
-       CASE WHEN e.op NOT IN ('sched_switch', 'page_fault', 'block_io') THEN e.ret END AS ret,
-       CASE WHEN e.op = 'sched_switch' THEN e.runq_ns END AS runq_ns,
-       CASE WHEN e.op IN ('page_fault', 'block_io') THEN nullif(e.duration_ns, 0) END AS latency_ns
-FROM (SELECT * FROM events WHERE {WHERE} AND timestamp >= $w0 AND timestamp < $w1) e
-LEFT JOIN one n ON e.op = 'sched_switch' AND e.preempted AND n.pid = e.other_pid
-ORDER BY tid, e.timestamp, dur DESC
+"""
+_LABELS_SQL = f"""
+{_NAMES}
+SELECT 'preempted by ' || coalesce(one.name, 'pid') || ' (' || o.other_pid::VARCHAR || ')'
+FROM (SELECT unnest($others) AS other_pid) o LEFT JOIN one ON one.pid = o.other_pid
+ORDER BY o.other_pid
+"""
+# (kinds and in_calls of every op: a string too many in the list costs nothing; with FILTERs per op
+# the query took 0.44 CPU-s over 10 M rows instead of 0.05)
+_VOCAB_SQL = f"""
+SELECT list(DISTINCT op), list(DISTINCT kind), list(DISTINCT in_call) FROM events WHERE {WHERE}
+"""
+_OTHERS_SQL = f"""
+SELECT DISTINCT other_pid FROM events
+WHERE {WHERE} AND op = 'sched_switch' AND preempted AND other_pid IS NOT NULL ORDER BY other_pid
+"""
+# One time window of the selection's events, in storage order (threads.py sorts them), as
+# numbers: strings as codes into lists known up front (1-based; 0: none): op into $ops, the
+# preempting process into $others (len + 1: unknown), kind and in_call into $strs; which numeric
+# args are not NULL (bit k of has: threads.NUM_ARGS[k]; a ret of 0, success, counts as absent);
+# NULL numbers are 0.  Which args and names a row's op shows is decided in threads.py (tables
+# by op code); doing it here in CASEs cost 0.3-0.8 CPU-s more per 10 M rows.
+_WINDOW_SQL = f"""
+SELECT coalesce(tid, pid) AS tid, timestamp, coalesce(duration_ns, 0) AS dur,
+       list_position($ops::VARCHAR[], op)::USMALLINT AS op, coalesce(preempted, false) AS preempted,
+       coalesce(list_position($others::INTEGER[], other_pid), len($others::INTEGER[]) + 1) AS other,
+       coalesce(list_position($strs::VARCHAR[], nullif(kind, '')), 0) AS kind,
+       coalesce(list_position($strs::VARCHAR[], in_call), 0) AS in_call,
+       ((bytes IS NOT NULL)::INTEGER + 2 * (stream IS NOT NULL)::INTEGER + 4 * (coalesce(ret, 0) <> 0)::INTEGER
+        + 8 * (runq_ns IS NOT NULL)::INTEGER + 16 * (coalesce(duration_ns, 0) <> 0)::INTEGER)::UTINYINT AS has,
+       coalesce(bytes, 0) AS bytes, coalesce(stream, 0) AS stream, coalesce(ret, 0) AS ret,
+       coalesce(runq_ns, 0) AS runq_ns
+FROM events WHERE {WHERE} AND timestamp >= $w0 AND timestamp < $w1
 """
 # Events per second of the selection: the windows are cut on whole seconds
 _SECONDS_SQL = f"SELECT timestamp // 1000000000 AS s, count(*) FROM events WHERE {WHERE} GROUP BY s ORDER BY s"
@@ -244,11 +261,22 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
     _counters(con, w, params)
     _chains(w, chains, arrows)
     w.flush()
+    vocab = _vocabulary(con, params)
     tracks = ThreadTracks(f, threads, lambda tid: _uuid(_THREAD, tid), w.arg_names, params["t0"],
-                          arrows.out_of, arrows.into)
+                          arrows.out_of, arrows.into, vocab["ops"], vocab["preempted"], vocab["strs"])
     with bounded_memory(con):
-        _events(con, tracks, params)
+        _events(con, tracks, {**params, **{k: vocab[k] for k in ("ops", "others", "strs")}})
     return Summary(path, tracks.events, w.packets + tracks.packets, f.tell(), len(chains), arrows.next_id - 1)
+
+
+def _vocabulary(con: duckdb.DuckDBPyConnection, params: dict) -> dict[str, list]:
+    """The ops, preempting processes (and their slice names) and string args of the selection."""
+    ops, kinds, calls = run(con, _VOCAB_SQL, params).fetchone()
+    ops = sorted(ops or [])
+    others = [r[0] for r in run(con, _OTHERS_SQL, params).fetchall()]
+    strs = sorted({*(kinds or []), *(calls or [])} - {None, ""})
+    preempted = [r[0] for r in run(con, _LABELS_SQL, {**params, "others": others}).fetchall()] if others else []
+    return {"ops": ops, "others": others, "strs": strs, "preempted": [*preempted, "preempted by pid (?)"]}
 
 
 def _windows(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple[int, int]]:

@@ -15,9 +15,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from ingero.collect.hooks import TraceHook
+from ingero.traceapi import TraceHook
 from ingero.collect.records import Counter
-from ingero.daemon.state import file_sizes
+from ingero.store.files import file_sizes
 from ingero.errors import IngeroError
 from ingero.metrics.aggregate import Aggregates
 from ingero.metrics.bind import DEFAULT_ADDR, DEFAULT_PORT, parse_address

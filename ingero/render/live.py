@@ -1,6 +1,6 @@
 """The live view of `ingero trace`: start-up lines, a per-second table, a summary.
 
-Three forms from the same objects (session.StartInfo / TickStats /
+Three forms from the same objects (ingero.traceapi StartInfo / TickStats /
 TraceSummary): a rich table redrawn in place on a terminal, one plain line a
 second when stdout is not a terminal, and NDJSON (one object per second,
 then one summary object) with --json.
@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import IO, Any
 
-from ingero.collect.session import OpStats, StartInfo, TickStats, TraceSummary
+from ingero.traceapi import OpStats, StartInfo, TickStats, TraceSummary
 from ingero.render import counts
 
 

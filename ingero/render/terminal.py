@@ -110,6 +110,20 @@ def write_chain(chain: Chain, out: IO[str]) -> None:
     out.write(f"{INDENT}Evidence: {ev}  [{chain.rule_id}]\n")
 
 
+def write_chains(report: Report, out: IO[str], heading: str, none: str) -> None:
+    """The report's chains under ``heading`` (``none`` when it has none), then its notes."""
+    if report.chains:
+        out.write(heading + "\n")
+        for chain in report.chains:
+            out.write("\n")
+            write_chain(chain, out)
+        out.write("\n")
+    else:
+        out.write(none + "\n")
+    for note in report.notes:
+        out.write(f"Note: {note}\n")
+
+
 def _site(item: dict[str, Any]) -> str:
     where = f"{item.get('file') or '?'}:{item.get('line') or '?'}"
     text = (item.get("source") or item.get("function") or "").strip()
@@ -141,6 +155,12 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
             )
         if not pre:
             lines.append(INDENT + "(none)")
+    sampled = stack.get("sampled_lines")
+    if sampled:
+        lines.append("Where the loop's CPU time goes outside CUDA calls (CPU samples at ~99 Hz):")
+        for x in sampled:
+            lines.append(f"{INDENT}{x.get('share', 0) * 100:5.1f}%  {x.get('text', '')}   "
+                         f"({x.get('samples', 0):,} samples, {x.get('idle_samples', 0):,} with nothing queued on the GPU)")
     return lines
 
 
@@ -149,16 +169,8 @@ def write(report: Report, out: IO[str]) -> None:
     for line in device_lines(report):
         out.write(line + "\n")
     span = (report.analysed.end_ns - report.analysed.start_ns) / 1e9
-    if report.chains:
-        out.write(f"Causal Chains (last {span_text(span)}):\n")
-        for chain in report.chains:
-            out.write("\n")
-            write_chain(chain, out)
-        out.write("\n")
-    else:
-        out.write("No causal chains: nothing on the host explains a slowdown in this range.\n")
-    for note in report.notes:
-        out.write(f"Note: {note}\n")
+    write_chains(report, out, f"Causal Chains (last {span_text(span)}):",
+                 "No causal chains: nothing on the host explains a slowdown in this range.")
     if report.stack is not None:
         for line in _stack_lines(report.stack):
             out.write(line + "\n")

@@ -64,6 +64,9 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #  10: NCCL: events.comm, events.peer (collectives' communicator, send/recv
 #      peer or root) and ranks (each process' rank per communicator and its
 #      torchrun/Slurm environment).
+#  11: windows and window_late_waits: per-second summaries of the events, written
+#      at each flush (analyze/summaries.py); explain reads them instead of the raw
+#      rows.  Sessions recorded before it have none and are summarised on the fly.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -95,8 +98,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE events ADD COLUMN IF NOT EXISTS peer INTEGER",
         REAPPLY_SCHEMA,  # creates ranks
     ],
-    # 11: the summaries engineer's (issue 22 parts 2-3); 12: the sampling table (overhead budget)
-    12: [REAPPLY_SCHEMA],
+    11: [REAPPLY_SCHEMA],  # creates windows, window_late_waits
+    12: [REAPPLY_SCHEMA],  # creates sampling (the overhead budget's periods)
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -508,6 +511,8 @@ TABLES = (
     "device_activity",
     "spans",
     "ranks",
+    "windows",
+    "window_late_waits",
     "sampling",
 )
 

@@ -43,6 +43,46 @@ CREATE TABLE IF NOT EXISTS sessions (
     notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
 );
 
+-- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
+-- list equal to ops.py's, and EVENT_KIND's to records.py's).  Sorted, so ORDER BY op orders as text does; compared,
+-- matched (LIKE), grouped and selected as text: op = 'sched_switch' and a name that
+-- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
+-- schema 11 keeps VARCHAR op, kind and in_call (the migration does not rewrite events).
+CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
+    'bench', 'block_io', 'cpu_sample', 'cuCtxSynchronize', 'cuGraphLaunch', 'cuLaunchKernel', 'cuMemAlloc',
+    'cuMemFree', 'cuMemcpy', 'cuMemcpyAsync', 'cuStreamSynchronize', 'cudaDeviceSync',
+    'cudaEventSync', 'cudaFree', 'cudaGraphLaunch', 'cudaHostRegister', 'cudaLaunchKernel',
+    'cudaMalloc', 'cudaMallocHost', 'cudaMemcpy', 'cudaMemcpyAsync', 'cudaStreamSync',
+    'ncclAllGather', 'ncclAllReduce', 'ncclBroadcast', 'ncclCommAbort', 'ncclCommDestroy',
+    'ncclCommInitAll', 'ncclCommInitRank', 'ncclCommInitRankConfig', 'ncclCommSplit',
+    'ncclGroupEnd', 'ncclGroupStart', 'ncclRecv', 'ncclReduce', 'ncclReduceScatter', 'ncclSend',
+    'nccl_ext', 'none', 'page_fault', 'proc_exec', 'proc_exit', 'sched_switch'
+);
+
+-- events.kind's vocabulary (collect/records.py: copy directions, off-CPU and block I/O
+-- kinds, NCCL reduction ops and data types), one byte each, sorted, read as text.
+CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM (
+    'D2D', 'D2H', 'H2D', 'H2H', 'avg:bfloat16', 'avg:float16', 'avg:float32', 'avg:float64',
+    'avg:float8e4m3', 'avg:float8e5m2', 'avg:int32', 'avg:int64', 'avg:int8', 'avg:uint32',
+    'avg:uint64', 'avg:uint8', 'avg:unknown', 'bfloat16', 'custom:bfloat16', 'custom:float16',
+    'custom:float32', 'custom:float64', 'custom:float8e4m3', 'custom:float8e5m2', 'custom:int32',
+    'custom:int64', 'custom:int8', 'custom:uint32', 'custom:uint64', 'custom:uint8',
+    'custom:unknown', 'default', 'discard', 'float16', 'float32', 'float64', 'float8e4m3',
+    'float8e5m2', 'flush', 'int32', 'int64', 'int8', 'io', 'max:bfloat16', 'max:float16',
+    'max:float32', 'max:float64', 'max:float8e4m3', 'max:float8e5m2', 'max:int32', 'max:int64',
+    'max:int8', 'max:uint32', 'max:uint64', 'max:uint8', 'max:unknown', 'min:bfloat16',
+    'min:float16', 'min:float32', 'min:float64', 'min:float8e4m3', 'min:float8e5m2', 'min:int32',
+    'min:int64', 'min:int8', 'min:uint32', 'min:uint64', 'min:uint8', 'min:unknown', 'other',
+    'preempted', 'prod:bfloat16', 'prod:float16', 'prod:float32', 'prod:float64', 'prod:float8e4m3',
+    'prod:float8e5m2', 'prod:int32', 'prod:int64', 'prod:int8', 'prod:uint32', 'prod:uint64',
+    'prod:uint8', 'prod:unknown', 'read', 'sleep', 'sum:bfloat16', 'sum:float16', 'sum:float32',
+    'sum:float64', 'sum:float8e4m3', 'sum:float8e5m2', 'sum:int32', 'sum:int64', 'sum:int8',
+    'sum:uint32', 'sum:uint64', 'sum:uint8', 'sum:unknown', 'uint32', 'uint64', 'uint8', 'unknown',
+    'unknown:bfloat16', 'unknown:float16', 'unknown:float32', 'unknown:float64',
+    'unknown:float8e4m3', 'unknown:float8e5m2', 'unknown:int32', 'unknown:int64', 'unknown:int8',
+    'unknown:uint32', 'unknown:uint64', 'unknown:uint8', 'unknown:unknown', 'write'
+);
+
 -- One row per event: a CUDA call, an off-CPU interval of a traced thread,
 -- a page fault, a block I/O request.  The table users query most.
 CREATE TABLE IF NOT EXISTS events (
@@ -51,8 +91,8 @@ CREATE TABLE IF NOT EXISTS events (
     duration_ns BIGINT,          -- call time; off-CPU time (sched_switch); request latency (block_io)
     pid INTEGER NOT NULL,        -- process id (tgid)
     tid INTEGER,                 -- thread id
-    op VARCHAR NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
-    kind VARCHAR,                -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
+    op OP_NAME NOT NULL,         -- cudaLaunchKernel, cudaMemcpy, ..., sched_switch, page_fault, block_io
+    kind EVENT_KIND,             -- copy direction H2D/D2H/D2D/H2H/default; sched_switch: preempted/sleep/io/other; block_io: read/write/flush/discard
     bytes BIGINT,                -- bytes copied / allocated / transferred
     stream UBIGINT,              -- cudaStream_t / CUstream (0 is the legacy default stream): cudaMemcpyAsync, cudaStreamSync, cudaGraphLaunch, cuMemcpyAsync, cuStreamSynchronize; kernel launches (cudaLaunchKernel, cuLaunchKernel) only when traced with `ingero trace --streams`, else NULL; NULL for other ops
     ret INTEGER,                 -- return code (cudaError_t / CUresult); block I/O error
@@ -61,7 +101,7 @@ CREATE TABLE IF NOT EXISTS events (
     other_pid INTEGER,           -- sched_switch: the process that ran instead; block_io: device number
     runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
     stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL
-    in_call VARCHAR,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
+    in_call OP_NAME,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
     queued BOOLEAN,              -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
     comm UBIGINT,                -- NCCL calls: the ncclComm_t (ncclCommInit*: the communicator created); NULL for other ops; NULL: before schema 10
     peer INTEGER                 -- ncclSend / ncclRecv: the peer rank; ncclBroadcast / ncclReduce: the root rank; NULL otherwise
@@ -232,6 +272,55 @@ CREATE TABLE IF NOT EXISTS ranks (
     nranks INTEGER,              -- ranks in that communicator ('nccl'), or WORLD_SIZE ('env')
     local_rank INTEGER,          -- LOCAL_RANK ('env')
     job VARCHAR                  -- TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else MASTER_ADDR:MASTER_PORT ('env'); NULL for 'nccl' rows
+);
+
+-- ---- Per-second summaries (schema 11): what explain reads instead of raw events.
+-- One row per (session, second, process, thread, op and its keys) written by
+-- the tracer once per flush for the rows that flush stored; a second that
+-- spans two flushes (or receives a late row: an off-CPU interval is stored
+-- when it ends, a call when it returns) has several rows with the same keys,
+-- and every column adds up: read them with sum() (the histogram by bucket).
+-- A session without rows here (imported, recorded before schema 11) is
+-- summarised on the fly by explain, with the same SQL (analyze/summaries.py).
+-- Durations are binned on a fixed log scale, 16 buckets per power of two:
+-- bucket b holds durations d with floor(16 * log2(d)) = b (bucket -1: d <= 0),
+-- with their count and sum; a quantile over merged rows, read as the mean of the
+-- bucket that holds it, is within 4.4% of the exact one (exact when the bucket's
+-- durations are all equal).
+CREATE TABLE IF NOT EXISTS windows (
+    session_id INTEGER,
+    start_ns BIGINT NOT NULL,    -- start of the 1 s window: a whole epoch second, in ns
+    pid INTEGER,                 -- process id (tgid); block_io: the issuer
+    tid INTEGER,                 -- thread id; NULL for block_io
+    op VARCHAR NOT NULL,         -- events.op: a CUDA call, sched_switch, page_fault, block_io
+    kind VARCHAR,                -- events.kind (copy direction; sched_switch: preempted/sleep/io/other; block_io: read/write/...)
+    in_call VARCHAR,             -- sched_switch, page_fault: events.in_call (the CUDA call the thread was inside)
+    queued BOOLEAN,              -- sched_switch: events.queued
+    other_pid INTEGER,           -- sched_switch: events.other_pid (who ran instead)
+    events_n BIGINT,             -- rows of events summarised (calls, off-CPU intervals, faults, requests)
+    first_ns BIGINT,             -- earliest events.timestamp summarised in the row
+    last_ns BIGINT,              -- latest events.timestamp summarised in the row
+    duration_ns BIGINT,          -- sum of events.duration_ns (whole intervals, counted in the second they start in)
+    overflow_ns BIGINT,          -- sched_switch: the part of those off-CPU intervals past the end of this second (at most one interval per thread crosses it)
+    runq_ns BIGINT,              -- sched_switch: sum of events.runq_ns
+    bytes BIGINT,                -- sum of events.bytes
+    small_copy_n BIGINT,         -- CUDA calls moving at most 1 KiB (scalar read-backs)
+    max_duration_ns BIGINT,      -- longest events.duration_ns
+    duration_hist_bucket SMALLINT[],  -- CUDA calls other than launches, block_io: log-scale buckets present (see above), ascending
+    duration_hist_n INTEGER[],        -- events in each of those buckets
+    duration_hist_sum_ns BIGINT[]     -- sum of their durations, per bucket
+);
+
+-- Preempted waits that delayed a device wait's return (schema 11): one row per
+-- off-CPU interval, switched out while runnable inside a sync, that ended at most
+-- 50 us before the sync returned (explain's cpu-contention lateness estimate).
+CREATE TABLE IF NOT EXISTS window_late_waits (
+    session_id INTEGER,
+    start_ns BIGINT NOT NULL,    -- the 1 s window the interval starts in (a whole epoch second, in ns)
+    pid INTEGER,
+    tid INTEGER,
+    preempted_ns BIGINT,         -- the interval's length (events.duration_ns)
+    since_call_ns BIGINT         -- from the start of the sync call to the end of the interval
 );
 
 -- Periods in which the per-call probes of some CUDA ops were attached for

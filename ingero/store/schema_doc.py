@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ingero.store.db import schema_sql
 
 _TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(")
-_COLUMN = re.compile(r"^\s{4}(\w+) ([A-Z]+(?:\[\])?)[^-]*?(?:--\s*(.*))?$")
+_COLUMN = re.compile(r"^\s{4}(\w+) ([A-Z_]+(?:\[\])?)[^-]*?(?:--\s*(.*))?$")
 
 
 @dataclass

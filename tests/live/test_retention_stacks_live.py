@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ingero.daemon.retention import RETENTION_INTERVAL_S
+from ingero.store.retention import RETENTION_INTERVAL_S
 
 pytestmark = pytest.mark.live
 

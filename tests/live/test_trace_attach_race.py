@@ -21,13 +21,12 @@ from workloads import build, build_shared
 pytestmark = pytest.mark.live
 
 LOOP = textwrap.dedent("""
-    import ctypes, sys, time
+    import ctypes
     import nvidia.cuda_runtime, os
     lib_dir = os.path.join(list(nvidia.cuda_runtime.__path__)[0], "lib")
     lib = ctypes.CDLL(os.path.join(lib_dir, "libcudart.so.12"))
     print("ready", flush=True)
-    end = time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < end:
+    while True:  # until the test kills it: a slow attach must not outlast the loop
         lib.cudaStreamSynchronize(ctypes.c_void_p(0))
         lib.cudaMemcpy(None, None, ctypes.c_size_t(64), 1)
 """)
@@ -36,7 +35,7 @@ LOOP = textwrap.dedent("""
 def test_calls_in_flight_during_attach_do_not_wedge_the_thread(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    loop = subprocess.Popen([sys.executable, str(script), "12"], stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert loop.stdout is not None and loop.stdout.readline().strip() == "ready"
         db = tmp_path / "t.duckdb"

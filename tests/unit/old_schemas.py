@@ -15,6 +15,9 @@ from ingero.store.db import schema_sql
 IMPORT_V7 = "-- ---- Imported traces (schema 7)"
 HISTORY_V9 = "-- What each process was called over time"
 RANKS_V10 = "-- Which rank of which job each traced process is"
+WINDOWS_V11 = "-- ---- Per-second summaries (schema 11)"
+OP_ENUM_V11 = "CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM ("
+KIND_ENUM_V11 = "CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM ("
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -39,8 +42,22 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 
 
 def old_schema(version: int) -> str:
-    """schema.sql as it was at ``version`` (1 to 9), rebuilt from today's by undoing each change."""
+    """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 11 added windows and window_late_waits (appended at the end) and the OP_NAME enum of
+    # events.op and events.in_call (VARCHAR before)
+    assert sql.count(WINDOWS_V11) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(WINDOWS_V11)]
+    for marker in (OP_ENUM_V11, KIND_ENUM_V11):
+        head, sep, rest = sql.partition(marker)
+        assert sep, f"schema.sql changed shape ({marker}): update this fixture"
+        sql = head + rest[rest.index(");\n") + 3:]
+    for col, typ in (("op OP_NAME NOT NULL,", "OP_NAME"), ("in_call OP_NAME,", "OP_NAME"),
+                     ("kind EVENT_KIND,", "EVENT_KIND")):
+        assert sql.count(col) == 1, f"schema.sql changed shape ({col}): update this fixture"
+        sql = sql.replace(col, col.replace(typ, "VARCHAR"))
+    if version >= 10:
+        return sql
     # 10 added ranks (appended at the end) and events.comm, events.peer
     assert sql.count(RANKS_V10) == 1, "schema.sql changed shape: update this fixture"
     sql = sql[: sql.index(RANKS_V10)]

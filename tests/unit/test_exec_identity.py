@@ -35,7 +35,7 @@ def sess(monkeypatch: pytest.MonkeyPatch) -> TraceSession:
     monkeypatch.setattr(session, "RingReader", FakeReader)
     store = Store.memory()
     sid = store.begin_session(command="test", targets="fake")
-    s = TraceSession(TraceOptions(samplers=False), store, FakeProgram(), sid)
+    s = TraceSession(TraceOptions(), store, FakeProgram(), sid)
     s.proc = {}  # type: ignore[attr-defined]
     monkeypatch.setattr(session, "_process_info", lambda pid: s.proc.get(pid))  # type: ignore[attr-defined]
     return s

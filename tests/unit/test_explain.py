@@ -185,8 +185,9 @@ def test_stack_section_renders_callers():
 
 def test_explain_stack_option_runs_the_callers_module():
     report = contended().explain(stack=True)
-    assert set(report.stack) == {"top_callers", "preempted_lines"}
+    assert set(report.stack) == {"top_callers", "preempted_lines", "sampled_lines"}
     assert report.stack["top_callers"] == []  # no stacks recorded in this trace
+    assert report.stack["sampled_lines"] == []  # nor CPU samples
 
 
 def test_cli_asks_the_running_tracer_when_the_db_is_locked(db: Path, monkeypatch):

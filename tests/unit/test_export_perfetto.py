@@ -5,9 +5,16 @@ it delayed inside an evidence window.
 The decoder (export_helpers.decode) reads the file as trace_processor does:
 per packet sequence its defaults, interned strings and incremental clock.
 trace_processor itself cannot check the file here: the perfetto wheel (0.59.1)
-fetches trace_processor_shell from Google's servers at run time, which these
-machines cannot resolve, and no package on PyPI, npm or Debian ships the binary
-(searched: perfetto, perfetto-cli, perfetto-extras, trace-processor names).
+fetches trace_processor_shell from Google's servers at run time (its
+prebuilts/manifests hold only URLs), which these machines cannot resolve, and no
+registry package ships the binary.  Checked 2026-11-26: PyPI perfetto-cli 0.3.0,
+perfetto-extras 0.3.4 and quick-perf-tracer 1.0.0 are pure-Python wheels that call
+the same downloader or take a --tp-path; Debian bookworm (apt-cache search
+perfetto, trace-processor) has none; npm has no ``perfetto`` package (404), and
+its only perfetto-named entry, perftrace, writes Trace Event JSON.
+
+The C encoder (ingero/export/_wire.c) and the numpy one must write the same bytes:
+the tests below compare them on the whole pipeline and on random rows.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.demo import scenarios
 from ingero.export import flows
-from ingero.export.threads import _clip_stack, clip
+from ingero.export import threads
+from ingero.export.threads import _clip_stack, _markers_c, _markers_numpy, _order, clip
 from ingero.export.selection import select
 from ingero.store.db import Store
 from export_helpers import decode, make_db
@@ -223,3 +231,77 @@ def test_cutting_into_windows_changes_nothing(db: Path, tmp_path: Path, monkeypa
     monkeypatch.setattr(perfetto, "WINDOW_ROWS", 1)
     cut = content(_export(db, tmp_path / "cut.pftrace"))
     assert cut == whole and len(whole[0]) > 1000
+
+
+def test_the_c_encoder_is_built() -> None:
+    """setup.py builds it with the package (make setup installs gcc and the Python headers);
+    without it the export falls back to numpy at ~1/3 of the speed."""
+    assert threads._wire is not None
+
+
+@pytest.mark.parametrize("window_rows", [1, 200_000])
+def test_c_and_numpy_write_the_same_bytes(db: Path, tmp_path: Path, monkeypatch, window_rows: int) -> None:
+    """The whole export, with slices carried across one-second windows and not: byte for byte."""
+    from ingero.export import perfetto
+
+    monkeypatch.setattr(perfetto, "WINDOW_ROWS", window_rows)
+    c = _export(db, tmp_path / "c.pftrace").read_bytes()
+    monkeypatch.setattr(threads, "_wire", None)
+    py = _export(db, tmp_path / "numpy.pftrace").read_bytes()
+    assert c == py and len(c) > 100_000
+
+
+def test_c_markers_equal_the_numpy_markers_on_random_rows() -> None:
+    """Clipping (as the stack walk), marker order, time deltas and the cut: random threads of nested
+    and overlapping slices (some zero-length, some starting together), instants, delay marks."""
+    if threads._wire is None:
+        pytest.skip("the C encoder is not built (test_the_c_encoder_is_built fails)")
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(1, 120))
+        nthreads = int(rng.integers(1, 4))
+        tidx = rng.integers(0, nthreads, n)
+        ts = rng.integers(0, 400, n) + 1000
+        dur = rng.integers(0, 90, n) * (rng.random(n) < 0.85)
+        is_slice = rng.random(n) < 0.8
+        end = np.where(is_slice, ts + dur, ts)
+        fixed = np.zeros(n, bool)
+        has_dly = is_slice & (rng.random(n) < 0.2)
+        cutoff = int(rng.integers(1000, 1500)) if rng.random() < 0.5 else np.iinfo(np.int64).max
+        order = _order(tidx, ts, dur)
+        last_c, last_py = np.full(nthreads, 900), np.full(nthreads, 900)
+        got = _markers_c(order, tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_c)
+        want = _markers_numpy(order, tidx, ts, end, is_slice, fixed, has_dly, cutoff, last_py)
+        assert np.array_equal(got[0][is_slice], want[0][is_slice])
+        for a, b in zip(got[1:], want[1:]):
+            assert np.array_equal(a, b)
+        assert np.array_equal(last_c, last_py)
+        for k in range(nthreads):  # the clipping is the stack walk's
+            rows = order[tidx[order] == k]
+            stack = _clip_stack(ts[rows], end[rows], is_slice[rows], fixed[rows])
+            assert np.array_equal(got[0][rows][is_slice[rows]], stack[is_slice[rows]])
+
+
+def test_a_negative_duration_is_a_zero_length_slice(tmp_path: Path) -> None:
+    """Clock skew between probes can store an end before the start: the slice ends where it
+    begins (a sequence's incremental clock cannot run back), its neighbours are unchanged."""
+    db = make_db(tmp_path / "neg.duckdb")
+    con = duckdb.connect(str(db))
+    ts = con.execute("SELECT min(timestamp) FROM events WHERE op = 'cudaStreamSync'").fetchone()[0]
+    con.execute("UPDATE events SET duration_ns = -5000 WHERE op = 'cudaStreamSync' AND timestamp = $t", {"t": ts})
+    lo, hi = con.execute("SELECT min(timestamp), max(timestamp + greatest(duration_ns, 0)) FROM events").fetchone()
+    n = con.execute("SELECT count(*) FROM events WHERE op NOT IN ('page_fault', 'block_io')").fetchone()[0]
+    con.close()
+    d = decode(_export(db, tmp_path / "neg.pftrace"))
+    slices = _thread_slices(d)
+    assert len(slices) == n
+    assert [(s.ts, s.end) for s in slices if s.ts == ts and s.name == "cudaStreamSync"] == [(ts, ts)]
+    assert all(lo <= s.ts <= s.end <= hi for s in slices)
+
+
+def test_interned_sets_without_the_matrix_write_the_same_bytes(db: Path, tmp_path: Path, monkeypatch) -> None:
+    """Past _SENT_MATRIX_MAX (threads x names) which iids a sequence was sent is kept in sets:
+    the same packets."""
+    whole = _export(db, tmp_path / "matrix.pftrace").read_bytes()
+    monkeypatch.setattr(threads, "_SENT_MATRIX_MAX", 0)
+    assert _export(db, tmp_path / "sets.pftrace").read_bytes() == whole

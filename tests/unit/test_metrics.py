@@ -230,7 +230,7 @@ def test_the_session_hook_runs_once_per_flush_with_what_was_stored(monkeypatch):
     real = metrics.on_flush
     monkeypatch.setattr(metrics, "on_flush", lambda s, recs, t: (calls.append(len(recs)), real(s, recs, t)))
     store = Store.memory()
-    sess = session.TraceSession(session.TraceOptions(samplers=False, hooks=[metrics]), store, FakeProgram(),
+    sess = session.TraceSession(session.TraceOptions(hooks=[metrics]), store, FakeProgram(),
                                 store.begin_session(command="test", targets="fake"))
     for n, op in ((3000, Op.CUDA_LAUNCH_KERNEL), (500, Op.CUDA_STREAM_SYNC)):
         sess.reader.queue = records(n, op=op)

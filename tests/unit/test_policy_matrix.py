@@ -51,11 +51,23 @@ def test_top_chain_under_every_policy(name, policy):
         assert chains[0].evidence_windows
 
 
+# Fixed runs whose job stays host-bound once its cause is gone (issue 21: a healthy run is one
+# whose device-busy share is high).  cpu-contention's loop gets its own core, but it is still
+# the job the scenario made it: 4.8 ms of Python per step (0.8 ms of inline loading, 4 ms of
+# host work after the sync) against 8 ms of device work, so the GPU idles ~36% of each step
+# while the loop computes with nothing queued (device busy 64%): host-bound, at MEDIUM.
+STILL_HOST_BOUND = {"cpu-contention"}
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", [n for n in scenarios.names() if scenarios.get(n).expected_rule])
 def test_fixed_run_is_healthy_under_every_policy(name, policy):
     chains = _chains(name, policy, fixed=True, duration_s=FIXED_S)
-    assert [c for c in chains if c.severity in ("HIGH", "MEDIUM")] == [], _show(chains)
+    serious = [c for c in chains if c.severity in ("HIGH", "MEDIUM")]
+    if name in STILL_HOST_BOUND:
+        assert [(c.rule_id, c.severity) for c in serious] == [("host-bound", "MEDIUM")], _show(chains)
+    else:
+        assert serious == [], _show(chains)
 
 
 def test_auto_is_spin_for_one_gpu_per_process():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ingero.analyze.model import Analysed
 from ingero.collect.loader import recursion_misses
-from ingero.collect.session import OpStats, TraceSummary
+from ingero.traceapi import OpStats, TraceSummary
 from ingero.daemon.state import collect_status
 from ingero.render.status import lines as format_status
 from ingero.render.live import LiveView

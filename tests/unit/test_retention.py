@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ingero.daemon.retention import MIN_MAX_DB_BYTES, TIME_TABLES, Retention
+from ingero.store.retention import MIN_MAX_DB_BYTES, TIME_TABLES, Retention
 from ingero.store.db import Store
 
 S = 1_000_000_000

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from ingero.collect.stacks import StackResolver
-from ingero.daemon.retention import Retention, prune_stacks
+from ingero.store.retention import Retention, prune_stacks
 from ingero.store.db import SCHEMA_VERSION, Store
 from old_schemas import write_old_file
 

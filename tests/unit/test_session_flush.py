@@ -65,7 +65,7 @@ def sess(monkeypatch: pytest.MonkeyPatch) -> TraceSession:
     monkeypatch.setattr(session, "_process_info", lambda pid: None)  # no /proc reads of made-up pids
     store = Store.memory()
     sid = store.begin_session(command="test", targets="fake")
-    return TraceSession(TraceOptions(samplers=False), store, FakeProgram(), sid)
+    return TraceSession(TraceOptions(), store, FakeProgram(), sid)
 
 
 def stored(s: TraceSession) -> list[int]:
@@ -161,7 +161,7 @@ def test_launch_streams_are_stored_as_the_program_reads_them(
         sess: TraceSession, launch_streams: bool, expected: int | None) -> None:
     program = FakeProgram()
     program.settings = SimpleNamespace(ring_bytes=1 << 20, launch_streams=launch_streams)  # type: ignore[assignment]
-    s = TraceSession(TraceOptions(samplers=False), sess.store, program, sess.session_id)
+    s = TraceSession(TraceOptions(), sess.store, program, sess.session_id)
     launch, copy = records(1), records(1, start=1, op=Op.CUDA_MEMCPY_ASYNC)
     launch["stream"] = copy["stream"] = 0x5150
     s.reader.queue = np.concatenate([launch, copy])

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ingero.collect.session import OpStats, TickStats, TraceSummary
+from ingero.traceapi import OpStats, TickStats, TraceSummary
 from ingero.daemon.state import collect_status
 from ingero.render.status import lines as format_status
 from ingero.render.live import LiveView

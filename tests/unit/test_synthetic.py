@@ -26,13 +26,13 @@ def _rows(name: str, policy: str, steps: int = 80, fixed: bool = False) -> list[
 def test_off_cpu_intervals_and_calls_of_a_thread_never_overlap(name, policy):
     rows = _rows(name, policy)
     off: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    calls: list[tuple[int, int]] = []
+    calls: dict[int, list[tuple[int, int]]] = defaultdict(list)  # per thread (a multi-rank job has several)
     for r in rows:
         if r["op"] == "sched_switch":
             off[r["tid"]].append((r["timestamp"], r["timestamp"] + r["duration_ns"]))
-        elif r["op"].startswith("cuda"):
-            calls.append((r["timestamp"], r["timestamp"] + r["duration_ns"]))
-    for spans in [*off.values(), calls]:
+        elif r["op"].startswith(("cuda", "nccl")):
+            calls[r["tid"]].append((r["timestamp"], r["timestamp"] + r["duration_ns"]))
+    for spans in [*off.values(), *calls.values()]:
         spans.sort()
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 

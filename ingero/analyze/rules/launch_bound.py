@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
-from ingero.analyze.rules import cpu_contention
+from ingero.analyze.rules import cpu_contention, host_bound
 
 ID = "launch-bound"
 TITLE = "Launch-bound: many tiny kernels, the GPU waits for the host"
@@ -74,6 +74,18 @@ def _is_launch_bound(r: baseline.Row) -> bool:
     )
 
 
+def _launch_starved(split: dict, r: baseline.Row) -> bool:
+    """The device ran dry while the step's launches were issued more than while the loop worked
+    outside CUDA with nothing queued (host-bound's cause): launches, not host work elsewhere,
+    leave it idle.  A process without an inferred device timeline (no device calls analysed)
+    is judged without it; a window the inference did not cover (outside the analysed slice) is
+    no evidence."""
+    if not split:
+        return True
+    x = split.get(int(r["w"]))
+    return x is not None and x.host_idle_ns < x.launch_idle_ns
+
+
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
     if ctx.imported_from:
@@ -81,7 +93,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
     for pid, rows in baseline.windows_by_pid(ctx).items():
         if ctx.device_busy.get(pid, 0.0) >= T.max_device_busy_share:
             continue
-        ev = [r for r in rows if _is_launch_bound(r)]
+        split = host_bound.idle_split(ctx, pid)
+        ev = [r for r in rows if _is_launch_bound(r) and _launch_starved(split, r)]
         if not ev or len(ev) < T.min_window_share * len(rows):
             continue
         wall = sum(r["wall_ns"] for r in ev)
@@ -91,8 +104,12 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         oncpu = 1.0 - sum(r["off_ns"] for r in ev) / wall
         busy = 1.0 - sum(r["sleep_ns"] + r["io_ns"] + r["cpu_wait_ns"] for r in ev) / wall
         sync_wait = baseline.mean_share(ev, "sync_ns")
-        # on CPU outside syncs: the host work the device waited for
+        # on CPU outside syncs: the host work the device waited for, less the host work while
+        # nothing was queued (host-bound's: one cause, one rule)
         host = busy - (sync_wait - baseline.mean_share(ev, "sleep_sync_ns"))
+        ev_split = [split[int(r["w"])] for r in ev if int(r["w"]) in split]
+        host -= sum(x.host_idle_ns for x in ev_split) / wall
+        launch_idle = sum(x.launch_idle_ns for x in ev_split) / wall if ev_split else None
         mean_ns = launch_ns / launches
         me = procs.lookup(con, [pid])[pid]
         severity = "HIGH" if rate >= T.high_launch_rate_per_s else "MEDIUM"
@@ -131,6 +148,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     "oncpu_share": round(oncpu, 4),
                     "busy_share": round(busy, 4),
                     "sync_wait_share": round(sync_wait, 4),
+                    **({"launch_idle_share": round(launch_idle, 4)} if launch_idle is not None else {}),
                 },
             )
         )

@@ -1,6 +1,6 @@
 """Keeping an always-on tracer's database bounded: by age (--retain) and by size (--max-db).
 
-Called by the session loop on the writer's thread every RETENTION_INTERVAL_S:
+Called by the query daemon's trace hook (daemon/hook.py) on the writer's thread every RETENTION_INTERVAL_S:
 
     retention = Retention(retain_s=24 * 3600, max_db_bytes=10 * 10**9)
     info = retention.apply(store.con, now_ns)   # {'deleted': {...}, 'checkpoint': bool, ...}
@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from ingero.daemon.state import db_file_of
+from ingero.store.files import db_file_of
 
 # Time-series tables pruned by age; all have a `timestamp` column in ns since the epoch.
 TIME_TABLES = ("events", "process_cpu", "system_metrics", "gpu_metrics")

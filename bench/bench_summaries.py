@@ -1,0 +1,98 @@
+"""What writing the per-second summaries costs the tracer: CPU per event, with and without the hook.
+
+The tracer's flush, as collect/session.py does it (decode.storage_order ->
+decode.events_table -> Store.append in one transaction), is timed on
+bench_ingest's realistic rows at a given rate (events per simulated second,
+flushed once a second or every FLUSH_ROWS, whichever comes first), then the same
+with the trace command's SummaryHook run after each flush, interleaved rounds.
+CPU seconds of this process (DuckDB's threads included), not wall time.
+
+    python -m bench.bench_summaries                      # 30 k and 300 k events/s
+    python -m bench.bench_summaries --rates 1e6 --seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from bench.bench_ingest import _realistic
+from ingero.collect import decode
+from ingero.collect.session import FLUSH_ROWS
+from ingero.commands.summaries_hook import SummaryHook
+from ingero.store.db import Store
+
+NS = 1_000_000_000
+OFFSET_NS = 1_700_000_000 * NS
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def one_run(recs: np.ndarray, rate: int, hook: bool, tmp: Path) -> tuple[float, float]:
+    """(CPU s of the flushes, of which the hook's) for ``recs`` spread at ``rate`` events/s."""
+    db = tmp / f"s-{rate}-{hook}.duckdb"
+    db.unlink(missing_ok=True)
+    store = Store.open(db)
+    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET_NS, stream_ops=decode.REGISTER_STREAM_OPS, store=store)
+    h = SummaryHook()
+    per_flush = min(rate, FLUSH_ROWS)
+    total = hook_cpu = 0.0
+    for i in range(0, len(recs), per_flush):
+        c = _cpu_s()
+        batch = decode.storage_order(recs[i : i + per_flush])
+        table = decode.events_table(batch, session_id=1, offset_ns=OFFSET_NS)
+        with store.transaction():
+            store.append("events", table)
+        c1 = _cpu_s()
+        if hook:
+            h.on_flush(sess, batch, 0.0)
+        c2 = _cpu_s()
+        total += c2 - c
+        hook_cpu += c2 - c1
+    store.close()
+    db.unlink(missing_ok=True)
+    return total, hook_cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="3e4,3e5", help="events per simulated second, comma-separated")
+    ap.add_argument("--seconds", type=float, default=10, help="simulated seconds per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"summaries hook cost per flushed event ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start, "
+          f"{args.rounds} interleaved rounds, CPU seconds of the writer)\n")
+    print("| events/s | events | flush µs/event | with hook µs/event | hook µs/event | hook share of flush CPU |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="ingero-sum-", dir="/var/tmp") as d:
+        tmp = Path(d)
+        for rate in (int(float(r)) for r in args.rates.split(",")):
+            n = int(rate * args.seconds)
+            recs = _realistic(n)
+            # the realistic mix's timestamps run at ~500 k/s: respace them to the rate
+            recs["ts_ns"] = (10**12 + np.arange(n, dtype=np.uint64) * np.uint64(NS // rate)).astype(np.uint64)
+            base, with_hook, hooks = [], [], []
+            for _ in range(args.rounds):
+                base.append(one_run(recs, rate, False, tmp)[0] / n)
+                t, hc = one_run(recs, rate, True, tmp)
+                with_hook.append(t / n)
+                hooks.append(hc / n)
+            b, w, hk = statistics.median(base), statistics.median(with_hook), statistics.median(hooks)
+            print(f"| {rate:,} | {n:,} | {b * 1e6:.3f} | {w * 1e6:.3f} | {hk * 1e6:.3f} | {hk / b * 100:.1f}% |",
+                  flush=True)
+    print(f"\n(load {os.getloadavg()[0]:.1f} at the end; {time.strftime('%H:%M UTC', time.gmtime())})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Per-second summaries of the events: the one definition of a window's metrics.
+
+The tracer writes them once per flush (``summarise`` over the batch it just
+stored, wired as a TraceHook by the trace command) into ``windows`` and
+``window_late_waits`` (schema 11); explain reads them for any range of whole
+seconds instead of the raw rows (``windows.build``).  A session without them
+(imported, recorded before schema 11) is summarised on the fly by the same
+SQL over its events into TEMP tables (``ensure``).
+
+What a row holds, per (session, epoch second, pid, tid, op and its keys):
+counts, sums of durations, bytes and run-queue waits, and for every CUDA call
+but launches (and block I/O) a log-scale histogram of durations, 32 buckets
+per power of two, each with its count and sum.  Every column adds up, so a second summarised by several
+flushes (rows arrive up to one flush late, off-CPU intervals and calls only
+when they end) is several rows read with sum(); the histograms merge by
+bucket.  A quantile read back from them (``hist_quantile_sql``) interpolates
+between the bucket means of the two order statistics ``quantile_cont``
+interpolates between: each is within a factor 2^(1/16) of the exact value
+(a mean of durations in [2^(b/16), 2^((b+1)/16)) ns), and equal to it when the
+bucket's durations are all the same,
+so the result is within 4.4% of ``quantile_cont`` on the raw rows.
+
+Off-CPU intervals are counted in the second they start in, with the part of
+them past the end of that second (``overflow_ns``): a thread's intervals never
+overlap, so at most one of its intervals crosses any instant, and the overflow
+past the end of any later window is ``greatest(0, overflow_ns - (window end -
+second end))`` row by row: windows of whole seconds split them exactly as a
+pass over the raw rows does.
+
+The late waits (a preemption inside a sync that delayed its return) need the
+sync row, which arrives after its off-CPU intervals: they are found from the
+syncs of the batch, against the intervals already stored.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from ingero import ops
+
+NS = 1_000_000_000
+# Histogram resolution: buckets per power of two.  A bucket's mean is within a
+# factor 2^(1/16) of any duration in it: 4.4%.  (32 a power of two, 2.2%, doubled
+# the rows explain unnests over a day: 5.2 s CPU for ing_cuda's p99s alone.)
+HIST_PER_OCTAVE = 16
+QUANTILE_REL_ERROR = 2 ** (1 / HIST_PER_OCTAVE) - 1
+# Below this many bytes a device-to-host copy is a scalar read-back (windows.SMALL_COPY_BYTES).
+SMALL_COPY_BYTES = 1024
+# A sync returning this soon after its thread got the CPU back was waiting for it (windows.LATE_EPS_NS).
+LATE_EPS_NS = 50_000
+# Far bounds for "every row of the relation" (the batch of one flush).
+ALL_T0, ALL_T1 = -(1 << 62), 1 << 62
+
+LAUNCH_OPS = list(ops.LAUNCH_OPS)
+SYNC_OPS = [name for name in ops.OP_NAMES.values() if name in ops.SYNC_OPS]
+HOST_OPS = list(ops.HOST_OPS)
+
+_RANGE = "session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"
+_BUCKET = f"CASE WHEN duration_ns > 0 THEN floor({HIST_PER_OCTAVE} * log2(duration_ns))::SMALLINT ELSE -1 END"
+
+# {events}: the relation summarised (a flush's batch, or the events table over a
+# range).  One pass per kind of row: a single scan grouping on every key was
+# slower (0.53 against 0.39 us per event on a 245 k-row flush).  Launches (the bulk of a trace)
+# get counts and sums only: no rule reads their quantiles.
+SUMMARY_SQL = f"""
+WITH calls AS (
+    SELECT pid, tid, start_ns, op, kind, sum(n)::BIGINT AS events_n, sum(dur)::BIGINT AS duration_ns,
+           sum(b_)::BIGINT AS bytes, sum(small)::BIGINT AS small_copy_n, max(mx) AS max_duration_ns,
+           min(t_lo) AS first_ns, max(t_hi) AS last_ns,
+           list(bucket ORDER BY bucket) AS duration_hist_bucket, list(n::INTEGER ORDER BY bucket) AS duration_hist_n,
+           list(dur::BIGINT ORDER BY bucket) AS duration_hist_sum_ns
+    -- block I/O: per issuing process (its thread is whoever submitted, often a kernel worker)
+    FROM (SELECT pid, CASE WHEN op = 'block_io' THEN NULL ELSE tid END AS tid,
+                 timestamp // {NS} * {NS} AS start_ns, op, kind, {_BUCKET} AS bucket,
+                 count(*) AS n, sum(duration_ns) AS dur, sum(bytes) AS b_,
+                 count(*) FILTER (bytes <= {SMALL_COPY_BYTES}) AS small, max(duration_ns) AS mx,
+                 min(timestamp) AS t_lo, max(timestamp) AS t_hi
+          FROM {{events}}
+          WHERE {_RANGE} AND ((NOT list_contains($host_ops, op) AND NOT list_contains($launch_ops, op))
+                              OR op = 'block_io')
+          GROUP BY ALL)
+    GROUP BY ALL
+), launches AS (
+    SELECT pid, tid, timestamp // {NS} * {NS} AS start_ns, op, count(*) AS events_n,
+           sum(duration_ns)::BIGINT AS duration_ns, max(duration_ns) AS max_duration_ns,
+           min(timestamp) AS first_ns, max(timestamp) AS last_ns
+    FROM {{events}} WHERE {_RANGE} AND list_contains($launch_ops, op)
+    GROUP BY ALL
+), switches AS (
+    SELECT pid, tid, timestamp // {NS} * {NS} AS start_ns, op, kind, in_call, queued,
+           -- who took the CPU: for preemptions only (a sleep's successor is no culprit)
+           CASE WHEN kind = 'preempted' THEN other_pid END AS other_pid,
+           count(*) AS events_n, sum(duration_ns)::BIGINT AS duration_ns,
+           sum(greatest(0, duration_ns - (timestamp // {NS} * {NS} + {NS} - timestamp)))::BIGINT AS overflow_ns,
+           sum(runq_ns)::BIGINT AS runq_ns, max(duration_ns) AS max_duration_ns,
+           min(timestamp) AS first_ns, max(timestamp) AS last_ns
+    FROM {{events}} WHERE {_RANGE} AND op = 'sched_switch'
+    GROUP BY ALL
+), faults AS (
+    SELECT pid, tid, timestamp // {NS} * {NS} AS start_ns, op, in_call, count(*) AS events_n,
+           sum(duration_ns)::BIGINT AS duration_ns, max(duration_ns) AS max_duration_ns,
+           min(timestamp) AS first_ns, max(timestamp) AS last_ns
+    FROM {{events}} WHERE {_RANGE} AND op = 'page_fault'
+    GROUP BY ALL
+), marks AS (
+    -- the rest (process exec / exit marks, ...): counted, so the summaries span what the events do
+    SELECT pid, tid, timestamp // {NS} * {NS} AS start_ns, op, count(*) AS events_n,
+           min(timestamp) AS first_ns, max(timestamp) AS last_ns
+    FROM {{events}} WHERE {_RANGE} AND list_contains($host_ops, op)
+      AND op NOT IN ('sched_switch', 'page_fault', 'block_io')
+    GROUP BY ALL
+)
+SELECT $sid::INTEGER AS session_id, * FROM calls
+UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM launches
+UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM switches
+UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM faults
+UNION ALL BY NAME SELECT $sid::INTEGER AS session_id, * FROM marks
+"""
+
+# The syncs of {events} (the batch, or a range) against the preempted intervals
+# stored inside them: the last one, when the sync returned within $late_eps_ns of
+# its end, delayed the return.  Each interval lies inside one sync of its thread
+# (calls of one thread never overlap; the interval is tagged with the sync): the
+# last one that started before it (an ASOF join: a range join cost 5.5 s CPU on
+# the 10 M-event benchmark, this 0.2 s).
+LATE_SUMMARY_SQL = f"""
+WITH s AS (
+    SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1
+    FROM {{events}} WHERE {_RANGE} AND list_contains($sync_ops, op)
+), b AS (
+    SELECT min(s0) AS lo, max(s1) AS hi FROM s
+), p AS (
+    SELECT pid, tid, timestamp AS a, timestamp + duration_ns AS e, duration_ns
+    FROM {{stored}}
+    WHERE session_id = $sid AND timestamp >= (SELECT lo FROM b) AND timestamp <= (SELECT hi FROM b)
+      AND op = 'sched_switch' AND kind = 'preempted' AND list_contains($sync_ops, in_call)
+      AND tid IN (SELECT DISTINCT tid FROM s)
+)
+SELECT $sid::INTEGER AS session_id, p.a // {NS} * {NS} AS start_ns, p.pid, p.tid,
+       p.duration_ns AS preempted_ns, p.e - s.s0 AS since_call_ns
+FROM p ASOF JOIN s ON p.tid = s.tid AND p.a >= s.s0
+WHERE p.a < s.s1 AND s.s1 - p.e <= $late_eps_ns
+"""
+
+WINDOWS_TABLE, LATE_TABLE = "windows", "window_late_waits"
+# On-the-fly summaries of a session without stored ones (same columns, TEMP).
+TEMP_WINDOWS, TEMP_LATE = "ing_sum_windows", "ing_sum_late"
+
+HAS_SUMMARIES_SQL = "SELECT EXISTS (SELECT 1 FROM windows WHERE session_id = $sid)"
+
+
+def _params(sid: int, t0: int, t1: int) -> dict:
+    return {"sid": sid, "t0": t0, "t1": t1, "host_ops": HOST_OPS, "launch_ops": LAUNCH_OPS}
+
+
+def summarise(con: duckdb.DuckDBPyConnection, events: str, *, session_id: int,
+              t0: int = ALL_T0, t1: int = ALL_T1, target: str = WINDOWS_TABLE,
+              late_target: str = LATE_TABLE, stored: str = "events", create: bool = False) -> None:
+    """Summarise the rows of relation ``events`` (of ``session_id``, in [t0, t1)) into ``target``
+    and ``late_target``; ``stored``: where the off-CPU intervals of those rows' syncs are found."""
+    _write(con, target, SUMMARY_SQL.format(events=events), _params(session_id, t0, t1), create)
+    _write(con, late_target, LATE_SUMMARY_SQL.format(events=events, stored=stored),
+           {"sid": session_id, "t0": t0, "t1": t1, "sync_ops": SYNC_OPS, "late_eps_ns": LATE_EPS_NS}, create)
+
+
+def _write(con: duckdb.DuckDBPyConnection, target: str, select: str, params: dict, create: bool) -> None:
+    if create:  # a TEMP table of the same columns (a file older than schema 11 has no `windows`)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {target} AS {select}", params)
+    else:
+        con.execute(f"INSERT INTO {target} BY NAME {select}", params)
+
+
+def has_summaries(con: duckdb.DuckDBPyConnection, session_id: int) -> bool:
+    """The session's summaries were written by the tracer (schema 11 and a hook that ran)."""
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'windows'").fetchone()[0]:
+        return False
+    return bool(con.execute(HAS_SUMMARIES_SQL, {"sid": session_id}).fetchone()[0])
+
+
+def on_the_fly(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0: int, t1: int) -> tuple[str, str]:
+    """Summaries of [t0, t1) (whole seconds) from ``events`` into TEMP tables: their names."""
+    summarise(con, events, session_id=session_id, t0=t0, t1=t1, target=TEMP_WINDOWS, late_target=TEMP_LATE,
+              stored=events, create=True)
+    return TEMP_WINDOWS, TEMP_LATE
+
+
+def hist_quantile_sql(src: str, keys: str, q: float) -> str:
+    """SQL: per ``keys`` of relation ``src`` (columns keys..., bucket, n, sum_ns), the ``q``
+    quantile as ``quantile_cont`` gives it on the raw values, within QUANTILE_REL_ERROR: the
+    two order statistics it interpolates between, each read as the mean of its bucket."""
+    return f"""
+SELECT {keys}, m_lo * (1 - frac) + m_hi * frac AS value
+FROM (SELECT {keys}, arg_min(mean, bucket) FILTER (cum > lo) AS m_lo, arg_min(mean, bucket) FILTER (cum > hi) AS m_hi,
+             any_value(pos - lo) AS frac
+      FROM (SELECT *, floor(pos) AS lo, least(floor(pos) + 1, tot - 1) AS hi
+            FROM (SELECT *, sum_ns / n AS mean, sum(n) OVER (PARTITION BY {keys} ORDER BY bucket) AS cum,
+                         {q} * (sum(n) OVER (PARTITION BY {keys}) - 1) AS pos,
+                         sum(n) OVER (PARTITION BY {keys}) AS tot
+                  FROM {src}))
+      GROUP BY ALL)
+"""

@@ -1,0 +1,31 @@
+"""fleet explain's views: the per-node table, then the chains as explain prints them (same Chain objects)."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from ingero.analyze.model import Report
+from ingero.render import json as json_view
+from ingero.render.terminal import span_text, write_chains
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def write(report: Report, nodes: list[dict[str, Any]], out: IO[str]) -> None:
+    a = report.analysed
+    out.write(f"Fleet: {len(nodes)} node(s) over {span_text((a.end_ns - a.start_ns) / 1e9)}; "
+              f"{a.events:,} events, drops: {a.drops_kernel:,} kernel, {a.drops_user:,} user\n")
+    out.write(f"  {'node':<20} {'steps':>8} {'step ms':>9} {'CPU wait':>9} {'other cores':>12}  clock\n")
+    for n in nodes:
+        wait = "-" if n["cpu_wait_share"] is None else f"{n['cpu_wait_share']:.0%}"
+        clock = "synced" if n["clock_synced"] else "not synced"
+        out.write(f"  {n['node']:<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} {n['others_cores']:>12.2f}  {clock}\n")
+    write_chains(report, out, "Cross-node Causal Chains:",
+                 "No cross-node causal chains: no straggler, no cause shared by several nodes, no busy host.")
+
+
+def to_dict(report: Report, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """explain --json's shape (format_version, analysed, chains, notes, ...) plus ``nodes``."""
+    return json_view._clean({**json_view.to_dict(report), "nodes": nodes})

@@ -1,0 +1,178 @@
+"""Live: ranks of a data-parallel job on the simulated NCCL, traced with real eBPF.
+
+demos/workloads/train.py --ranks 2 starts two rank processes torchrun-style
+(one per core); each all-reduces its gradients every step through
+demos/build/libnccl.so.2, whose collectives really wait for every rank.
+
+* A healthy job whose ranks load two different copies of libnccl: one
+  communicator (the same ncclUniqueId in both ranks' init rows), one job to
+  explain, every all-reduce of both ranks traced, no HIGH or MEDIUM
+  straggler (and nothing else about the job itself: a neighbour's load on
+  this shared box may show as cpu-contention, as in test_demo_live).
+* A job traced only after its communicators exist (the tracer attached by
+  --pid once the first step is done), with the same hogs on both ranks'
+  cores: every all-reduce is still a row, the ranks come from the torchrun
+  environment (no 'nccl' row to take them from), and explain names CPU
+  contention on both ranks, never a straggler above LOW.
+
+The straggler scenario itself (hogs on one rank's core) is in
+test_demo_live.py with the other demo scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import prereqs
+import workloads
+from workloads import REPO, Tracer, query, simcuda, wait_for
+
+pytestmark = pytest.mark.live
+
+
+@pytest.fixture(autouse=True)
+def patient_start(monkeypatch):
+    """Two ranks, their workers and hogs on 2 cores: the tracer has taken 135 s to start at load 18."""
+    monkeypatch.setattr(workloads, "START_TIMEOUT_S", 240)
+
+TRAIN = REPO / "demos" / "workloads" / "train.py"
+STEPS = 200
+JOB = ("--ranks", "2", "--rank-cpus", "0,1", "--workers", "1", "--kernel-us", "1000", "--host-us", "3000")
+STRONG = ("HIGH", "MEDIUM")
+# Rules whose cause can be any process on the host, the test's neighbours included.
+HOST_RULES = {"cpu-contention", "io-stall", "memory-pressure"}
+
+
+def _explain(db: Path, from_ns: int | None = None):
+    from ingero.analyze import collectives, context, windows
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+    from ingero.store.db import Store
+
+    store = Store.open(db, read_only=True)
+    try:
+        report = explain(store.con, Options(from_ns=from_ns))
+        ctx = context.resolve(store.con, Options(from_ns=from_ns))
+        windows.build(ctx)
+        jobs = collectives.jobs(ctx)
+    finally:
+        store.close()
+    return report, jobs
+
+
+def test_healthy_job_on_two_libnccl_copies_is_one_job_without_a_straggler(tmp_path):
+    cudart = simcuda()
+    nccl = cudart.parent / "libnccl.so.2"
+    (tmp_path / "copy").mkdir()
+    copy = tmp_path / "copy" / "libnccl.so.2"
+    shutil.copy(nccl, copy)  # another file: its own probes, its own inode
+    summary = tmp_path / "summary.json"
+    cmd = [sys.executable, str(TRAIN), "--lib", str(cudart), "--nccl", f"{nccl},{copy}", *JOB,
+           "--steps", str(STEPS), "--summary-json", str(summary)]
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--cuda-lib", str(cudart), "--cuda-lib", str(nccl), "--cuda-lib", str(copy),
+                    "--duration", "120s", "--cmd", " ".join(cmd))
+    tracer.wait_started()
+    assert tracer.finish(sig=None, timeout=180)["ended_by"] == "command exited", tracer.stderr
+    job = json.loads(summary.read_text())
+    pids = [r["pid"] for r in job["per_rank"]]
+    assert [r["steps"] for r in job["per_rank"]] == [STEPS, STEPS]
+
+    # every all-reduce of both ranks, one init each, on the two files
+    rows = query(db, """SELECT pid, op, count(*) FROM events WHERE list_contains($p, pid) AND op LIKE 'nccl%'
+                        GROUP BY ALL ORDER BY ALL""", {"p": pids})
+    assert rows == sorted((p, op, n) for p in pids
+                          for op, n in (("ncclAllReduce", STEPS), ("ncclCommInitRank", 1), ("ncclCommDestroy", 1)))
+    attached = query(db, """SELECT DISTINCT target FROM probes WHERE symbol = 'ncclAllReduce' AND attached
+                            ORDER BY target""")
+    # (other copies on this host, e.g. in other virtualenvs, are probed too)
+    assert {str(nccl.resolve()), str(copy.resolve())} <= {t for (t,) in attached}
+    ranks = query(db, """SELECT pid, rank, nranks, comm_id FROM ranks WHERE source = 'nccl' ORDER BY rank""")
+    assert [(p, r, n) for p, r, n, _ in ranks] == [(pids[0], 0, 2), (pids[1], 1, 2)]
+    assert ranks[0][3] == ranks[1][3]  # one ncclUniqueId whichever copy each rank loaded
+
+    report, jobs = _explain(db)
+    assert [(j.ranks, len(j.entries)) for j in jobs] == [({pids[0]: 0, pids[1]: 1}, STEPS)]
+    # host-bound is judged in its own tests; here it found ~20% (its threshold) in the run's first
+    # and last windows of each rank (CI 2026-11-26): an open question for issue 21, not this rule's
+    strong = [(c.rule_id, c.severity, c.root[0]) for c in report.chains
+              if c.severity in STRONG and c.rule_id not in HOST_RULES | {"straggler", "host-bound"}]
+    assert strong == []
+    # a neighbour's load on this shared box can make one rank a real straggler: the chain then
+    # blames that load, never the job's own processes (the job itself is healthy)
+    job_pids = {job["pid"], *pids, *(p for q in pids for p in _children_seen(db, q))}
+    for c in report.chains:
+        if c.rule_id == "straggler" and c.severity in STRONG:
+            assert not {x.pid for x in c.culprits} & job_pids, (c.root, c.culprits)
+
+
+def _children_seen(db: Path, pid: int) -> list[int]:
+    return [p for (p,) in query(db, "SELECT DISTINCT pid FROM process_names WHERE ppid = $p", {"p": pid})]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_job_traced_after_init_and_contended_on_every_rank_is_contention_not_a_straggler(tmp_path):
+    cudart = simcuda()
+    nccl = cudart.parent / "libnccl.so.2"
+    ready = tmp_path / "ready"
+    summary = tmp_path / "summary.json"
+    hogs: list[subprocess.Popen] = []
+    job = subprocess.Popen([sys.executable, str(TRAIN), "--lib", str(cudart), "--nccl", str(nccl), *JOB,
+                            "--duration", "600", "--ready-file", str(ready), "--summary-json", str(summary)],
+                           stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # the same two busy processes on each rank's core
+        for cpu in (0, 0, 1, 1):
+            hogs.append(subprocess.Popen([sys.executable, "-m", "ingero.demo.interference", "cpu-hog", str(cpu)],
+                                         start_new_session=True, cwd=REPO))
+        # the communicators exist once a rank has done a step (ncclCommInitRank returns when all joined)
+        assert wait_for(ready.exists, timeout=60), "the job never made a step"
+        ranks = []
+        assert wait_for(lambda: len(ranks.extend(_children(job.pid)) or ranks) >= 2, timeout=10)
+        ranks = sorted(set(ranks))[:2]
+        db = tmp_path / "t.duckdb"
+        tracer = Tracer(db, "--cuda-lib", str(cudart), "--cuda-lib", str(nccl), "--duration", "12s",
+                        "--pid", ",".join(str(p) for p in (job.pid, *ranks)))
+        tracer.wait_started()
+        tracer.finish(sig=None, timeout=90)
+    finally:
+        for p in hogs:
+            os.killpg(p.pid, 9)
+            p.wait()
+        if job.poll() is None:
+            job.terminate()  # the ranks agree on a last step and stop
+        job.wait(timeout=60)
+
+    # no init in the trace: every all-reduce still a row, the ranks from the environment only
+    counts = dict(query(db, """SELECT op, count(DISTINCT pid) FROM events WHERE op LIKE 'nccl%' GROUP BY op"""))
+    assert counts.get("ncclAllReduce") == 2 and "ncclCommInitRank" not in counts, counts
+    env = query(db, """SELECT source, rank, nranks, count(DISTINCT job) FROM ranks WHERE list_contains($p, pid)
+                       GROUP BY ALL ORDER BY rank""", {"p": ranks})
+    assert env == [("env", 0, 2, 1), ("env", 1, 2, 1)]
+
+    report, jobs = _explain(db)
+    assert len(jobs) == 1 and sorted(jobs[0].ranks.values()) == [0, 1]
+    strong = {(c.rule_id, p) for c in report.chains if c.severity in STRONG for p in c.pids}
+    assert ("cpu-contention", ranks[0]) in strong and ("cpu-contention", ranks[1]) in strong, strong
+    stragglers = [c.root[0] for c in report.chains if c.rule_id == "straggler" and c.severity in STRONG]
+    # Equal hogs make equal ranks only if this shared box's other load spreads evenly too; the
+    # simulated NCCL's truth (how long each rank's all-reduces waited for the other) says whether it did.
+    waits = json.loads(summary.read_text())["collective_wait_ms_by_rank"]
+    if stragglers and max(waits) >= 2 * min(waits):
+        prereqs.missing("a box whose other load leaves both ranks equally contended",
+                        f"the simulated NCCL measured per-step waits {waits} ms: one rank really was late; "
+                        f"{stragglers}")
+    assert stragglers == [], waits
