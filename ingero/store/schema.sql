@@ -325,12 +325,13 @@ CREATE TABLE IF NOT EXISTS window_late_waits (
 
 -- Periods in which the per-call probes of some CUDA ops were attached for
 -- only a slice (schema 12): `ingero trace --overhead-budget`.  Calls of those
--- ops have rows only between attached_from_ns and attached_to_ns of each
--- period (from from_ns at the earliest, to detached_by_ns at the latest); every other op, and every tracepoint, is traced throughout.  A
--- period without a row here was traced whole.  Counts of the ops scale by
--- 1 / ratio, less the time the probes themselves took from the calling thread
--- in the slice (call_cost_ns per call); their durations and percentiles come
--- from the attached slices.
+-- ops have rows only between from_ns and detached_by_ns of each period, whole
+-- in [attached_from_ns, attached_to_ns); every other op, and every
+-- tracepoint, is traced throughout.  A period without a row here was traced
+-- whole.  Explain estimates a thread's calls of those ops in the detached
+-- parts from its other CUDA calls there, at the ratio it made the two in the
+-- slices (ingero/analyze/sampling.py); their durations and percentiles come
+-- from the slices.
 CREATE TABLE IF NOT EXISTS sampling (
     session_id INTEGER,
     from_ns BIGINT NOT NULL,          -- the period (wall clock); the probes' links were being made

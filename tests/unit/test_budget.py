@@ -193,9 +193,58 @@ def test_metrics_scale_sampled_launches():
     assert agg.cuda[(4242, "cudaLaunchKernel")].count == 210
 
 
-def test_scaling_takes_the_probes_own_time_out_of_the_slice():
-    """n launches in a slice of a host-bound thread took n x cost of it in traps: the rate without
-    the probes is n / (slice - n x cost), and that is what the detached rest of the window ran at."""
+def test_launch_additions_count_against_the_other_calls():
+    # (pid, tid, window, inside a slice, launch, rows)
+    counts = [
+        (7, 7, 0, True, True, 1000), (7, 7, 0, True, False, 100),    # slice: 10 launches per other call
+        (7, 7, 0, False, False, 900), (7, 7, 0, False, True, 30),    # detached: 900 syncs, 30 edge launch rows
+        (7, 7, 1, True, True, 50), (7, 7, 1, True, False, 2),        # too few in its slice: the thread's ratio
+        (7, 7, 1, False, False, 10),
+        (7, 9, 0, True, True, 400), (7, 9, 0, False, True, 5),       # a thread that launches only
+    ]
+    adds, no_anchor = sampling.launch_additions(counts)
+    assert no_anchor == {9}
+    assert adds[(7, 7, 0)] == pytest.approx(10 * 900 - 30)
+    assert adds[(7, 7, 1)] == pytest.approx(1050 / 102 * 10)
+    assert (7, 9, 0) not in adds
+
+
+def _loop_store(slice_step_ns: int, free_step_ns: int, launches_per_step: int = 10) -> tuple[Store, int, int]:
+    """One 1 s window of a loop (launches then one sync per step), its launch probes attached for
+    the first 100 ms, in which a step takes slice_step_ns (the traps slow it), free_step_ns after;
+    launch rows only in the slice.  (store, session, the loop's true launches)."""
+    store = Store.memory()
+    sid = store.begin_session(command="test", targets="test")
+    t0, a1 = START_NS, START_NS + NS // 10
+    steps = [t0 + i * slice_step_ns for i in range((a1 - t0) // slice_step_ns)]
+    steps += [a1 + i * free_step_ns for i in range((t0 + NS - a1) // free_step_ns)]
+    gap = slice_step_ns // (launches_per_step + 1)
+    launches = [(s + k * gap) for s in steps if s < a1 for k in range(launches_per_step)]
+    store.con.execute("""INSERT INTO events (session_id, timestamp, duration_ns, pid, tid, op)
+                         SELECT $sid, unnest($ts), 1000, 7, 7, 'cudaLaunchKernel'""", {"sid": sid, "ts": launches})
+    store.con.execute("""INSERT INTO events (session_id, timestamp, duration_ns, pid, tid, op)
+                         SELECT $sid, unnest($ts), 1000, 7, 7, 'cudaStreamSync'""",
+                      {"sid": sid, "ts": [s - 1 for s in steps[1:]] + [t0 + NS - 1]})  # each step's end
+    store.con.execute("INSERT INTO sampling VALUES ($sid, $t0, $t1, $t0, $a1, $a1, 0.1, $ops, 10000.0)",
+                      {"sid": sid, "t0": t0, "t1": t0 + NS, "a1": a1, "ops": budget.SWITCHED_NAMES})
+    return store, sid, len(steps) * launches_per_step
+
+
+def test_a_slowed_slice_still_scales_to_the_loops_launches():
+    """The traps halve the loop's pace in its slice: scaling by time would read 47% low; counted
+    against the syncs (one a step, never sampled) the window's launches are exact."""
+    store, _, truth = _loop_store(slice_step_ns=1_000_000, free_step_ns=500_000)
+    from ingero.analyze import windows
+
+    ctx = resolve(store.con, Options(from_ns=START_NS, to_ns=START_NS + NS, window_s=1.0))
+    for source in ("events", "summaries"):
+        windows.build(ctx, source)
+        assert store.con.execute("SELECT sum(n) FROM ing_cuda WHERE cat = 'launch'").fetchone()[0] == truth == 19_000
+
+
+def test_a_thread_without_other_calls_is_scaled_by_attached_time():
+    """The fallback: n launches in a slice of a host-bound thread took n x cost of it in traps: the
+    rate without the probes is n / (slice - n x cost), and that is what the detached rest ran at."""
     store = Store.memory()
     sid = store.begin_session(command="test", targets="test")
     t0 = START_NS
