@@ -10,7 +10,9 @@ speed or an error margin (those are `make bench` figures: bench_budget).
 Asserted, all counts and states:
 
 * sampling engaged above the budget: the tracer's note, and sampling rows
-  with a ratio below 1, each a slice of its period, periods not overlapping;
+  with a ratio below 1, each a slice of its period, periods not overlapping
+  (a slice whose re-attach another tracer's uprobe refused is empty: ratio
+  0, and a note; the loop runs until PERIODS slices were not);
 * every launch row of the sampled span lies in exactly one period's slice
   (from the start of its attach to the end of its detach, ended before the
   period did): each row carries that period's weight;
@@ -51,8 +53,8 @@ START_WAIT_S = 600
 
 def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
     monkeypatch.setattr(workloads, "START_TIMEOUT_S", START_WAIT_S)
-    # a name ingero's library discovery does not match: other tracers on the host (daemon-mode
-    # tests) then leave it alone, and their BCC uprobes cannot refuse our links on it
+    # a name ingero's library discovery does not match by name (a daemon-mode tracer may still find
+    # it as a static runtime in the loop's mappings: see the empty slices below)
     lib = tmp_path / "cudart-private.so"
     shutil.copyfile(simcuda(), lib)
     summary_file = tmp_path / "summary.json"
@@ -69,7 +71,7 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
         return json.loads(out.stdout)["rows"] if out.returncode == 0 else []
 
     def sampled() -> bool:
-        rows = ask("SELECT count(*) AS n FROM sampling")
+        rows = ask("SELECT count(*) AS n FROM sampling WHERE ratio > 0")
         return bool(rows) and rows[0]["n"] >= PERIODS
 
     assert wait_for(sampled, timeout=START_WAIT_S, step=1.0), "no sampled periods stored"
@@ -87,9 +89,14 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
 
     periods = query(db, "SELECT from_ns, to_ns, attached_from_ns, attached_to_ns, detached_by_ns, ratio, ops "
                         "FROM sampling ORDER BY from_ns")
-    assert len(periods) >= PERIODS, (all_notes, tracer.stderr[-3000:])
+    assert len([p for p in periods if p[5] > 0]) >= PERIODS, (all_notes, tracer.stderr[-3000:])
     for f, t, a0, a1, gone, ratio, ops in periods:
-        assert f <= a0 < a1 <= gone and a1 < t, (f, t, a0, a1, gone)
+        # an empty slice (a0 = a1: ratio 0) is a re-attach refused because another tracer's BCC
+        # uprobe took the offset while ours were off (a daemon-mode trace on this shared box finds
+        # the copy as a static runtime): recorded, and a note says so
+        assert f <= a0 <= a1 <= gone and a1 < t, (f, t, a0, a1, gone)
+        assert a0 < a1 or (a0 == a1 == gone == f and any("re-attaching the launch probes was refused" in n
+                                                        for n in all_notes)), (f, a0, a1, gone, all_notes)
         assert ratio == pytest.approx((a1 - a0) / (t - f))
         assert ratio < 1.0
         assert set(ops.split(",")) == set(LAUNCH_OPS)
