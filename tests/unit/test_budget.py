@@ -151,7 +151,7 @@ def budget_ratio(store: Store, pct: float, cost_ns: float = 7_000.0) -> float:
     return attached_ratio(n / (span_ns / NS), cost_ns, 1.0, pct)
 
 
-# 2%: the daemon default; 0.1%: the tightest --overhead-budget takes, which samples every scenario
+# 2%: what a daemon should use (SUGGESTED_PCT); 0.1%: the tightest --overhead-budget takes, which samples every scenario
 @pytest.mark.parametrize("pct", [2.0, 0.1])
 @pytest.mark.parametrize("name", scenarios.names())
 def test_diagnosis_unchanged_on_a_sampled_trace(name, pct):
