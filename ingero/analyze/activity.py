@@ -19,22 +19,18 @@ from ingero.analyze.context import NS, Context
 from ingero.analyze.model import DeviceBusy, StepStats
 
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
-# ctx.extra keys the rules read: the inferred DeviceActivity per pid (its windows: when the
-# device surely idled, could have been busy, most likely was) and the rhythm Steps per pid
-ACTIVITY_KEY = "device_activity"
-STEPS_KEY = "rhythm_steps"
 
 
 def device_activity(ctx: Context) -> dict:
     """The inferred device activity per pid (cached on ctx by resolve; inferred here when missing)."""
-    if ACTIVITY_KEY not in ctx.extra:
-        ctx.extra[ACTIVITY_KEY] = inferred_device.infer(ctx)
-    return ctx.extra[ACTIVITY_KEY]
+    if ctx.derived.device_activity is None:
+        ctx.derived.device_activity = inferred_device.infer(ctx)
+    return ctx.derived.device_activity
 
 
 def rhythm_steps(ctx: Context, pid: int):
     """The steps found in ``pid``'s call rhythm (rhythm.Steps), or None (cached on ctx)."""
-    found = ctx.extra.setdefault(STEPS_KEY, {})
+    found = ctx.derived.rhythm_steps
     if pid not in found:
         act = device_activity(ctx).get(pid)
         found[pid] = rhythm.detect(ctx, act) if act is not None else None
@@ -68,7 +64,7 @@ def _recent_calls(ctx: Context) -> Iterator[None]:
     # the bound is a literal: a view holds no parameters (an integer computed here, never user text)
     con.execute(f'CREATE OR REPLACE TEMP VIEW events AS SELECT * FROM "{db}".main.events '
                 f"WHERE timestamp >= {int(from_ns)}")
-    ctx.extra["calls_from_ns"] = from_ns
+    ctx.derived.calls_from_ns = from_ns
     try:
         yield
     finally:
@@ -78,7 +74,7 @@ def _recent_calls(ctx: Context) -> Iterator[None]:
 def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:
     """From the CUDA call stream: what the device can have done (bounds) and most likely did."""
     activity = inferred_device.infer(ctx)
-    ctx.extra[ACTIVITY_KEY] = activity
+    ctx.derived.device_activity = activity
     for pid, act in activity.items():
         ctx.device_busy[pid] = act.busy_share
     main = inferred_device.main_process(ctx, activity)
@@ -89,7 +85,7 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
     if marked is not None:
         return busy, marked
     found = rhythm.detect(ctx, main)
-    ctx.extra[STEPS_KEY] = {main.pid: found}
+    ctx.derived.rhythm_steps = {main.pid: found}
     if found is None:
         return busy, None
     stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), "rhythm")

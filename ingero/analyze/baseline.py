@@ -57,7 +57,7 @@ class Split:
 
 def windows_by_pid(ctx: Context) -> dict[int, list[Row]]:
     """ing_win rows grouped per CUDA process, in window order (cached on ctx)."""
-    cached = ctx.extra.get("win_rows")
+    cached = ctx.derived.win_rows
     if cached is not None:
         return cached
     cur = ctx.con.execute(WIN_ROWS_SQL)
@@ -74,7 +74,7 @@ def windows_by_pid(ctx: Context) -> dict[int, list[Row]]:
         if len(rows) >= TRIM_EDGES_FROM_WINDOWS:
             rows = rows[1:-1]
         out[pid] = rows
-    ctx.extra["win_rows"] = out
+    ctx.derived.win_rows = out
     return out
 
 

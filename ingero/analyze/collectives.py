@@ -98,13 +98,13 @@ def _rank_rows(con: duckdb.DuckDBPyConnection, sid: int) -> list[tuple]:
 
 def jobs(ctx: Context) -> list[Job]:
     """The NCCL jobs of the range with at least two ranks, and their aligned collective entries."""
-    cached = ctx.extra.get("nccl_jobs")
+    cached = ctx.derived.nccl_jobs
     if cached is not None:
         return cached
     con = ctx.con
     if not procs.has_column(con, "events", "comm"):
         # a file from before the NCCL probes (schema 10) opened read-only: no collectives to line up
-        ctx.extra["nccl_jobs"] = []
+        ctx.derived.nccl_jobs = []
         return []
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}
     ops: dict[tuple[int, str], int] = {}  # (pid, op) -> calls
@@ -123,7 +123,7 @@ def jobs(ctx: Context) -> list[Job]:
                 if pid in job.ranks:
                     mine[op] = mine.get(op, 0) + n
             job.op = max(mine, key=mine.get)
-    ctx.extra["nccl_jobs"] = out
+    ctx.derived.nccl_jobs = out
     return out
 
 

@@ -39,6 +39,24 @@ class Options:
 
 
 @dataclass
+class Derived:
+    """What one explain computes once and several readers share, each field filled by its owner
+    (named beside it) the first time it is asked for.  Typed loosely where the value's class
+    lives above this module: context imports nothing of analyze."""
+
+    win_rows: dict[int, list[dict[str, Any]]] | None = None  # baseline.windows_by_pid
+    device_activity: dict[int, Any] | None = None  # activity.device_activity: device.DeviceActivity per pid
+    rhythm_steps: dict[int, Any] = field(default_factory=dict)  # activity.rhythm_steps: steps.Steps | None
+    # activity: device activity and steps read the raw calls from here on (a long range)
+    calls_from_ns: int | None = None
+    nccl_jobs: list[Any] | None = None  # collectives.jobs: collectives.Job
+    host_idle_split: dict[int, dict[int, Any]] = field(default_factory=dict)  # host_bound.idle_split
+    # straggler: (its chain, rule id, pid) of the late rank's own chain it explains; explain
+    # lists the straggler chain first
+    explains: list[tuple[Any, str, int]] = field(default_factory=list)
+
+
+@dataclass
 class Context:
     con: duckdb.DuckDBPyConnection
     session_id: int
@@ -65,7 +83,7 @@ class Context:
     # the range is the whole session (no --since / --from / --to): spans that end after the
     # last event (a step, a kernel) are whole
     whole_session: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    derived: Derived = field(default_factory=Derived)
     # What the data can cover inside [start_ns, end_ns) (whole seconds): from the first row
     # (or the requested start, when later) to the last; a window's wall clock is its part of it.
     covered_start_ns: int | None = None

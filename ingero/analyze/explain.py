@@ -115,7 +115,7 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
         _rank(chain, active_wall)
         _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
-    _explainers_first(chains, ctx.extra.get("explains", ()))
+    _explainers_first(chains, ctx.derived.explains)
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
     if ctx.imported_from:
         report.notes.append(
@@ -123,8 +123,8 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
             "cpu-contention, launch-bound, io-stall and memory-pressure cannot be judged here (trace the "
             "job with `ingero trace` for them)"
         )
-    if "calls_from_ns" in ctx.extra:
-        minutes = (ctx.end_ns - ctx.extra["calls_from_ns"]) / 60e9
+    if ctx.derived.calls_from_ns is not None:
+        minutes = (ctx.end_ns - ctx.derived.calls_from_ns) / 60e9
         report.notes.append(
             f"device activity and steps were inferred from the last {minutes:.0f} min of the range "
             "(they read the raw calls); the chains cover all of it"
@@ -184,8 +184,6 @@ def _stack(ctx: Context, report: Report) -> dict:
         callers = importlib.import_module("ingero.analyze.callers")
     except ModuleNotFoundError:
         return {"note": "stack analysis is not available in this build"}
-    # ctx carries the range and pids; the chains' evidence windows say where to look.
-    ctx.extra["chains"] = report.chains
     return {
         "top_callers": callers.top_callers(ctx.con, ctx),
         "preempted_lines": callers.most_preempted_lines(ctx.con, ctx),

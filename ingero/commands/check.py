@@ -34,14 +34,8 @@ def command(db_path: Path | None, as_json: bool, pid: int | None) -> None:
         json.dump(as_dict(results), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        width = max(len(c.name) for c in results)
-        for c in results:
-            mark = "ok     " if c.ok else ("missing" if c.required else "absent ")
-            line = f"{mark}  {c.name.ljust(width)}  {c.detail}"
-            if not c.ok and c.fix:
-                line += f"\n         {' ' * width}  fix: {c.fix}"
-            click.echo(line)
-        ready = can_trace(results)
-        click.echo("ready: `sudo ingero trace` can run" if ready else "not ready: fix the lines marked missing")
+        from ingero.render.check import text
+
+        click.echo(text(results, can_trace(results)))
     if not can_trace(results):
         raise SystemExit(2)

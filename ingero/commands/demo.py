@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -14,9 +13,9 @@ from ingero.commands.options import DURATION, json_option
 
 def _list_text() -> str:
     from ingero.demo import scenarios
+    from ingero.render import demo as render_demo
 
-    width = max(len(n) for n in scenarios.names())
-    return "\n".join(f"  {s.name:<{width}}  {s.title}" for s in scenarios.SCENARIOS)
+    return render_demo.scenario_list(scenarios.SCENARIOS)
 
 
 @click.command("demo")
@@ -52,9 +51,9 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
 
     if list_only or scenario is None:
         if as_json:
-            click.echo(json.dumps([{"name": s.name, "title": s.title, "story": s.story,
-                                    "expected_rule": s.expected_rule, "fix": s.fix}
-                                   for s in scenarios.SCENARIOS], indent=2))
+            from ingero.render import demo as render_demo
+
+            click.echo(json.dumps(render_demo.scenario_dicts(scenarios.SCENARIOS), indent=2))
         else:
             click.echo("Scenarios:\n" + _list_text())
         if scenario is None and not list_only:
@@ -90,58 +89,6 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
         result = runner.run(scenario, duration_s=duration, keep_db=keep_db, fix=not no_fix,
                             synthetic_only=synthetic, progress=lambda m: status.update(f"{scenario}: {m}"),
                             report=write_report)
-    _render(result, keep_db)
+    from ingero.render import demo as render_demo
 
-
-def _render(result: Any, keep_db: Path | None) -> None:
-    from ingero.render import terminal
-
-    out = sys.stdout
-    s = result.scenario
-    if result.mode == "synthetic":
-        out.write(f"synthetic replay (why: {result.reason})\n")
-    else:
-        out.write("live: real eBPF trace of the workload on the simulated CUDA runtime\n")
-    out.write(f"Scenario {s.name}: {s.story}\n")
-    out.write(f"CUDA wait policy: {result.policy}\n\n")
-    terminal.write(result.before.report, out)
-    out.write("\n")
-    if s.expected_rule is not None:
-        verdict = "named the cause" if result.diagnosed else (
-            f"expected {s.expected_rule}, explain ranked {result.top_rule or 'nothing'} first")
-        out.write(f"Diagnosis: {verdict}\n")
-    if result.after is not None:
-        out.write(f"Fix applied: {s.fix}\n")
-        _before_after(result.before.summary, result.after.summary, out)
-        after_chains = [c for c in (result.after.report_dict or {}).get("chains", [])
-                        if c.get("severity") in ("HIGH", "MEDIUM")]
-        out.write("After the fix, explain finds "
-                  + (", ".join(f"[{c['severity']}] {c['rule_id']}" for c in after_chains) or "no causal chains")
-                  + "\n")
-    if keep_db is not None:
-        out.write(f"Trace kept in {keep_db}: ingero explain --db {keep_db}\n")
-    if result.report_line:
-        out.write(f"Report of the slow run: {result.report_line}\n")
-
-
-ROWS = (
-    ("step time (mean)", "step_ms_mean", "ms", False),
-    ("step time (p99)", "step_ms_p99", "ms", False),
-    ("sync p99", "sync_ms_p99", "ms", False),
-    ("steps/s", "steps_per_s", "", True),
-    ("device busy", "device_busy_pct", "%", True),
-    ("collective wait", "collective_wait_ms_mean", "ms", False),  # multi-rank scenarios: per rank, mean
-)
-
-
-def _before_after(before: dict, after: dict, out: Any) -> None:
-    out.write(f"  {'':<18} {'before':>10} {'after':>10}  change\n")
-    for label, key, unit, higher_better in ROWS:
-        b, a = before.get(key), after.get(key)
-        if b is None or a is None:
-            continue
-        change = ""
-        if b:
-            ratio = a / b
-            change = f"{ratio:.2f}x" + (" better" if (ratio > 1) == higher_better and ratio != 1 else "")
-        out.write(f"  {label:<18} {b:>9.2f}{unit:<1} {a:>9.2f}{unit:<1}  {change}\n")
+    render_demo.write(result, keep_db, sys.stdout)

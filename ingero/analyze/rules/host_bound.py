@@ -84,8 +84,6 @@ class IdleSplit:
     cpu_wait_ns: float  # the loop runnable but off CPU (cpu-contention's cause), in calls or not
 
 
-SPLIT_KEY = "host_bound_split"
-
 # Of the surely idle time (a drain's return to the next submission): the part
 # that came right before a copy (the step's batch), per process.
 BATCH_FIRST_SQL = """
@@ -107,7 +105,7 @@ WORKERS_SQL = "SELECT DISTINCT pid FROM ing_helper WHERE list_contains($ws, w)"
 
 def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
     """Per active window of ``pid``'s loop thread: its device idle time by cause (cached on ctx)."""
-    cache = ctx.extra.setdefault(SPLIT_KEY, {})
+    cache = ctx.derived.host_idle_split
     if pid in cache:
         return cache[pid]
     out: dict[int, IdleSplit] = {}
@@ -319,10 +317,12 @@ def _from_trace(con, ctx: Context) -> list[Chain]:
     if marked is None or thread is None or marked.steps[0].device_busy_ns is None:
         return []  # no steps, or no device timeline (a CPU-only trace): nothing to hold it to
     pid, tid = thread
-    idle = timeline.device_idle(con, ctx.session_id, marked, pid)
+    idle = [x for x in timeline.device_idle(con, ctx.session_id, marked, pid) if x.wall_ns > 0]
     wall = sum(x.wall_ns for x in idle)
     host = sum(x.host_ns for x in idle)
-    impact = host / wall if wall else 0.0
+    if not wall:
+        return []
+    impact = host / wall
 
     def busy(x: timeline.StepIdle) -> float:
         return x.step.device_busy_share or 0.0

@@ -456,7 +456,7 @@ def _fixed_chain(con, ctx: Context, job: collectives.Job, steps, lags, top: int,
     )
     if cause_rule:
         # explain lists this chain before the late rank's own chain of the same cause
-        ctx.extra.setdefault("explains", []).append((chain, cause_rule, top))
+        ctx.derived.explains.append((chain, cause_rule, top))
     return chain
 
 
