@@ -31,6 +31,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,16 @@ KERNELS_PER_STEP = 100
 # then the trace is stopped: how many seconds that takes depends on the box, not the assertions.
 PERIODS = 3
 LAUNCH_OPS = ["cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch"]
+
+
+@pytest.fixture
+def tmp_path():
+    # not pytest's basetemp: on a machine shared by several pytest runs of one user, another run
+    # prunes it (keeping the newest 3) while this test's tracer still writes there (a run lost its
+    # database that way after 11 minutes: every query then found no file)
+    d = Path(tempfile.mkdtemp(prefix="ingero-budget-live-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 # Attaching BCC's perf-event uprobes waits behind every other tracer's detaches on the host (one
@@ -65,16 +77,22 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
     tracer = Tracer(db, "--cuda-lib", str(lib), "--overhead-budget", "0.1", "--cmd", cmd)
     tracer.wait_started()
 
+    errors: list[str] = []
+
     def ask(sql: str) -> list[dict]:  # through the tracer's socket (it holds the database)
         out = subprocess.run([*INGERO, "query", "--db", str(db), "--json", sql], capture_output=True, text=True,
                              cwd=REPO)
-        return json.loads(out.stdout)["rows"] if out.returncode == 0 else []
+        if out.returncode != 0:
+            errors[:] = [out.stderr.strip()]
+            return []
+        return json.loads(out.stdout)["rows"]
 
     def sampled() -> bool:
         rows = ask("SELECT count(*) AS n FROM sampling WHERE ratio > 0")
         return bool(rows) and rows[0]["n"] >= PERIODS
 
-    assert wait_for(sampled, timeout=START_WAIT_S, step=1.0), "no sampled periods stored"
+    assert wait_for(sampled, timeout=START_WAIT_S, step=1.0), ("no sampled periods stored", errors,
+                                                               ask("SELECT * FROM sampling"), tracer.lines[-3:])
     loop_pid = ask("SELECT pid FROM events WHERE op = 'cudaLaunchKernel' LIMIT 1")[0]["pid"]
     os.kill(loop_pid, signal.SIGTERM)  # the loop ends its step, writes its summary and exits; the trace ends with it
     summary = tracer.finish(sig=None, timeout=START_WAIT_S)
