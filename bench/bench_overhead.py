@@ -333,7 +333,7 @@ class _Ingero:
     def __init__(self, db: Path, lib: Path, tag_names: dict[str, str]):
         self.db = db
         self.argv = [sys.executable, "-m", "ingero", "trace", "--json", "--no-serve", "--db", str(db),
-                     "--comm", WORK_COMM, "--cuda-lib", str(lib)]
+                     "--comm", WORK_COMM, "--cuda-lib", str(lib), "--overhead-budget", "off"]  # every call, as the floor
         self.tag_names = tag_names
 
     def __enter__(self) -> "_Ingero":

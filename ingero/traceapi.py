@@ -21,6 +21,9 @@ class TraceHook:
 
     The session calls them on its own (writer) thread, in ``opts.hooks`` order:
 
+    - ``on_program(program)`` once the BPF program is loaded, before any
+      library is attached (``collect.loader.Program``: the overhead budget
+      takes its launch probes over here);
     - ``on_start(sess)`` once the session row exists, before the loop; returns
       lines for the start-up output (or None);
     - ``on_flush(sess, recs, flush_s)`` after each batch is committed (``recs``:
@@ -36,6 +39,9 @@ class TraceHook:
     ``close()`` is for the hook's owner, once the trace is over.  A hook that
     fails raises: it is the tracer's bug, not the user's.
     """
+
+    def on_program(self, program: Any) -> None:
+        pass
 
     def on_start(self, sess: Any) -> list[str] | None:
         return None

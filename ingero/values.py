@@ -164,3 +164,28 @@ def parse_command(value: Any, what: str = "--cmd") -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadValue(f"bad {what}: empty command", 'pass the command to run, e.g. --cmd "python3 train.py"')
     return value
+
+
+# The smallest overhead budget that means anything: the switched probes then stay
+# attached for collect/budget.MIN_RATIO of each period whatever the budget says.
+PERCENT_FLOOR = 0.1
+
+
+def parse_percent(value: Any, what: str = "percentage") -> float:
+    """'2', '2%', '0.5%' or a number in [PERCENT_FLOOR, 100]; 'off' or 0: 0.0 (none)."""
+    v = _number(value, what)
+    text = value
+    if v is None:
+        text = value.strip().lower()
+        if text == "off":
+            return 0.0
+        try:
+            v = float(text.removesuffix("%").strip())
+        except ValueError:
+            raise BadValue(f"bad {what}: {value!r} is not a percentage (try 2%, or off)") from None
+    _finite(v, value, what)
+    if v == 0:
+        return 0.0
+    if v < PERCENT_FLOOR or v > 100:
+        raise BadValue(f"bad {what}: {value!r} is outside {PERCENT_FLOOR}-100%")
+    return float(v)

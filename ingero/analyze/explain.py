@@ -11,7 +11,7 @@ import importlib
 
 import duckdb
 
-from ingero.analyze import activity, context, procs, windows
+from ingero.analyze import activity, context, procs, sampling, windows
 from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext
 from ingero.analyze.rules import registry
@@ -138,6 +138,9 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
         report.notes.append(
             f"{ctx.drops_kernel + ctx.drops_user:,} events were dropped while tracing: counts are lower bounds"
         )
+    sampled = sampling.note(ctx)
+    if sampled:
+        report.notes.append(sampled)
     if opts.stack:
         report.stack = _stack(ctx, report)
     return report

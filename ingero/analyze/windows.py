@@ -28,7 +28,7 @@ in the next window, so shares stay exact and never exceed 100%.
 from __future__ import annotations
 
 from ingero import ops
-from ingero.analyze import summaries
+from ingero.analyze import sampling, summaries
 from ingero.analyze.context import NS as NS_PER_S
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
@@ -529,6 +529,7 @@ def build(ctx: Context, source: str = "summaries") -> None:
         run(S_LATE_SQL.format(w=w, l=late, q25=summaries.hist_quantile_sql("h", "tid", 0.25)), *base, "sync_ops")
         run(S_FAULTS_SQL.format(w=w), *base, *cats)
         run(S_BIO_SQL.format(w=w, q99=summaries.hist_quantile_sql("h", "w, pid, kind", 0.99)), "sid", "t0", "t1", "wns")
+    sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")
     run(PCPU_SQL, "sid", "t0", "t1", "wns")

@@ -15,6 +15,7 @@ import mmap
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -211,6 +212,7 @@ class Program:
         self.settings = settings
         self.records: list[AttachRecord] = []
         self._attached_ids: set[tuple[int, int, str]] = set()
+        self.switchable: SwitchableProbes | None = None
         self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
         for tp, op in self.tracepoints:
             self.records.append(AttachRecord("kernel", tp, op, "tracepoint", True))
@@ -229,13 +231,19 @@ class Program:
         self._attached_ids.add(key)
         ok = failed = 0
         no_return: set[str] = set()
-        for a in probes.plan_library(str(path), kind, frozenset(exported)):
+        plan = probes.plan_library(str(path), kind, frozenset(exported))
+        taken = self.switchable.take(str(path), plan, addresses) if self.switchable is not None else set()
+        for a in plan:
             if a.probe_kind == "uprobe" and a.symbol in no_return:
                 # An entry without its return would leave call state that never
                 # ends: the symbol is skipped whole rather than half-traced.
                 failed += 1
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False,
                                                  "skipped: its return probe could not be attached"))
+                continue
+            if a in taken:  # linked by the overhead budget's switchable set (budget.py)
+                ok += 1
+                self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
                 continue
             attach = self.bpf.attach_uprobe if a.probe_kind == "uprobe" else self.bpf.attach_uretprobe
             try:
@@ -251,8 +259,14 @@ class Program:
                 continue
             ok += 1
             self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
+            # BCC just added the probe's perf event under its event name (dicts keep insertion order)
         return ok, failed
 
+    def switchable_probes(self, ops: Iterable[int]) -> "SwitchableProbes":
+        """The probes of ``ops`` made switchable (one set per program; budget.py)."""
+        if self.switchable is None:
+            self.switchable = SwitchableProbes(self, ops)
+        return self.switchable
     def attach_cpu_sampler(self) -> None:
         """The cpu_sample program on a software cpu-clock event of every CPU, at settings.sample_hz."""
         from bcc import PerfSWConfig, PerfType
@@ -328,6 +342,8 @@ class Program:
     def close(self) -> None:
         """Detach everything.  Uprobes are closed by a background process (see _close_in_background)."""
         fds = list(self.bpf.uprobe_fds.values()) + list(self.bpf.tracepoint_fds.values())
+        if self.switchable is not None:
+            fds += self.switchable.release()
         # BCC's own detach path, minus the detach: it also gives the probes
         # back to BCC's per-process quota (_num_open_probes, ~1000), which a
         # plain clear() never did, so a process loading again and again
@@ -338,6 +354,310 @@ class Program:
         if fds:
             _close_in_background(fds)
         self.bpf.cleanup()  # maps and programs: only references dropped now (the sampler's perf events closed)
+
+
+# ---- switchable per-call probes (the overhead budget: collect/budget.py) ------------
+#
+# A perf-event uprobe (what BCC attaches) detaches in one RCU grace period per
+# probe, one probe at a time (the kernel's event_mutex): ~0.1 s each on a quiet
+# box, 0.6-0.8 s each on this loaded one (measured: 8 launch probes of one
+# library, 5.6 s), so those cannot be switched once a second.  A uprobe_multi
+# link (Linux 6.6) attaches one program to many offsets of one file in one
+# bpf() call and detaches them all with one grace period: measured here, two
+# links (the launch entries and their returns) attach in 10-15 ms of wall time
+# and 0.3 ms of CPU, and close in 0.13-0.19 s of wall time, 0.4 ms of CPU,
+# whose wait only the closing thread sees.  The breakpoints leave the traced
+# processes at the start of the close; the wait is for probes still running.
+
+_NR_BPF = 321  # x86-64
+_BPF_LINK_CREATE = 28
+_BPF_PROG_TYPE_KPROBE = 2
+_BPF_TRACE_UPROBE_MULTI = 48
+_BPF_F_UPROBE_MULTI_RETURN = 1
+# Between closing the entry links and the return links: a call whose entry ran
+# just before the entries went keeps its return (its row is whole); only a call
+# still inside after this long (a launch blocked on a full queue) loses its
+# return, and its state is then dropped as stale by the thread's next traced
+# call (bpf/cuda.bpf.c call_begin).
+RETURN_GRACE_S = 0.005
+RETURN_PROBE_FN = probes.RETURN_FN  # does nothing for a thread with no call state: the calibration's probe
+
+
+def _mapped_path(stem: str) -> str:
+    """Path of the first file mapped into this process whose name contains ``stem``."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and stem in Path(parts[5]).name:
+            return parts[5]
+    raise OSError(f"{stem} is not mapped")
+
+
+def _bpf_link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], ret: bool, pid: int = 0) -> int:
+    """bpf(BPF_LINK_CREATE, uprobe_multi): the link fd; OSError when the kernel refuses."""
+    attr = (ctypes.c_ubyte * 128)()
+    base = ctypes.addressof(attr)
+    c_path = ctypes.create_string_buffer(path.encode())
+    c_offs = (ctypes.c_uint64 * len(offsets))(*offsets)
+    # union bpf_attr.link_create: prog_fd u32 @0, target_fd @4, attach_type @8, flags @12,
+    # uprobe_multi {path u64 @16, offsets @24, ref_ctr_offsets @32, cookies @40, cnt u32 @48, flags @52, pid @56}
+    ctypes.c_uint32.from_address(base).value = prog_fd
+    ctypes.c_uint32.from_address(base + 8).value = _BPF_TRACE_UPROBE_MULTI
+    ctypes.c_uint64.from_address(base + 16).value = ctypes.addressof(c_path)
+    ctypes.c_uint64.from_address(base + 24).value = ctypes.addressof(c_offs)
+    ctypes.c_uint32.from_address(base + 48).value = len(offsets)
+    ctypes.c_uint32.from_address(base + 52).value = _BPF_F_UPROBE_MULTI_RETURN if ret else 0
+    ctypes.c_uint32.from_address(base + 56).value = pid  # 0: every process
+    fd = _libc().syscall(_NR_BPF, _BPF_LINK_CREATE, attr, 64)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"uprobe_multi link on {path}: {os.strerror(err)}")
+    return int(fd)
+
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.syscall.restype = ctypes.c_long
+    return _LIBC
+
+
+def _close_later(first: list[int], then: list[int], done: Any = None, gap_s: float = RETURN_GRACE_S) -> None:
+    """Close ``first`` at once and ``then`` gap_s later, each on its own thread (each close
+    waits a grace period); ``done`` (a threading.Event) is set when all are closed."""
+    import threading
+
+    def close(fd: int) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def run() -> None:
+        threads = [threading.Thread(target=close, args=(fd,), daemon=True) for fd in first]
+        for t in threads:
+            t.start()
+        if then:
+            time.sleep(gap_s)
+        more = [threading.Thread(target=close, args=(fd,), daemon=True) for fd in then]
+        for t in more:
+            t.start()
+        for t in threads + more:
+            t.join()
+        if done is not None:
+            done.set()
+
+    threading.Thread(target=run, name="ingero-detach", daemon=True).start()
+
+
+def _quiet_close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _close_links(links: Mapping[tuple[str, str, str], int]) -> None:
+    """Close links keyed (path, fn, probe_kind): the entries first, the returns RETURN_GRACE_S later."""
+    _close_later([fd for k, fd in links.items() if k[2] == "uprobe"],
+                 [fd for k, fd in links.items() if k[2] == "uretprobe"])
+
+
+class SwitchableProbes:
+    """The per-call uprobes of some ops as uprobe_multi links that attach and detach in
+    milliseconds of CPU, instead of BCC's perf events (see above).
+
+    ``take()`` (from attach_library) adds a library's probes of these ops, one
+    link per (file, program, entry or return); ``attach()`` links every group,
+    returns first; ``detach()`` unlinks the entries, then the returns.
+    Safe to call from the tracer's thread and the budget's cycling thread.
+    """
+
+    def __init__(self, program: "Program", ops: Iterable[int]):
+        import threading
+
+        self.program = program
+        self.ops = frozenset(int(o) for o in ops)
+        self.attached = False
+        self.lock = threading.RLock()
+        self._groups: dict[tuple[str, str, str], set[int]] = {}  # (path, fn, probe_kind) -> file offsets
+        self._progs: dict[str, int] = {}  # program name -> fd loaded for uprobe_multi
+        self._links: dict[tuple[str, str, str], int] = {}
+        self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
+        self.refused: list[str] = []  # libraries whose probes of these ops BCC attached instead (never switched)
+
+    def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
+        """The attachments of ``plan`` (probes.Attachment) this set links from now on, linked at
+        once when it is attached; none when they cannot be (a note says why): BCC attaches them.
+
+        Every group is linked once here to know: a uprobe_multi link is refused (EINVAL) where
+        another tracer's BCC uprobe sits at the same offset, BCC passing the kernel a garbage
+        ref_ctr_offset (its Python binding omits that argument; dmesg: "ref_ctr_offset mismatch").
+        """
+        mine = [a for a in plan if a.op in self.ops]
+        if not mine:
+            return set()
+        bpf = self.program.bpf
+        try:
+            with self.lock:
+                groups: dict[tuple[str, str, str], set[int]] = {}
+                for a in mine:
+                    real, off = bpf._check_path_symbol(a.path.encode(),
+                                                       b"" if addresses is not None else a.symbol.encode(),
+                                                       None if addresses is None else addresses[a.symbol], -1)
+                    groups.setdefault((real.decode(), a.fn, a.probe_kind), set()).add(int(off))
+                links: dict[tuple[str, str, str], int] = {}
+                try:
+                    for kind in ("uretprobe", "uprobe"):  # returns first
+                        for key, offs in groups.items():
+                            if key[2] == kind:
+                                links[key] = _bpf_link_uprobe_multi(self._prog_fd(key[1]), key[0], sorted(offs),
+                                                                    kind == "uretprobe")
+                except OSError:
+                    _close_links(links)
+                    raise
+                for key, offs in groups.items():
+                    self._groups.setdefault(key, set()).update(offs)
+                if self.attached:
+                    self._links.update(links)
+                else:
+                    _close_links(links)
+        except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
+            self.refused.append(path)
+            self.notes.append(f"overhead budget: {path}'s launch probes cannot be switched, each of its calls "
+                              f"is traced ({exc})")
+            return set()
+        return set(mine)
+
+    def switchable(self) -> bool:
+        """Whether detaching means anything: some library's probes were taken."""
+        with self.lock:
+            return bool(self._groups)
+
+    def _link_missing(self) -> None:
+        for kind in ("uretprobe", "uprobe"):  # returns first: a call entering in between keeps its return
+            for key, offs in self._groups.items():
+                if key[2] == kind and key not in self._links:
+                    self._links[key] = _bpf_link_uprobe_multi(self._prog_fd(key[1]), key[0], sorted(offs),
+                                                              kind == "uretprobe")
+
+    def attach(self) -> None:
+        with self.lock:
+            if self.attached:
+                return
+            try:
+                self._link_missing()
+            except OSError:
+                self._unlink()
+                raise
+            self.attached = True
+
+    def detach(self) -> tuple[int, int]:
+        """Unlink: the entries now (each close then waits a grace period: this thread only),
+        the returns RETURN_GRACE_S later, in the background.
+
+        Returns (wall clock ns just before the entry closes, just after them):
+        the kernel removes the breakpoints at the start of a close, then waits,
+        so the first is when the probes went (to within the instant it takes
+        to enter the syscall), and no row of these ops starts after the second.
+        """
+        import threading
+
+        with self.lock:
+            if not self.attached:
+                now = time.time_ns()
+                return now, now
+            self.attached = False
+            links, self._links = self._links, {}
+        # The breakpoint leaves the text only once no link holds the offset: the returns must
+        # not wait for the entries' grace period (0.1-0.7 s here), only RETURN_GRACE_S.  The
+        # hot launch entry is closed on this thread (no thread start between the clock and it).
+        entries = sorted((k for k in links if k[2] == "uprobe"), key=lambda k: "launch_kernel" not in k[1])
+        returns = [fd for k, fd in links.items() if k[2] == "uretprobe"]
+
+        def close_returns() -> None:
+            time.sleep(RETURN_GRACE_S)
+            for fd in returns:
+                threading.Thread(target=_quiet_close, args=(fd,), daemon=True).start()
+
+        at = time.time_ns()
+        threads = [threading.Thread(target=close_returns, daemon=True)]
+        threads += [threading.Thread(target=_quiet_close, args=(links[k],), daemon=True) for k in entries[1:]]
+        for t in threads:
+            t.start()
+        if entries:
+            _quiet_close(links[entries[0]])
+        for t in threads:
+            t.join()
+        done = time.time_ns()
+        return at, done
+
+    def _unlink(self) -> None:
+        links, self._links = self._links, {}
+        _close_links(links)
+
+    def _prog_fd(self, fn: str) -> int:
+        fd = self._progs.get(fn)
+        if fd is None:
+            from bcc import libbcc
+
+            lib, mod, name = libbcc.lib, self.program.bpf.module, fn.encode()
+            fd = lib.bcc_func_load(mod, _BPF_PROG_TYPE_KPROBE, name, lib.bpf_function_start(mod, name),
+                                   lib.bpf_function_size(mod, name), lib.bpf_module_license(mod),
+                                   lib.bpf_module_kern_version(mod), 0, None, 0, None, _BPF_TRACE_UPROBE_MULTI)
+            if fd < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"loading {fn} for uprobe_multi: {os.strerror(err)}")
+            self._progs[fn] = fd
+        return fd
+
+    def calibrate_ns(self, calls: int = 2000, rounds: int = 3) -> tuple[float, float]:
+        """(ns of this thread's CPU one probed call costs, calibration wall seconds).
+
+        Links ``cuda_return`` (which does nothing for a thread with no call
+        state) as entry and return probe on libc's getppid, for this process
+        only, and times ``calls`` ctypes calls with and without it, best of
+        ``rounds``: the uprobe trap and return, as the traced threads pay them,
+        in their CPU time (thread_time counts the kernel's part too).
+        """
+        t0 = time.monotonic()
+        libc_path = _mapped_path("libc.so")
+        path, off = self.program.bpf._check_path_symbol(libc_path.encode(), b"getppid", None, -1)
+        fn = _libc().getppid
+
+        def best() -> float:
+            out = []
+            for _ in range(rounds):
+                c = time.thread_time_ns()
+                for _ in range(calls):
+                    fn()
+                out.append((time.thread_time_ns() - c) / calls)
+            return min(out)
+
+        plain = best()
+        prog = self._prog_fd(RETURN_PROBE_FN)
+        ret = _bpf_link_uprobe_multi(prog, path.decode(), [off], True, os.getpid())
+        try:
+            ent = _bpf_link_uprobe_multi(prog, path.decode(), [off], False, os.getpid())
+        except OSError:
+            _close_later([ret], [])
+            raise
+        try:
+            probed = best()
+        finally:
+            _close_later([ent], [ret])
+        return max(0.0, probed - plain), time.monotonic() - t0
+
+    def release(self) -> list[int]:
+        """Every fd still held (links, programs), for the program's closer; the set is unusable after."""
+        with self.lock:
+            fds = list(self._links.values()) + list(self._progs.values())
+            self._links, self._progs = {}, {}
+            self.attached = False
+        return fds
 
 
 # Closing one uprobe perf fd takes ~0.1 s here (the kernel waits for a grace

@@ -573,6 +573,8 @@ def run_trace(
     completed = False
     try:
         lines: list[str] = []
+        for hook in opts.hooks:
+            hook.on_program(program)
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             lines.append(_attach_line(lib, ok, failed))

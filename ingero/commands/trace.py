@@ -9,6 +9,7 @@ import click
 
 from ingero.commands.options import COMMAND, COUNT, DURATION, SIZE, Value, db_option, json_option, resolve_db
 from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
+from ingero.values import parse_percent
 
 
 @click.command("trace")
@@ -36,6 +37,11 @@ from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
                    "block I/O, tracer health, active causal chains. Off by default.")
 @click.option("--metrics-addr", type=Value("address", parse_address), default=None,
               help=f"Address the metrics endpoint binds (default {DEFAULT_ADDR}; 0.0.0.0: every interface).")
+@click.option("--overhead-budget", "overhead_budget", type=Value("overhead budget", parse_percent), default=None,
+              help="Keep what tracing costs the traced CUDA threads under PCT of their CPU (e.g. 2%): "
+                   "kernel-launch probes are then attached for only a slice of each second and launch "
+                   "counts are estimated (explain says so). Off by default (every call traced); 2% is what "
+                   "a daemon on every node should use (README: Overhead budget).")
 @click.option("--publish", "publish_root", default=None, metavar="ROOT",
               help="Also publish closed Parquet segments to the fleet dataset at ROOT (a shared directory or a "
                    "pyarrow filesystem URL): `ingero fleet explain ROOT` asks every node at once.")
@@ -47,7 +53,7 @@ from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
 @db_option
 @json_option
 def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
-            no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, db_path, as_json) -> None:
+            no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
     \b
@@ -64,6 +70,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
       sudo ingero trace --retain 24h --max-db 10GB     (always on)
       sudo ingero trace --retain 24h --metrics-port 9464   (Prometheus scrapes it)
       sudo ingero trace --cmd "torchrun train.py" --publish /mnt/shared/ingero   (the fleet dataset)
+      sudo ingero trace --cmd "python3 train.py" --overhead-budget 2%
     """
     from ingero.collect import session, targets
 
@@ -118,6 +125,12 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
     # socket), the samplers, the per-second summaries explain reads (written at each flush)
     opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook(),
                       SummaryHook()]
+    # off unless asked: its uprobe_multi links refuse any other tracer's BCC uprobe at the same offset
+    # (README: Overhead budget), so a daemon holding them by default would break a second trace
+    if overhead_budget:
+        from ingero.collect.budget import BudgetHook
+
+        opts.hooks.append(BudgetHook(overhead_budget))
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)

@@ -143,8 +143,13 @@ class Aggregates:
         self._known = np.union1d(known, np.unique(pid_new))
         return np.searchsorted(self._known, pid)
 
-    def add(self, recs: np.ndarray, names: dict[int, str] | None = None) -> None:
+    def add(self, recs: np.ndarray, names: dict[int, str] | None = None,
+            weights: dict[int, float] | None = None) -> None:
         """Fold one stored batch in; ``names``: pid -> process name, as the session knows them.
+
+        ``weights``: op -> how many calls each stored one stands for, for ops sampled under
+        `--overhead-budget` (1 / the attached share): their counts, duration sums and
+        histogram buckets are scaled (rounded), so rates stay rates of the whole loop.
 
         The session passes its batch in storage order (decode.storage_order: grouped by op), so
         each op's records are one slice: CUDA ops (1-63), then sched_switch, page_fault, block_io.
@@ -164,6 +169,9 @@ class Aggregates:
                 if c:
                     used, counts, sums, buckets = _dense(slot[:c] * 64 + op[lo:sw], dur[:c], len(known) * 64)
                     for k, n, t, b in zip(used.tolist(), counts, sums, buckets):
+                        w = weights.get(k & 63, 1.0) if weights else 1.0
+                        if w != 1.0:
+                            n, t, b = round(n * w), t * w, np.rint(b * w).astype(np.int64)
                         _add(self.cuda.setdefault((known[k >> 6], OP_NAMES.get(k & 63, f"op{k & 63}")), Histo()), n, t, b)
                 if pf > sw:
                     self._add_switches(known, slot[c:pf - lo], dur[c:pf - lo],

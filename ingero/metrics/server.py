@@ -68,7 +68,7 @@ class MetricsServer(TraceHook):
         if self.diagnosis is None and getattr(sess, "daemon", None) is not None and sess.daemon.socket_path:
             self.diagnosis = Diagnosis(sess.daemon.socket_path, sess.session_id).start()
             self.collector.diagnosis = self.diagnosis
-        self.aggregates.add(recs, {p: ident[0] for p, ident in sess.identities.items()})
+        self.aggregates.add(recs, {p: ident[0] for p, ident in sess.identities.items()}, sampled_weights(sess))
         counters = sess.last_counters
         self.aggregates.set_health(
             events=sess.events, drops_user=sess.drops_user, flush_s=flush_s, db_bytes=sum(file_sizes(sess.store.path)),
@@ -83,3 +83,12 @@ class MetricsServer(TraceHook):
             self._httpd.server_close()
             self._httpd = None
 
+
+def sampled_weights(sess: Any) -> dict[int, float] | None:
+    """op -> 1 / attached share for the ops an overhead budget samples now (None: none sampled)."""
+    from ingero.collect.budget import BudgetHook
+
+    for hook in sess.opts.hooks:
+        if isinstance(hook, BudgetHook) and hook.probes is not None and hook.ratio < 1.0:
+            return {int(op): 1.0 / hook.ratio for op in hook.switched_ops}
+    return None

@@ -31,7 +31,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -99,6 +99,7 @@ MIGRATIONS: dict[int, list[str]] = {
         REAPPLY_SCHEMA,  # creates ranks
     ],
     11: [REAPPLY_SCHEMA],  # creates windows, window_late_waits
+    12: [REAPPLY_SCHEMA],  # creates sampling (the overhead budget's periods)
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -512,6 +513,7 @@ TABLES = (
     "ranks",
     "windows",
     "window_late_waits",
+    "sampling",
 )
 
 

@@ -322,3 +322,24 @@ CREATE TABLE IF NOT EXISTS window_late_waits (
     preempted_ns BIGINT,         -- the interval's length (events.duration_ns)
     since_call_ns BIGINT         -- from the start of the sync call to the end of the interval
 );
+
+-- Periods in which the per-call probes of some CUDA ops were attached for
+-- only a slice (schema 12): `ingero trace --overhead-budget`.  Calls of those
+-- ops have rows only between from_ns and detached_by_ns of each period, whole
+-- in [attached_from_ns, attached_to_ns); every other op, and every
+-- tracepoint, is traced throughout.  A period without a row here was traced
+-- whole.  Explain estimates a thread's calls of those ops in the detached
+-- parts from its other CUDA calls there, at the ratio it made the two in the
+-- slices (ingero/analyze/sampling.py); their durations and percentiles come
+-- from the slices.
+CREATE TABLE IF NOT EXISTS sampling (
+    session_id INTEGER,
+    from_ns BIGINT NOT NULL,          -- the period (wall clock); the probes' links were being made
+    to_ns BIGINT NOT NULL,
+    attached_from_ns BIGINT NOT NULL, -- the slice in which the probes were attached: links made
+    attached_to_ns BIGINT NOT NULL,   -- when the entry probes were being removed
+    detached_by_ns BIGINT NOT NULL,   -- when that was done: no row of the ops starts after it
+    ratio DOUBLE NOT NULL,            -- (attached_to_ns - attached_from_ns) / (to_ns - from_ns)
+    ops VARCHAR NOT NULL,             -- comma list of the sampled op names
+    call_cost_ns DOUBLE               -- what one traced call cost its thread (the tracer's calibration)
+);
