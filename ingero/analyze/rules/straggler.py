@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, collectives, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit, Window
+from ingero.analyze.rules import cpu_contention
 
 ID = "straggler"
 # A device "busy" in a collective is NCCL's kernel spinning on the GPU until the last rank
@@ -213,14 +214,6 @@ RANK_CAUSES = (
 
 OP_WORDS = {"ncclAllReduce": "all-reduce", "ncclReduceScatter": "reduce-scatter", "ncclAllGather": "all-gather",
             "ncclBroadcast": "broadcast", "ncclReduce": "reduce"}
-
-# Who took the CPU from the late rank's threads in its evidence windows (as cpu-contention).
-PREEMPTORS_SQL = """
-SELECT other_pid, sum(n) AS n, sum(off_ns) AS off_ns
-FROM ing_preempt
-WHERE pid = $pid AND list_contains($ws, w) AND other_pid <> 0 AND other_pid <> $pid
-GROUP BY other_pid ORDER BY off_ns DESC, n DESC LIMIT 8
-"""
 
 # The core the late rank's loop ran on (where its preemptors ran too).
 CORE_SQL = """
@@ -506,7 +499,8 @@ def _children(con, pid: int) -> list[int]:
 
 def _preemptors(con, ctx: Context, pid: int, job_pids: list[int], ws: list[int]) -> tuple[list[Culprit], bool]:
     """The processes outside the job that took the late rank's CPU (named), or ([], False)."""
-    rows = con.execute(PREEMPTORS_SQL, {"pid": pid, "ws": ws}).fetchall()
+    # who took the CPU from the late rank's threads in its evidence windows: cpu-contention's query
+    rows = con.execute(cpu_contention.PREEMPTORS_SQL, {"pid": pid, "ws": ws}).fetchall()
     names = procs.lookup(con, [int(r[0]) for r in rows])
     total = sum(off for _, _, off in rows) or 1.0
     out = []
