@@ -22,8 +22,8 @@ rows, so a caller tells "not measured" from "idle".
 - ``device_idle(con, sid, steps)``: per marked step, the time the device ran
   nothing, split by what the steps' process did meanwhile: loading data, in a
   launch, in another CUDA call, in a CPU operator outside all of those (host
-  work: host-bound's cause), or nothing the trace recorded.  With
-  ``idle_host_ops`` it names the step thread's operators that held that time.
+  work: host-bound's cause), or nothing the trace recorded.  Its ``host_ops``
+  names the operators that held that time.
 - ``device(con, sid)``: the MEASURED device-busy share of that span (the union
   of all kernel/copy/memset intervals, every device and stream together), and
   per stream: busy time, and overlap (the part of it during which another
@@ -252,7 +252,7 @@ def breakdown(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps) ->
     """
     total = sum(st.end_ns - st.start_ns for st in marked.steps)
     loader = sum(st.dataloader_ns for st in marked.steps)
-    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
+    values = _step_values(marked)
     lo = min(st.start_ns for st in marked.steps)
     hi = max(st.end_ns for st in marked.steps)
     islands = ISLANDS.format(src=DEVICE_IN_SPAN.format(key="0"))
@@ -285,8 +285,9 @@ GROUP BY pid, tid ORDER BY count(*) DESC, pid, tid LIMIT 1
 # points each running count says whether that kind was active.  A segment inside a step with
 # no device interval is device idle, and is given to the first of: data loading, a launch,
 # another CUDA call, a CPU operator (host work), nothing recorded.  ``seg`` keeps the segments
-# (with the step each lies in); the queries below sum them.
+# (with the step each lies in), stored once as TEMP ing_idle_seg; the queries below sum them.
 IDLE_SEGMENTS = """
+CREATE OR REPLACE TEMP TABLE ing_idle_seg AS
 WITH st AS (SELECT * FROM (VALUES {steps}) t(s, e)),
 calls AS (
     SELECT timestamp AS s, timestamp + duration_ns AS e,
@@ -319,13 +320,14 @@ calls AS (
     FROM run ASOF JOIN st ON run.t >= st.s
     WHERE run.s > 0 AND run.dv = 0 AND run.len > 0 AND run.t < st.e
 )
+SELECT * FROM seg
 """
-IDLE_PARTS_SQL = IDLE_SEGMENTS + "SELECT step, part, sum(len) FROM seg GROUP BY ALL"
+IDLE_PARTS_SQL = "SELECT step, part, sum(len) FROM ing_idle_seg GROUP BY ALL"
 # The outermost operators (not inside another of their thread's) that the host work of the
 # idle segments fell in, the step thread's first where two threads had one open.  A segment
 # lies inside its operators, as segments split at every operator's edge.
-IDLE_OPS_SQL = IDLE_SEGMENTS + """,
-ops AS (
+IDLE_OPS_SQL = """
+WITH ops AS (
     SELECT tid, start_ns AS s, end_ns AS e, name FROM (
         SELECT tid, start_ns, end_ns, name,
                max(end_ns) OVER (PARTITION BY tid ORDER BY start_ns, end_ns DESC
@@ -334,15 +336,13 @@ ops AS (
           AND start_ns < $hi AND end_ns > $lo)
     WHERE prev IS NULL OR start_ns >= prev
 ), host AS (
-    SELECT seg.t, seg.len, th.tid FROM seg, (SELECT DISTINCT tid FROM ops) th WHERE seg.part = 'host'
+    SELECT seg.t, seg.len, th.tid FROM ing_idle_seg seg, (SELECT DISTINCT tid FROM ops) th WHERE seg.part = 'host'
 ), cand AS (
     SELECT host.t, host.len, ops.name, host.tid = $tid AS mine
     FROM host ASOF JOIN ops ON host.tid = ops.tid AND host.t >= ops.s WHERE host.t < ops.e
 ), pick AS (SELECT t, any_value(len) AS len, arg_max(name, mine) AS name FROM cand GROUP BY t)
 SELECT name, sum(len) AS ns FROM pick GROUP BY name ORDER BY ns DESC, name LIMIT $limit
 """
-
-IDLE_PARTS = ("data", "launch", "cuda", "host", "unrecorded")
 
 
 @dataclass(frozen=True)
@@ -371,29 +371,38 @@ def step_thread(con: duckdb.DuckDBPyConnection, session_id: int) -> tuple[int, i
     return (int(row[0]), int(row[1])) if row else None
 
 
-def _idle_params(session_id: int, marked: Steps, pid: int) -> tuple[str, dict[str, object]]:
-    values = ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)  # ints only
-    return values, {"sid": session_id, "pid": pid, "lo": min(st.start_ns for st in marked.steps),
-                    "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS),
-                    "cuda": CUDA_OP_NAMES, "loader": DATALOADER_PREFIX}
+def _step_values(marked: Steps) -> str:
+    """The steps as a SQL VALUES list of (start, end): ints only, never user text."""
+    return ", ".join(f"({int(st.start_ns)}, {int(st.end_ns)})" for st in marked.steps)
 
 
-def device_idle(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int) -> list[StepIdle]:
+@dataclass(frozen=True)
+class DeviceIdle:
+    """The marked steps' device-idle time by what the process did meanwhile (IDLE_SEGMENTS, swept
+    once into TEMP ing_idle_seg on ``con``)."""
+
+    steps: list[StepIdle]
+    con: duckdb.DuckDBPyConnection
+    params: dict[str, object]
+
+    def host_ops(self, tid: int, limit: int = 3) -> list[tuple[str, int]]:
+        """The outermost operators that held the most host work while the device idled, the step
+        thread ``tid``'s first: (name, ns) summed over the steps."""
+        rows = self.con.execute(IDLE_OPS_SQL, {k: self.params[k] for k in ("sid", "pid", "lo", "hi")}
+                                | {"tid": tid, "limit": limit}).fetchall()
+        return [(name, int(ns)) for name, ns in rows]
+
+
+def device_idle(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int) -> DeviceIdle:
     """Per marked step, its device-idle time by what process ``pid`` did meanwhile (IDLE_SEGMENTS)."""
-    values, p = _idle_params(session_id, marked, pid)
+    p = {"sid": session_id, "pid": pid, "lo": min(st.start_ns for st in marked.steps),
+         "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS), "cuda": CUDA_OP_NAMES,
+         "loader": DATALOADER_PREFIX}
+    con.execute(IDLE_SEGMENTS.format(steps=_step_values(marked)), p)
     parts: dict[int, dict[str, int]] = {}
-    for step, part, ns in con.execute(IDLE_PARTS_SQL.format(steps=values), p).fetchall():
+    for step, part, ns in con.execute(IDLE_PARTS_SQL).fetchall():
         parts.setdefault(int(step), {})[f"{part}_ns"] = int(ns)
-    return [StepIdle(st, **parts.get(int(st.start_ns), {})) for st in marked.steps]
-
-
-def idle_host_ops(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int, tid: int,
-                  limit: int = 3) -> list[tuple[str, int]]:
-    """The outermost operators that held the most host work while the device idled, the step
-    thread ``tid``'s first: (name, ns) summed over the steps."""
-    values, p = _idle_params(session_id, marked, pid)
-    return [(name, int(ns)) for name, ns in
-            con.execute(IDLE_OPS_SQL.format(steps=values), {**p, "tid": tid, "limit": limit}).fetchall()]
+    return DeviceIdle([StepIdle(st, **parts.get(int(st.start_ns), {})) for st in marked.steps], con, p)
 
 
 def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None = None,

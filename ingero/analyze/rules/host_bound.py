@@ -317,7 +317,8 @@ def _from_trace(con, ctx: Context) -> list[Chain]:
     if marked is None or thread is None or marked.steps[0].device_busy_ns is None:
         return []  # no steps, or no device timeline (a CPU-only trace): nothing to hold it to
     pid, tid = thread
-    idle = [x for x in timeline.device_idle(con, ctx.session_id, marked, pid) if x.wall_ns > 0]
+    swept = timeline.device_idle(con, ctx.session_id, marked, pid)
+    idle = [x for x in swept.steps if x.wall_ns > 0]
     wall = sum(x.wall_ns for x in idle)
     host = sum(x.host_ns for x in idle)
     if not wall:
@@ -353,7 +354,7 @@ def _from_trace(con, ctx: Context) -> list[Chain]:
         if data < T.min_host_idle_share else
         f"the GPU also idled while the loop waited for data, {units.pct(data)} of the steps (input-bound's)",
     ]
-    top = timeline.idle_host_ops(con, ctx.session_id, marked, pid, tid)
+    top = swept.host_ops(tid)
     contributing = ["the operators that held that time (outermost per thread), per step:"] if top else []
     contributing += [f"  {ns / host * 100:4.1f}%  {name}  ({ns / n / 1e6:.1f} ms)" for name, ns in top]
     fix = [
