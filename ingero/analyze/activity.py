@@ -66,9 +66,11 @@ NVML_TOLERANCE = 0.05
 def nvml_disagreement(ctx: Context, busy: DeviceBusy) -> str | None:
     """Fill ``busy.nvml_util`` from the one sampled GPU; a note when it falls outside the bounds
     the process' own calls allow (None when they agree, or when there is nothing to compare)."""
+    if busy.source != "inferred":
+        return None  # (a measured timeline: nothing inferred to compare, and no inference to run)
     act = device_activity(ctx)
     main = inferred_device.main_process(ctx, act) if act else None
-    if main is None or busy.source != "inferred":
+    if main is None:
         return None
     util, gpus = ctx.con.execute(NVML_SQL, {"sid": ctx.session_id, "a": main.start_ns, "b": main.end_ns}).fetchone()
     if gpus != 1 or util is None:
