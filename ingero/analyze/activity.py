@@ -9,6 +9,7 @@ not waiting for the host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -73,7 +74,7 @@ def nvml_disagreement(ctx: Context, busy: DeviceBusy) -> str | None:
     if main is None:
         return None
     util, gpus = ctx.con.execute(NVML_SQL, {"sid": ctx.session_id, "a": main.start_ns, "b": main.end_ns}).fetchone()
-    if gpus != 1 or util is None:
+    if gpus != 1 or util is None or not math.isfinite(util):
         return None
     busy.nvml_util = round(float(util), 4)
     if busy.nvml_util > busy.high + NVML_TOLERANCE:

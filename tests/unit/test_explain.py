@@ -242,3 +242,8 @@ def test_nvml_is_shown_beside_the_inferred_share_and_a_disagreement_is_noted(dev
 def test_nvml_of_two_gpus_is_not_compared():
     report = _with_nvml(healthy(10, device_ms=3.0, wait_ms=30.0), 95.0, gpus=2).explain()
     assert report.device.nvml_util is None and not [n for n in report.notes if n.startswith("NVML says")]
+
+
+def test_a_nan_nvml_sample_is_not_compared():
+    report = _with_nvml(healthy(10, device_ms=3.0, wait_ms=30.0), float("nan")).explain()
+    assert report.device.nvml_util is None and not [n for n in report.notes if n.startswith("NVML says")]
