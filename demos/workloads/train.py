@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "a comma list: rank i loads the i-th (cycled), e.g. two copies of one library")
     ap.add_argument("--grad-bytes", type=parse_size, default=parse_size("32MiB"),
                     help="gradients all-reduced per step (float32)")
+    ap.add_argument("--wait-timeline", action="store_true",
+                    help="with --ranks: each rank's summary lists, per step, the wall clock (ns since the "
+                         "epoch, as events.timestamp) and its all-reduces' cumulative wait (simulated NCCL's "
+                         "truth), to compare a trace's window with what really happened in it")
     ap.add_argument("--measure-from", default="",
                     help="the summary counts only steps that start after this file appears "
                          "(the demo creates it when the interference starts)")
@@ -469,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     measure_from = Path(args.measure_from) if args.measure_from else None
     measured_from_step = 0
+    timeline = [] if args.wait_timeline and rank is not None else None
     try:
         while True:
             if rank is not None:
@@ -551,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             step_ms.append((t2 - t0) * 1e3)
             wait_ms.append((t1 - t0) * 1e3)
             step += 1
+            if timeline is not None:
+                timeline.append((time.time_ns(), rank.truth("simncclWaitNs") or 0))
             if step == 1 and args.ready_file:
                 Path(args.ready_file).touch()
             if args.progress and step % args.progress == 0:
@@ -598,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             "collective_wait_ms_mean": round(coll["simncclWaitNs"] / 1e6 / measured, 3) if measured else 0.0,
             "collective_wait_pct": round(100 * coll["simncclWaitNs"] / 1e9 / wall, 2) if wall else 0.0,
             "entered_last": coll["simncclLastCount"],
+            **({"collective_wait_timeline": timeline} if timeline is not None else {}),
         })
     if rank is None or RDZV_ENV not in os.environ:
         print(json.dumps(summary), flush=True)
