@@ -53,6 +53,9 @@ DATASET_BYTES = 256 << 20
 # on these VMs, longer when the box is busy: `ingero trace --cmd true` took
 # 135 s to start at load 18 on 2026-11-26).
 WORKLOAD_START_TIMEOUT_S = 180.0
+# After the workload's run: the tracer drains, stores and detaches its uprobes one at a time
+# (closing 10 uprobe fds took 9.7 s at load 12).
+EXIT_TIMEOUT_S = 120.0
 # Seconds between SIGTERM and SIGKILL when cleaning up.
 KILL_GRACE_S = 2.0
 
@@ -267,20 +270,23 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
                                   start_new_session=True, env=env)
     _keep_off_loop_core(tracer.pid, flags)
     try:
+        # the tracer takes seconds to compile and attach (minutes on a busy box): every clock
+        # below counts from the workload's first step
+        started = _wait(tracer, WORKLOAD_START_TIMEOUT_S, until=ready.exists)
         if items:
             # a clean baseline first, then the cause (on the slow run)
             delay = 0.0 if fixed else BASELINE_SHARE * duration_s
             progress(f"{label}: workload running, interference in {delay:.0f} s" if delay
                      else f"{label}: workload running with interference")
-            # the tracer takes seconds to compile and attach: count from the workload's first step
-            if _wait(tracer, WORKLOAD_START_TIMEOUT_S, until=ready.exists) and _wait(tracer, delay):
+            if started and _wait(tracer, delay):
                 start_interference(items, paths, procs, nice=19 if fixed and s.fix_renice else 0)
                 if cause is not None:
                     cause.touch()
         else:
             progress(f"{label}: workload running")
         try:
-            tracer.wait(timeout=duration_s + 2 * TRACE_MARGIN_S + 30)
+            # the workload's run, then the tracer's exit (its uprobes detach one at a time)
+            tracer.wait(timeout=duration_s + 2 * TRACE_MARGIN_S + EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(tracer.pid, signal.SIGINT)
             tracer.wait(timeout=30)

@@ -30,9 +30,9 @@ AFTER_LAUNCH = 4  # K: sleeps after a launch, no sync
 HELPER = 3  # L: sleeps of a thread that never calls CUDA
 PAGES = 8  # fresh pages touched before each sleep of phases M and K
 # The workload's sleeps are 5 ms (SLEEP_MS in call_state.c); a sync sleeps
-# until its 20 ms kernel ends: less than that by however long the thread
+# until its 100 ms kernel ends: less than that by however long the thread
 # waited for a CPU between launch and sync (a 5 ms kernel lost one sleep
-# under the 4 ms bar at load 9).
+# under the 4 ms bar at load 9; 15 ms of such a wait was seen).
 LONG_NS = 4_000_000
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ingero.daemon import access, client
+import workloads
 from workloads import wait_until
 
 pytestmark = pytest.mark.live
@@ -34,9 +35,8 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
     db, sock = short_dir / "t.duckdb", short_dir / "t.sock"
     env = {**os.environ, "INGERO_SOCKET": str(sock), "INGERO_DB": str(db)}
     # a target that exists for the whole run and makes a known number of syscalls/switches
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nfor _ in range(400): time.sleep(0.05)"])
-    proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--retain", "1h", "--max-db", "1GB",
-                             "--duration", "40s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nfor _ in range(12000): time.sleep(0.05)"])
+    proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--retain", "1h", "--max-db", "1GB"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
         assert proc.poll() is None, proc.stderr.read()
@@ -59,7 +59,7 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        proc.wait(workloads.EXIT_TIMEOUT_S)
         sleeper.kill()
         sleeper.wait()
     assert not sock.exists()

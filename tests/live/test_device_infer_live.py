@@ -26,6 +26,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import workloads
+
 from ingero.analyze import device, steps
 from ingero.analyze.context import Options
 
@@ -44,7 +46,7 @@ def run(request, tmp_path_factory, simcuda: Path):
            "--summary-json", str(summary), *SHAPE]
     proc = subprocess.run([sys.executable, "-m", "ingero", "trace", "--no-serve", "--db", str(db),
                            "--cuda-lib", str(simcuda), "--cmd", " ".join(cmd)],
-                          cwd=REPO, capture_output=True, text=True, timeout=180,
+                          cwd=REPO, capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
                           env={**os.environ, "SIMCUDA_SCHEDULE": request.param})
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(summary.read_text())

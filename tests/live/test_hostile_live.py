@@ -22,6 +22,7 @@ import pytest
 
 from ingero.daemon import client
 from ingero.errors import IngeroError
+import workloads
 from workloads import wait_until
 
 pytestmark = pytest.mark.live
@@ -124,7 +125,7 @@ def test_sigterm_mid_query_exits_0_and_the_query_hears_why(tracer):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: _in_flight(sock, base), what="the runaway query in flight")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(120) == 0, proc.stderr.read()
+    assert proc.wait(workloads.EXIT_TIMEOUT_S) == 0, proc.stderr.read()
     err = proc.stderr.read()
     assert "CHECKPOINT" not in err and "stopped writing" not in err, err
     out, qerr = q.communicate(timeout=120)
@@ -199,7 +200,8 @@ def test_files_are_created_private_and_existing_modes_kept(short_dir):
     want = 0o640 if group is not None else 0o600
     db = short_dir / "new.duckdb"
     proc = subprocess.run([*INGERO, "trace", "--db", str(db), "--pid", str(os.getpid()), "--duration", "2s"],
-                          capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(db.stat().st_mode) == want
     # the WAL: DuckDB writes it on the first change; it must be as private as the file
@@ -210,7 +212,8 @@ def test_files_are_created_private_and_existing_modes_kept(short_dir):
         assert stat.S_IMODE(wal.stat().st_mode) & 0o077 & ~0o040 == 0
     os.chmod(db, 0o644)  # the owner chose this: never narrowed or widened by ingero
     proc = subprocess.run([*INGERO, "trace", "--db", str(db), "--pid", str(os.getpid()), "--duration", "1s"],
-                          capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(db.stat().st_mode) == 0o644
 

@@ -64,7 +64,7 @@ def _replay(lib_path: str, go: str, calls_file: str, out_file: str) -> None:
             else:
                 rc = lib.cudaDeviceSynchronize()
             assert rc == 0, (name, rc)
-            done.append((now, name))
+            done.append((now, name, time.time_ns() - now))
         result["threads"].append({"tid": threading.get_native_id(), "calls": done})
 
     for calls in threads:  # one OS thread per traced thread, one after the other
@@ -90,7 +90,7 @@ def _write_trace(replay: dict, path: Path) -> int:
     """The replayed calls as a Kineto trace on a clock KNOWN_NS ahead, a kernel after each launch."""
     events, corr = [], 0
     for th in replay["threads"]:
-        for now, name in th["calls"]:
+        for now, name, _ in th["calls"]:
             corr += 1
             ts = (now + KNOWN_NS) / 1000
             events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": replay["pid"], "tid": th["tid"],
@@ -135,7 +135,11 @@ def test_replayed_calls_are_matched_and_the_offset_recovered(tmp_path, simcuda, 
         store.close()
     a = r.joined
     assert a is not None and r.session_id == summary["session_id"] and a.pid == replay["pid"]
-    assert a.matched == a.trace_calls == n  # every call matched
+    # every call matched, but one whose thread lost the CPU between time_ns() and the probe for
+    # longer than the join's tolerance (a busy box): its own bracket says so
+    from ingero.importer.join import TOLERANCE_NS
+    unsure = sum(1 for th in replay["threads"] for _, _, took in th["calls"] if took >= TOLERANCE_NS // 2)
+    assert a.trace_calls == n and n - unsure <= a.matched <= n, (a.matched, unsure)
     # the residual is the time between time_ns() and the probe at the call's entry: µs, not ms
     assert abs(a.offset_ns + KNOWN_NS) < 1_000_000 and a.residual_median_ns < 1_000_000
     print(f"\njoin: offset {a.offset_ns} ns (known {-KNOWN_NS}), residual median {a.residual_median_ns} ns, "

@@ -6,7 +6,7 @@ The loop (demos/workloads/train.py, run in-process by a holder script) stays ali
 CUDA call until the test has seen Prometheus scrape the same counts the store holds (asked through
 the running tracer's socket): its last scraped counters are then the store's counts exactly, however
 slow a loaded box makes flushes and scrapes.  Then the loop exits while the tracer runs on (the
-shell sleeps TAIL_S): its series must be gone from the next scrape.
+shell waits until the test has seen two scrapes without it): its series must be gone from the next scrape.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from workloads import REPO, Tracer, query, simcuda, wait_for
 pytestmark = pytest.mark.live
 
 HOLD_MAX_S = 300  # the loop lingers after its last call until released, at most this
-TAIL_S = 4  # the tracer outlives the loop by this (scrapes without it)
+TAIL_MAX_S = 120  # the tracer outlives the loop until the test saw 2 scrapes without it, at most this
 TRAIN_S = 6
 
 
@@ -136,7 +136,8 @@ def run(tmp_path_factory):
         lib = simcuda()
         flag = tmp / "hold"
         cmd = (f"sh -c '{sys.executable} {holder} {REPO / 'demos/workloads/train.py'} {HOLD_MAX_S} {flag} "
-               f"--duration {TRAIN_S} --workers 0 --lib {lib}; sleep {TAIL_S}'")
+               f"--duration {TRAIN_S} --workers 0 --lib {lib}; "
+               f"i=0; while [ ! -e {flag}.tail ] && [ $i -lt {TAIL_MAX_S * 10} ]; do sleep 0.1; i=$((i+1)); done'")
         db = tmp / "t.duckdb"
         tracer = Tracer(db, "--metrics-port", str(metrics_port), "--cuda-lib", str(lib), "--cmd", cmd)
         tracer.wait_started()
@@ -156,6 +157,13 @@ def run(tmp_path_factory):
 
         wait_for(settled, timeout=120, step=1.5)
         flag.with_name("hold.go").touch()
+
+        def gone_twice() -> bool:  # two of our scrapes after the loop's series left
+            mine = [f'pid="{loop_pid}"' in x for x in scrapes]
+            return any(mine) and len(mine) - 1 - max(i for i, m in enumerate(mine) if m) >= 2
+
+        wait_for(gone_twice, timeout=TAIL_MAX_S, step=0.25)
+        flag.with_name("hold.tail").touch()
         summary = tracer.finish(sig=None, timeout=360)
         done.set()
         scraper.join(5)
@@ -203,7 +211,7 @@ def test_an_exited_process_leaves_the_next_scrape(run):
     assert any(mine), "the loop's series were never served"
     last = max(i for i, m in enumerate(mine) if m)
     later = run["scrapes"][last + 1:]
-    # the tracer served on for TAIL_S seconds after the loop exited, without the loop's series
+    # the tracer served on after the loop exited, without the loop's series
     assert len(later) >= 2 and all("ingero_events_stored_total" in s for s in later)
 
 

@@ -86,11 +86,13 @@ def test_each_sleep_of_a_traced_thread_is_one_row_and_rows_do_not_overlap(tmp_pa
     # after the exec: before it, the launcher holds the child until the probes are in place
     where = "op = 'sched_switch' AND pid = $p AND duration_ns >= $long AND timestamp >= $exec"
     args = {"p": pid, "long": LONG_NS, "exec": exec_ts}
-    long_rows = query(db, f"SELECT duration_ns, runq_ns FROM events WHERE {where} ORDER BY timestamp", args)
+    long_rows = query(db, f"SELECT duration_ns, runq_ns FROM events WHERE {where} AND kind = 'sleep' "
+                          "ORDER BY timestamp", args)
     assert len(long_rows) == SLEEPS, long_rows
-    assert {kind for (kind,) in query(db, f"SELECT kind FROM events WHERE {where}", args)} == {"sleep"}
-    # woken by its timer, then at most a short wait for the CPU: inside the interval
-    assert all(0 < runq < dur and runq < LONG_NS for dur, runq in long_rows), long_rows
+    # anything else that long is the thread preempted on a busy box, never a sleep split or merged
+    assert {kind for (kind,) in query(db, f"SELECT kind FROM events WHERE {where}", args)} <= {"sleep", "preempted"}
+    # woken by its timer, then a wait for the CPU: inside the interval
+    assert all(0 < runq < dur for dur, runq in long_rows), long_rows
     # every off-CPU interval of the thread once, none overlapping the next
     spans = query(db, """SELECT timestamp, duration_ns FROM events WHERE op = 'sched_switch' AND tid = $p
                          ORDER BY timestamp""", {"p": pid})

@@ -19,6 +19,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import workloads
+
 from ingero.store.retention import RETENTION_INTERVAL_S
 
 pytestmark = pytest.mark.live
@@ -73,7 +75,7 @@ def test_a_pruned_stack_is_written_again_when_its_site_recurs(tmp_path: Path) ->
     r = subprocess.run(
         [sys.executable, "-m", "ingero", "trace", "--stack", "--retain", "3s", "--duration", "90s", "--db", str(db),
          "--cmd", f"{sys.executable} {script} {_libcudart()} {SECOND_PHASE_S}"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
         env={**os.environ, "INGERO_SOCKET": str(tmp_path / "ingero.sock")})
     assert r.returncode == 0, r.stderr
     assert "done" in r.stdout, r.stdout

@@ -18,9 +18,12 @@ from bench.bench_ingest import _build_gen, ingest_step
 
 pytestmark = pytest.mark.live
 
-RING_MB = 32  # 524 k records: ~0.9 s of slack at RATE (a flush of 245 k rows takes ~0.2 s here)
-RATE = 600_000  # records/s: within the reader's ~1 M/s
-SECONDS = 8.0  # 4.8 M records, ~9 laps of the ring
+# Laps matter, not rate: the torn read needs the producer past the ring's size.  A third of the
+# reader's ~1 M/s leaves it room on a busy 2-core box, and the ring 1.3 s of slack (a flush of
+# 245 k rows takes ~0.2 s idle); 600 k/s in a 0.9 s ring was the thin margin.
+RING_MB = 16  # 262 k records: ~1.3 s of slack at RATE
+RATE = 200_000  # records/s
+SECONDS = 8.0  # 1.6 M records, ~6 laps of the ring
 
 
 def test_no_drops_after_the_ring_wraps(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import workloads
 from workloads import HERE, INGERO, REPO, Tracer, libcudart, query, wait_for
 
 pytestmark = pytest.mark.live
@@ -152,7 +153,7 @@ def test_linked_in_runtime_started_after_the_trace_and_cuda_12_beside_13(tmp_pat
             notes = {n for t in tracer.ticks() for n in t.get("notes", [])}
             return all(any(n.endswith(want) for n in notes) for want in linked)
 
-        assert wait_for(attached, timeout=60), [t.get("notes") for t in tracer.ticks()]
+        assert wait_for(attached, timeout=workloads.START_TIMEOUT_S), [t.get("notes") for t in tracer.ticks()]
         go.touch()
         pids = {}
         for n, p in procs.items():

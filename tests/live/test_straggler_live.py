@@ -13,10 +13,10 @@ demos/build/libnccl.so.2, whose collectives really wait for every rank.
   --pid once the first step is done), with the same hogs on both ranks'
   cores: every all-reduce is still a row, the ranks come from the torchrun
   environment (no 'nccl' row to take them from), and explain names CPU
-  contention on both ranks. A straggler above LOW only when the simulated
-  NCCL's truth over the traced window says one rank really was late (the
-  tracer and the box's other load run on one of the two cores), and then
-  the chain names that rank and its preemptors.
+  contention on both ranks. The tracer and the box's other load run on one
+  of the two cores, so one rank can really be late for a while: a straggler
+  chain above LOW must then be true by the simulated NCCL's own measure in
+  its evidence windows.
 
 The straggler scenario itself (hogs on one rank's core) is in
 test_demo_live.py with the other demo scenarios.
@@ -128,7 +128,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def test_job_traced_after_init_and_contended_on_every_rank_is_contention_not_a_straggler(tmp_path):
+def test_job_traced_after_init_and_contended_on_every_rank_is_contention_and_any_straggler_is_true(tmp_path):
     cudart = simcuda()
     nccl = cudart.parent / "libnccl.so.2"
     ready = tmp_path / "ready"
@@ -152,7 +152,7 @@ def test_job_traced_after_init_and_contended_on_every_rank_is_contention_not_a_s
         tracer = Tracer(db, "--cuda-lib", str(cudart), "--cuda-lib", str(nccl), "--duration", "12s",
                         "--pid", ",".join(str(p) for p in (job.pid, *ranks)))
         tracer.wait_started()
-        tracer.finish(sig=None, timeout=90)
+        tracer.finish(sig=None)
     finally:
         for p in hogs:
             os.killpg(p.pid, 9)
@@ -173,25 +173,34 @@ def test_job_traced_after_init_and_contended_on_every_rank_is_contention_not_a_s
     strong = {(c.rule_id, p) for c in report.chains if c.severity in STRONG for p in c.pids}
     assert ("cpu-contention", ranks[0]) in strong and ("cpu-contention", ranks[1]) in strong, strong
     # Equal hogs make equal ranks only if the rest of the box's load spreads evenly too, and the
-    # tracer itself runs on one of the two cores. The simulated NCCL's truth over the traced window
-    # (how long each rank's all-reduces stood waiting for the other) says whether one rank was late.
-    lo, hi = query(db, "SELECT min(timestamp), max(timestamp) FROM events WHERE op = 'ncclAllReduce'")[0]
-    per_rank = sorted(json.loads(summary.read_text())["per_rank"], key=lambda r: r["rank"])
-    waits = {r["pid"]: _wait_per_step_ms(r["collective_wait_timeline"], lo, hi) for r in per_rank}
-    stragglers = [c for c in report.chains if c.rule_id == "straggler" and c.severity in STRONG]
-    # the late rank is the one the other waited for
-    late = min(waits, key=waits.get)
-    if max(waits.values()) < 1.25 * min(waits.values()):
-        # each waited about as long for the other: contention of the whole job, no straggler
-        assert stragglers == [], (waits, [c.root[0] for c in stragglers])
-    for c in stragglers:
-        # one rank really was late in this window: a straggler chain names it and what preempted it
-        assert c.pids == [late] and "preempted" in c.root[0] and c.culprits, (waits, c.root)
+    # tracer itself runs on one of the two cores: a rank can really be late for a few seconds.
+    # A straggler chain must then be true where it says so: in its evidence windows, by the
+    # simulated NCCL's truth (how long each rank's all-reduces stood waiting for the other),
+    # the other rank waited for the named one longer than the named one waited for it.
+    per_rank = json.loads(summary.read_text())["per_rank"]
+    waits = {r["pid"]: _step_waits(r["collective_wait_timeline"]) for r in per_rank}
+    for c in report.chains:
+        if c.rule_id != "straggler" or c.severity not in STRONG:
+            continue
+        assert len(c.pids) == 1, c.root
+        (late,) = c.pids
+        inside = {p: _sum_in(ws, c.evidence_windows) for p, ws in waits.items()}
+        other = max(v for p, v in inside.items() if p != late)
+        assert other > inside[late], (inside, c.root)
 
 
-def _wait_per_step_ms(timeline: list[list[int]], lo: int, hi: int) -> float:
-    """A rank's mean all-reduce wait per step over the steps that ended in [lo, hi] (ms)."""
-    before = [w for t, w in timeline if t < lo]
-    inside = [w for t, w in timeline if lo <= t <= hi]
-    assert len(inside) >= 20, f"{len(inside)} steps in the traced window"
-    return (inside[-1] - (before[-1] if before else 0)) / len(inside) / 1e6
+def _step_waits(timeline: list[list[int]]) -> list[tuple[int, int]]:
+    """(end of step ns, this step's all-reduce wait ns) from a rank's cumulative timeline."""
+    out, prev = [], None
+    for t, cum in timeline:
+        if prev is not None:
+            out.append((t, cum - prev))
+        prev = cum
+    return out
+
+
+def _sum_in(steps: list[tuple[int, int]], windows) -> int:
+    """The waits of the steps that ended inside any of ``windows``."""
+    inside = [w for t, w in steps if any(win.start_ns <= t < win.end_ns for win in windows)]
+    assert len(inside) >= 3, f"{len(inside)} steps in the evidence windows"
+    return sum(inside)

@@ -39,7 +39,7 @@ def _trace_loop(tmp: Path, simcuda: Path, env: dict[str, str] | None = None) -> 
                     "--summary-json", str(summary), *LOOP])
     tracer = workloads.Tracer(db, "--cuda-lib", str(simcuda), "--cmd", cmd, env=env)
     tracer.wait_started()
-    tracer.finish(sig=None, timeout=120)
+    tracer.finish(sig=None)
     out = subprocess.run([*workloads.INGERO, "explain", "--db", str(db), "--json"],
                          capture_output=True, text=True, cwd=workloads.REPO)
     assert out.returncode == 0, out.stderr

@@ -25,6 +25,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 INGERO = [sys.executable, "-m", "ingero"]
 START_TIMEOUT_S = 240  # compile + attach: ~200 probes at 0.05-0.3 s each, longer while earlier tracers still detach theirs (host-wide, serialized): 98 s measured at load 12
+# A whole traced run (start, the workload, exit), and a tracer's exit after SIGINT/SIGTERM: its
+# uprobes detach one at a time (closing 10 uprobe fds took 9.7 s at load 12).
+TRACED_RUN_TIMEOUT_S = 360
+EXIT_TIMEOUT_S = 180
 
 
 def build(name: str, out_dir: Path) -> Path:
@@ -96,7 +100,7 @@ class Tracer:
             raise AssertionError(f"ingero trace did not start: {err}")
         return next(x for x in self.lines if x["type"] == "start")
 
-    def finish(self, sig: int | None = signal.SIGINT, timeout: float = 180) -> dict:
+    def finish(self, sig: int | None = signal.SIGINT, timeout: float = EXIT_TIMEOUT_S) -> dict:
         """Send ``sig`` (None: wait for it to end by itself) and return the summary line."""
         if sig is not None:
             self.proc.send_signal(sig)

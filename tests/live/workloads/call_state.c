@@ -9,7 +9,7 @@
  * for GO_FILE (created once the tracer is attached), then:
  *   0. a helper thread that never calls CUDA sleeps L times (joined before
  *      the main thread's first CUDA call);
- *   1. N times: launch a 4*SLEEP_MS kernel, cudaStreamSynchronize: one sleep
+ *   1. N times: launch a 20*SLEEP_MS kernel, cudaStreamSynchronize: one sleep
  *      inside the sync with the kernel queued (in_call sync, queued TRUE);
  *   2. M times: sleep SLEEP_MS right after that sync (in_call NULL, queued
  *      FALSE), touching PAGES fresh pages before each sleep;
@@ -106,9 +106,9 @@ int main(int argc, char **argv)
 	pthread_join(t, NULL);
 
 	dim3 one = {1, 1, 1};
-	/* 4x the sleeps: the sync still sleeps >= SLEEP_MS when the thread waits
-	 * for a CPU up to 15 ms between the launch and the sync (seen at load 9) */
-	set_kernel_us(4 * SLEEP_MS * 1000);
+	/* 20x the sleeps: the sync still sleeps >= SLEEP_MS when the thread waits
+	 * for a CPU up to 95 ms between the launch and the sync (15 ms seen at load 9) */
+	set_kernel_us(20 * SLEEP_MS * 1000);
 	for (int i = 0; i < n; i++) {
 		must(launch(NULL, one, one, NULL, 0, NULL), "cudaLaunchKernel");
 		must(stream_sync(NULL), "cudaStreamSynchronize");
