@@ -254,7 +254,7 @@ def generate(scenario: Scenario, *, duration_s: float | None = None, steps: int 
         raise ValueError("give steps or duration_s")
     how = wait_policy(policy or scenario.policy)
     rng = np.random.default_rng(seed)
-    t0 = start_ns if start_ns is not None else time.time_ns()
+    t0 = start_ns if start_ns is not None else time.time_ns() // NS * NS  # whole seconds, as explain's windows
     if scenario.physics.ranks > 1:
         return _generate_ranks(scenario, scenario.fix_physics if fixed else scenario.physics,
                                duration_s=duration_s, steps=steps, fixed=fixed, t0=t0, rng=rng, how=how)

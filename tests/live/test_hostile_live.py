@@ -123,7 +123,11 @@ def test_sigterm_mid_query_exits_0_and_the_query_hears_why(tracer):
     base = client.query("SELECT * FROM duckdb_connection_count()", socket_path=sock)[1][0][0]
     q = subprocess.Popen([*INGERO, "query", "--timeout", "300", RUNAWAY], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: _in_flight(sock, base), what="the runaway query in flight")
+    # `ingero query` asks the socket for status first (a cursor of its own for a moment): the
+    # runaway is in flight once the tracer burns CPU with a cursor open (it idles otherwise)
+    wait_until(lambda: _in_flight(sock, base), what="a request in flight")
+    cpu0 = _cpu_s(proc.pid)
+    wait_until(lambda: _cpu_s(proc.pid) - cpu0 > 1.0 and _in_flight(sock, base), what="the runaway query in flight")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(workloads.EXIT_TIMEOUT_S) == 0, proc.stderr.read()
     err = proc.stderr.read()
