@@ -26,7 +26,7 @@ def test_samples_name_the_burning_line(tmp_path, monkeypatch):
     db = tmp_path / "t.duckdb"
     tracer = workloads.Tracer(db, "--stack", "--duration", "90s", "--cmd", f"{sys.executable} {SCRIPT} {CPU_S}")
     tracer.wait_started()
-    tracer.finish(sig=None, timeout=360)
+    tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
     lines = _lines()
     [(attached,)] = workloads.query(db, "SELECT attached FROM probes WHERE probe_kind = 'perf_event'")
     assert attached

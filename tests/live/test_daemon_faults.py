@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import workloads
+
 from ingero.store.db import Store
 
 # the BPF-free writer process (not part of the package: run by path)
@@ -38,7 +40,7 @@ def _fill(db: Path) -> int:
     proc = subprocess.run(
         [sys.executable, str(WRITER), "--db", str(db), "--rate", "100000",
          "--flush-s", "0.1", "--duration", "60"],
-        capture_output=True, text=True, timeout=360,
+        capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
     )
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 3, proc.stderr
@@ -79,7 +81,8 @@ def test_trace_on_a_tiny_disk_ends_with_one_line(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], check=True)
     try:
         proc = subprocess.run([sys.executable, "-m", "ingero", "trace", "--db", str(tiny / "t.duckdb"),
-                               "--duration", "2s"], capture_output=True, text=True, timeout=360)
+                               "--duration", "2s"],
+                              capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S)
     finally:
         subprocess.run(["umount", "-l", str(tiny)], check=False)
     assert proc.returncode == 2, proc.stderr

@@ -36,7 +36,8 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
     env = {**os.environ, "INGERO_SOCKET": str(sock), "INGERO_DB": str(db)}
     # a target that exists for the whole run and makes a known number of syscalls/switches
     sleeper = subprocess.Popen([sys.executable, "-c", "import time\nfor _ in range(12000): time.sleep(0.05)"])
-    proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--retain", "1h", "--max-db", "1GB"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*INGERO, "trace", "--pid", str(sleeper.pid), "--retain", "1h", "--max-db", "1GB"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: sock.exists() or proc.poll() is not None, what="the tracer's socket")
         assert proc.poll() is None, proc.stderr.read()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import workloads
 from workloads import Tracer, query
 
 pytestmark = pytest.mark.live
@@ -73,7 +74,7 @@ def test_jit_driver_entry_points_give_one_row_per_call(tmp_path: Path) -> None:
     tracer = Tracer(db, "--cuda-lib", str(lib), "--duration", "90s",
                     "--cmd", f"{sys.executable} {tmp_path / 'caller.py'} {lib} {N} {BYTES} {STREAM}")
     tracer.wait_started()
-    summary = tracer.finish(sig=None, timeout=360)
+    summary = tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
     assert summary["ended_by"] == "command exited", tracer.stderr
     pid = int(next(line.split()[1] for line in tracer.stderr.splitlines() if line.startswith("ok ")))
     rows = query(db, """SELECT op, coalesce(kind, '-'), count(*), min(ret), max(ret), min(bytes), max(bytes),

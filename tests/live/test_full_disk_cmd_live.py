@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import workloads
 from workloads import wait_until
 
 pytestmark = pytest.mark.live
@@ -61,7 +62,7 @@ def test_a_full_disk_mid_trace_never_ends_the_cmd_job(disk):
         wait_until(lambda: not sock.exists(), what="the tracer to stop tracing")
         assert proc.poll() is None and not marker.exists()
         go.touch()
-        _, err = proc.communicate(timeout=360)
+        _, err = proc.communicate(timeout=workloads.TRACED_RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

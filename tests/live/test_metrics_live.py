@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import prereqs
+import workloads
 from workloads import REPO, Tracer, query, simcuda, wait_for
 
 pytestmark = pytest.mark.live
@@ -164,7 +165,7 @@ def run(tmp_path_factory):
 
         wait_for(gone_twice, timeout=TAIL_MAX_S, step=0.25)
         flag.with_name("hold.tail").touch()
-        summary = tracer.finish(sig=None, timeout=360)
+        summary = tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
         done.set()
         scraper.join(5)
         time.sleep(1.5)  # Prometheus' last scrape of a target that went away is already in; its rules ran

@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 import prereqs
+import workloads
 from workloads import HERE, Tracer, build, query
 
 pytestmark = pytest.mark.live
@@ -42,7 +43,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     tracer = Tracer(db, "--cuda-lib", str(lib), "--cuda-lib", str(fake), "--duration", "90s",
                     "--cmd", f"sh -c 'env {ENV} {exe} {lib} {N} && {exe} {fake} {N}'")
     tracer.wait_started()
-    summary = tracer.finish(sig=None, timeout=360)
+    summary = tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
     assert summary["ended_by"] == "command exited", tracer.stderr
     nvidia_pid, fake_pid = (int(line.split()[1]) for line in tracer.stderr.splitlines() if line.startswith("ok "))
     return db, nvidia_pid, lib, fake_pid

@@ -16,6 +16,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import workloads
+
 from prereqs import needs_nvidia_libcudart
 
 from ingero.analyze.callers import CallersContext, most_preempted_lines, top_callers
@@ -34,7 +36,7 @@ def trace(cmd: str, db: Path, duration: float) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "ingero", "trace", "--stack", "--cmd", cmd, "--duration", str(duration),
          "--db", str(db)],
-        capture_output=True, text=True, timeout=360,
+        capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S,
         # A private query socket: another tracer on the machine must not refuse ours.
         env={**os.environ, "INGERO_SOCKET": str(db.parent / "ingero.sock")})
     assert out.returncode == 0, out.stderr

@@ -105,7 +105,7 @@ def _trace_cmd(tmp_path: Path, exe: Path) -> tuple[Tracer, dict, dict, int]:
     db = tmp_path / "t.duckdb"
     tracer = Tracer(db, "--duration", "90s", "--cmd", f"{exe} {N}")
     start = tracer.wait_started()
-    summary = tracer.finish(sig=None, timeout=360)
+    summary = tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
     assert summary["ended_by"] == "command exited"
     return tracer, start, summary, _ran(tracer.stderr)
 
@@ -176,7 +176,7 @@ def test_check_pid_says_what_a_process_has_linked_in(tmp_path, builds):
         out = {}
         for n, p in procs.items():
             run = subprocess.run([*INGERO, "check", "--json", "--pid", str(p.pid)], capture_output=True, text=True,
-                                 cwd=REPO, timeout=360)
+                                 cwd=REPO, timeout=workloads.TRACED_RUN_TIMEOUT_S)
             checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
             out[n] = checks[f"process {p.pid}"]
     finally:

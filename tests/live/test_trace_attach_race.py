@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import workloads
 from workloads import build, build_shared
 
 pytestmark = pytest.mark.live
@@ -40,7 +41,7 @@ def test_calls_in_flight_during_attach_do_not_wedge_the_thread(tmp_path: Path) -
         assert loop.stdout is not None and loop.stdout.readline().strip() == "ready"
         db = tmp_path / "t.duckdb"
         r = subprocess.run([sys.executable, "-m", "ingero", "trace", "--pid", str(loop.pid), "--duration", "4s",
-                            "--db", str(db)], capture_output=True, text=True, timeout=360)
+                            "--db", str(db)], capture_output=True, text=True, timeout=workloads.TRACED_RUN_TIMEOUT_S)
         assert r.returncode == 0, r.stderr
     finally:
         loop.kill()
@@ -76,7 +77,7 @@ def test_a_call_that_never_returns_does_not_swallow_later_calls(tmp_path: Path) 
         if "session" in line and "Ctrl-C" in line:  # attached and recording
             break
     go.touch()
-    out, _ = tracer.communicate(timeout=360)
+    out, _ = tracer.communicate(timeout=workloads.TRACED_RUN_TIMEOUT_S)
     assert tracer.returncode == 0, out
     con = duckdb.connect(str(db), read_only=True)
     n = con.execute("SELECT count(*) FROM events WHERE op = 'cudaStreamSync'").fetchone()[0]
