@@ -10,12 +10,17 @@ setup:
 	@bash scripts/setup.sh
 
 # The full suite: unit tests and live eBPF tests (root).  Under CI=1 a live
-# test that cannot load BPF fails instead of skipping.
+# test that cannot load BPF fails instead of skipping.  The unit tests judge
+# stored traces and time nothing, so they share both cores (pytest-xdist; the
+# replay-heavy modules on one worker, which caches their replays: the
+# "replays" group); the live tests time real processes on those two cores,
+# so they run one at a time.
 test: setup
-	$(PY) -m pytest -q -rs --durations=40 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -rs --durations=20 -n 2 --dist loadgroup $(PYTEST_ARGS) tests/unit
+	$(PY) -m pytest -q -rs --durations=40 $(PYTEST_ARGS) tests/live
 
 unit: setup
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/unit
 
 live: setup
 	$(PY) -m pytest -q -rs tests/live

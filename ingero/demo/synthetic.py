@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingero.demo import scenarios
 from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario, wait_policy
-from ingero.demo.timeline import HOG_PID0, LOOP_PID, US, WAKE_NS, WORKER_PID0, Columns, LoopThread
+from ingero.demo.timeline import HOG_PID0, LOOP_PID, US, WAKE_NS, WORKER_PID0, Columns, Draws, LoopThread
 from ingero.store.db import Store
 from ingero.store.derive import fill_call_state
 
@@ -150,12 +151,12 @@ def _step(th: LoopThread, rng: np.random.Generator, p: Physics, dev: _Device,
     if p.copy_sync:
         th.call_op("cudaMemcpy", lambda: _sync_copy(th, dev, p), kind="H2D", nbytes=p.copy_bytes)
     else:
-        th.call_op("cudaMemcpyAsync", lambda: th.run(ASYNC_COPY_CALL_NS), kind="H2D", nbytes=p.copy_bytes)
+        th.call_run("cudaMemcpyAsync", ASYNC_COPY_CALL_NS, kind="H2D", nbytes=p.copy_bytes)
         dev.queue(th.t, int(p.copy_bytes / p.copy_gbps) + COPY_LATENCY_NS)
     # -- kernels, syncs spread among them
     sync_every = max(1, p.kernels // p.syncs) if p.syncs else 0
     for k in range(p.kernels):
-        th.call_op("cudaLaunchKernel", lambda: th.run(th.jit(p.launch_us * US)))
+        th.call_run("cudaLaunchKernel", th.jit(p.launch_us * US))
         dev.queue(th.t, th.jit(p.kernel_us * US), kernel=True)
         if sync_every and (k + 1) % sync_every == 0 and (k + 1) // sync_every <= p.syncs:
             syncs.append((th.call_op("cudaStreamSync", lambda: th.wait_device(dev.free)), dev.free))
@@ -188,7 +189,7 @@ def _rank_steps(ths: list[LoopThread], devs: list[_Device], rng: np.random.Gener
         th.call_op("cudaMemcpyAsync", lambda: th.run(ASYNC_COPY_CALL_NS), kind="H2D", nbytes=p.copy_bytes)
         dev.queue(th.t, int(p.copy_bytes / p.copy_gbps) + COPY_LATENCY_NS)
         for _ in range(p.kernels):
-            th.call_op("cudaLaunchKernel", lambda: th.run(th.jit(p.launch_us * US)))
+            th.call_run("cudaLaunchKernel", th.jit(p.launch_us * US))
             dev.queue(th.t, th.jit(p.kernel_us * US), kernel=True)
         # the backward's Python between the last launch and the all-reduce, then its enqueue
         th.run(th.jit(p.host_us * US))
@@ -210,7 +211,8 @@ def _generate_ranks(scenario: Scenario, physics: Physics, *, duration_s: float |
                     fixed: bool, t0: int, rng: np.random.Generator, how: str) -> "Replay":
     """The replay of a data-parallel job: ``physics.ranks`` processes (LOOP_PID + r, rank r on core r)."""
     c = Columns.empty()
-    ths = [LoopThread(c, rng, how, t0, pid=LOOP_PID + r, cpu=r) for r in range(physics.ranks)]
+    draws = Draws(rng)  # one stream for every rank, in the order they draw
+    ths = [LoopThread(c, draws, how, t0, pid=LOOP_PID + r, cpu=r) for r in range(physics.ranks)]
     devs = [_Device(t0) for _ in ths]
     base_steps = int(steps * BASELINE_SHARE) if steps is not None else 0
     base_until = t0 + int((duration_s or 0) * BASELINE_SHARE * NS)
@@ -288,8 +290,10 @@ def generate(scenario: Scenario, *, duration_s: float | None = None, steps: int 
 
 def _process_cpu(t0: int, t1: int, hogs: int, hogs_from: int, c: Columns) -> list[dict]:
     """The hogs' per-second rows; preempted_traced counts the loop's switch-outs to each one."""
-    took = Counter((o, (ts - t0) // SAMPLE_NS) for ts, op, o, k in zip(c.timestamp, c.op, c.other_pid, c.kind)
-                   if op == "sched_switch" and k == "preempted")
+    t = c.table(0)
+    pre = pc.and_(pc.equal(t["op"], "sched_switch"), pc.equal(t["kind"], "preempted")).fill_null(False)
+    ts = t["timestamp"].filter(pre).to_numpy()
+    took = Counter(zip(t["other_pid"].filter(pre).to_pylist(), ((ts - t0) // SAMPLE_NS).tolist()))
     rows = []
     for ts in range(t0 + SAMPLE_NS, t1 + SAMPLE_NS, SAMPLE_NS):
         for h in range(hogs if ts > hogs_from else 0):
@@ -314,7 +318,8 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
     sid = store.begin_session(command=f"ingero demo {scenario.name} ({label}, synthetic replay, "
                                       f"{replay.policy} waits)",
                               targets="python3 (train.py) [synthetic]")
-    store.append("events", replay.events.table(sid))
+    events = replay.events.table(sid)
+    store.append("events", events)
     # what BPF tags at each switch and fault (the thread's CUDA call state), derived from the calls
     fill_call_state(store.con, sid)
     names = [{"pid": LOOP_PID + r, "name": "python3 (train.py)", "comm": "python3",
@@ -342,8 +347,7 @@ def write(store: Store, scenario: Scenario, replay: Replay, *, label: str) -> in
         store.append("process_cpu", pa.Table.from_pylist([{**r, "session_id": sid} for r in replay.process_cpu]))
     if replay.system:
         store.append("system_metrics", pa.Table.from_pylist([{**r, "session_id": sid} for r in replay.system]))
-    n = replay.events.table(sid).num_rows
-    store.end_session(sid, events=n, drops_kernel=0, drops_user=0)
+    store.end_session(sid, events=events.num_rows, drops_kernel=0, drops_user=0)
     # the session spans the replayed interval, not the moment it was written
     store.con.execute(
         "UPDATE sessions SET started_ns = $s, ended_ns = $e, heartbeat_ns = $e WHERE session_id = $sid",
@@ -358,7 +362,7 @@ def _bulk_template() -> pa.Table:
     preemptions in the proportions of a replayed run (~7,000 rows), in time order."""
     r = generate(scenarios.get("cpu-contention"), duration_s=10, start_ns=0, policy="block")
     t = r.events.table(0)
-    return t.take(pa.array(np.argsort(np.asarray(r.events.timestamp), kind="stable")))
+    return t.take(pa.array(np.argsort(t["timestamp"].to_numpy(), kind="stable")))
 
 
 def event_batch(session_id: int, start_ns: int, end_ns: int, n: int, rng: np.random.Generator) -> pa.Table:

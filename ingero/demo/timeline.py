@@ -28,7 +28,6 @@ for a while, a hog takes the CPU for about one scheduler slice, and so on.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -51,93 +50,131 @@ POLL_NS = 1 * US
 POLICIES = ("spin", "yield", "block")
 
 
-@dataclass
-class Columns:
-    """Growing event columns (plain lists; converted once at the end)."""
+FIELDS = ("timestamp", "duration_ns", "pid", "tid", "op", "kind", "bytes", "preempted", "other_pid", "runq_ns",
+          "ret", "cpu", "in_call", "comm")  # comm: an NCCL call's communicator
+TYPES = (pa.int64(), pa.int64(), pa.int32(), pa.int32(), pa.string(), pa.string(), pa.int64(), pa.bool_(),
+         pa.int32(), pa.int64(), pa.int32(), pa.int16(), pa.string(), pa.uint64())
+_BURST_NULLS = frozenset(("kind", "bytes", "preempted", "other_pid", "runq_ns", "ret", "in_call", "comm"))
 
-    timestamp: list[int]
-    duration_ns: list[int]
-    pid: list[int]
-    tid: list[int]
-    op: list[str]
-    kind: list[str | None]
-    bytes: list[int | None]
-    preempted: list[bool | None]
-    other_pid: list[int | None]
-    runq_ns: list[int | None]
-    ret: list[int | None]
-    cpu: list[int]
-    in_call: list[str | None]
-    comm: list[int | None]  # NCCL calls: the communicator
+
+class Columns:
+    """Growing event rows, converted to Arrow once at the end.
+
+    A replay makes millions of rows, one Python call each: a row is one tuple
+    appended (not fourteen list appends), and a burst of identical page faults
+    is one block of numpy columns.  Parts keep the order rows were added in.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[list[tuple] | dict[str, np.ndarray] | pa.Table] = []
+        self._rows: list[tuple] = []  # the part rows are being added to
+        self._parts.append(self._rows)
+        self._n = 0
+        self._table: pa.Table | None = None  # cached until the next row
 
     @classmethod
     def empty(cls) -> "Columns":
-        return cls(*([] for _ in range(14)))
+        return cls()
+
+    def __len__(self) -> int:
+        return self._n + len(self._rows)
 
     def add(self, ts: int, dur: int, op: str, *, pid: int = LOOP_PID, tid: int | None = None,
             kind: str | None = None, nbytes: int | None = None, preempted: bool | None = None,
             other_pid: int | None = None, runq_ns: int | None = None, cpu: int = 0,
             in_call: str | None = None, comm: int | None = None) -> None:
-        is_cuda = op.startswith("cuda") or op.startswith("nccl")
-        self.timestamp.append(int(ts))
-        self.duration_ns.append(int(dur))
-        self.pid.append(pid)
-        self.tid.append(tid if tid is not None else pid)
-        self.op.append(op)
-        self.kind.append(kind)
-        self.bytes.append(nbytes)
-        self.preempted.append(preempted)
-        self.other_pid.append(other_pid)
-        self.runq_ns.append(runq_ns)
-        self.ret.append(0 if is_cuda else None)
-        self.cpu.append(cpu)
-        self.in_call.append(in_call)
-        self.comm.append(comm)
+        is_cuda = op[:4] in ("cuda", "nccl")
+        self._rows.append((int(ts), int(dur), pid, pid if tid is None else tid, op, kind, nbytes, preempted,
+                           other_pid, runq_ns, 0 if is_cuda else None, cpu, in_call, comm))
+        self._table = None
 
     def add_back_to_back(self, ts: int, n: int, dur: int, op: str, *, pid: int = LOOP_PID, cpu: int = 0) -> None:
         """``n`` rows of op ``op``, ``dur`` each, end to end from ``ts`` (a burst of page faults)."""
-        self.timestamp.extend(range(int(ts), int(ts) + n * int(dur), int(dur)) if dur > 0 else [int(ts)] * n)
-        self.duration_ns.extend([int(dur)] * n)
-        self.pid.extend([pid] * n)
-        self.tid.extend([pid] * n)
-        self.op.extend([op] * n)
-        for col in (self.kind, self.bytes, self.preempted, self.other_pid, self.runq_ns, self.ret, self.in_call,
-                    self.comm):
-            col.extend([None] * n)
-        self.cpu.extend([cpu] * n)
+        if n <= 0:
+            return
+        self._n += len(self._rows)
+        self._parts.append({
+            "timestamp": int(ts) + np.arange(n, dtype=np.int64) * max(0, int(dur)),
+            "duration_ns": np.full(n, int(dur), np.int64),
+            "pid": np.full(n, pid, np.int32), "tid": np.full(n, pid, np.int32),
+            "op": np.full(n, op, object), "cpu": np.full(n, cpu, np.int16),
+        })
+        self._n += n
+        self._rows = []
+        self._parts.append(self._rows)
+        self._table = None
+
+    def _events(self) -> pa.Table:
+        """Every row so far as one table; the parts become that table (their Python rows freed)."""
+        if self._table is None:
+            tables = []
+            for part in self._parts:
+                if isinstance(part, pa.Table):
+                    tables.append(part)
+                    continue
+                if isinstance(part, dict):
+                    n = len(part["timestamp"])
+                    cols = [pa.nulls(n, t) if f in _BURST_NULLS else pa.array(part[f], t)
+                            for f, t in zip(FIELDS, TYPES)]
+                elif part:
+                    cols = [pa.array(col, t) for col, t in zip(zip(*part), TYPES)]
+                else:
+                    continue
+                tables.append(pa.Table.from_arrays(cols, names=list(FIELDS)))
+            if not tables:
+                tables = [pa.Table.from_arrays([pa.array([], t) for t in TYPES], names=list(FIELDS))]
+            self._table = pa.concat_tables(tables).combine_chunks()
+            self._n = self._table.num_rows
+            self._rows = []
+            self._parts = [self._table, self._rows]
+        return self._table
+
+    def column(self, name: str) -> list:
+        """One column as a list (tests, small replays)."""
+        return self._events().column(name).to_pylist()
+
+    def __getattr__(self, name: str) -> list:
+        if name in FIELDS:
+            return self.column(name)
+        raise AttributeError(name)
 
     def table(self, session_id: int) -> pa.Table:
-        n = len(self.timestamp)
-        return pa.table({
-            "session_id": pa.array([session_id] * n, pa.int32()),
-            "timestamp": pa.array(self.timestamp, pa.int64()),
-            "duration_ns": pa.array(self.duration_ns, pa.int64()),
-            "pid": pa.array(self.pid, pa.int32()),
-            "tid": pa.array(self.tid, pa.int32()),
-            "op": pa.array(self.op, pa.string()),
-            "kind": pa.array(self.kind, pa.string()),
-            "bytes": pa.array(self.bytes, pa.int64()),
-            "preempted": pa.array(self.preempted, pa.bool_()),
-            "other_pid": pa.array(self.other_pid, pa.int32()),
-            "runq_ns": pa.array(self.runq_ns, pa.int64()),
-            "ret": pa.array(self.ret, pa.int32()),
-            "cpu": pa.array(self.cpu, pa.int16()),
-            "in_call": pa.array(self.in_call, pa.string()),
-            "comm": pa.array(self.comm, pa.uint64()),
-        })
+        t = self._events()
+        return t.add_column(0, "session_id", pa.array(np.full(t.num_rows, session_id, np.int32)))
+
+
+class Draws:
+    """Uniform draws of one generator, drawn in blocks: ``uniform(lo, hi)`` gives exactly what
+    ``rng.uniform(lo, hi)`` would, in the same order (lo + (hi - lo) * the next double), at a
+    fraction of the cost of one numpy call per draw.  Threads of one replay share one."""
+
+    BLOCK = 1 << 14
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self._buf: list[float] = []
+        self._i = 0
+
+    def uniform(self, lo: float = 0.0, hi: float = 1.0) -> float:
+        if self._i == len(self._buf):
+            self._buf = self.rng.random(self.BLOCK).tolist()
+            self._i = 0
+        u = self._buf[self._i]
+        self._i += 1
+        return lo + (hi - lo) * u
 
 
 class LoopThread:
     """The training loop's thread: its clock ``t`` and the rows it leaves behind."""
 
-    def __init__(self, c: Columns, rng: np.random.Generator, policy: str, t: int, *, pid: int = LOOP_PID,
-                 cpu: int = 0) -> None:
+    def __init__(self, c: Columns, rng: "Draws | np.random.Generator", policy: str, t: int, *,
+                 pid: int = LOOP_PID, cpu: int = 0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"wait policy {policy!r} is not one of {POLICIES}")
         self.c = c
         self.pid = pid  # the process (and its one thread) whose rows these are
         self.cpu = cpu  # the core it runs on
-        self.rng = rng
+        self.rng = rng if isinstance(rng, Draws) else Draws(rng)  # threads of one replay share one
         self.policy = policy
         self.t = t
         self.call: str | None = None  # the CUDA call the thread is inside
@@ -240,6 +277,16 @@ class LoopThread:
                 self.oncpu_ns += step
                 self.budget -= step
             self.run(POLL_NS)
+
+    def call_run(self, op: str, ns: int, **row) -> int:
+        """``call_op(op, lambda: self.run(ns))`` without the closure: the replay's hottest path
+        (a launch-bound replay makes a million of these calls).  Returns its duration."""
+        start = self.t
+        self.call = op
+        self.run(ns)
+        self.call = None
+        self.c.add(start, self.t - start, op, pid=self.pid, cpu=self.cpu, **row)
+        return self.t - start
 
     def call_op(self, op: str, body, **row) -> int:
         """Make CUDA call ``op``: ``body()`` runs inside it; its row spans the whole call.  Returns its duration."""

@@ -6,17 +6,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ingero.demo import scenarios, synthetic
 from ingero.store.db import Store
+
+import replays
 
 START_NS = 1_763_800_000 * 10**9
 
 
 def make_db(path: Path, name: str = "cpu-contention", duration_s: float = 30, policy: str = "spin") -> Path:
-    store = Store.open(path)
-    sc = scenarios.get(name)
-    synthetic.write(store, sc, synthetic.generate(sc, duration_s=duration_s, start_ns=START_NS, policy=policy),
-                    label=f"{name} {policy}")
+    store = replays.write(Store.open(path), name, duration_s, policy, start_ns=START_NS, label=f"{name} {policy}")
     store.close()
     return path
 

@@ -11,9 +11,14 @@ from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.collect import budget
 from ingero.collect.budget import BudgetHook, attached_ratio
-from ingero.demo import scenarios, synthetic
+from ingero.demo import scenarios
 from ingero.store.db import Store
 from ingero.values import BadValue, parse_percent
+
+import replays
+
+# replays.py's cache serves this module and the other replay users on one worker
+pytestmark = pytest.mark.xdist_group("replays")
 
 START_NS = 1_763_800_000 * 10**9
 NS = 10**9
@@ -109,11 +114,7 @@ def sample_store(store: Store, ratio: float, period_ns: int = NS, phase_ns: int 
 
 
 def _replay(name: str, duration_s: float = 30, policy: str = "spin") -> Store:
-    sc = scenarios.get(name)
-    store = Store.memory()
-    replay = synthetic.generate(sc, duration_s=duration_s, start_ns=START_NS, policy=policy)
-    synthetic.write(store, sc, replay, label=f"sampled {name}")
-    return store
+    return replays.write(Store.memory(), name, duration_s, policy, start_ns=START_NS, label=f"sampled {name}")
 
 
 def test_detached_time_per_window():

@@ -13,6 +13,9 @@ import pytest
 from export_helpers import make_db
 from ingero.cli import main
 
+# replays.py's cache serves this module and the other replay users on one worker
+pytestmark = pytest.mark.xdist_group("replays")
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, Path]:

@@ -39,6 +39,9 @@ from ingero.export.selection import select
 from ingero.store.db import Store
 from export_helpers import decode, make_db
 
+# replays.py's cache serves this module and the other replay users on one worker
+pytestmark = pytest.mark.xdist_group("replays")
+
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:

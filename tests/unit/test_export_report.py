@@ -14,6 +14,9 @@ import pytest
 from export_helpers import make_db
 from ingero.cli import main
 
+# replays.py's cache serves this module and the other replay users on one worker
+pytestmark = pytest.mark.xdist_group("replays")
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr", "--v=0"]

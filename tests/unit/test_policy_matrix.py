@@ -17,6 +17,11 @@ from ingero.analyze.explain import explain
 from ingero.demo import scenarios, synthetic
 from ingero.store.db import Store
 
+import replays
+
+# replays.py's cache serves this module and the other replay users on one worker
+pytestmark = pytest.mark.xdist_group("replays")
+
 POLICIES = ("spin", "yield", "block")
 START_NS = 1_763_800_000 * 10**9
 # Long enough for baseline windows (BASELINE_SHARE of the run) before the cause.
@@ -25,11 +30,9 @@ FIXED_S = 20
 
 
 def _chains(name: str, policy: str, *, fixed: bool, duration_s: float) -> list:
-    sc = scenarios.get(name)
-    store = Store.memory()
-    replay = synthetic.generate(sc, duration_s=duration_s, fixed=fixed, start_ns=START_NS, policy=policy)
-    assert replay.policy == policy
-    synthetic.write(store, sc, replay, label=f"{'fixed' if fixed else 'slow'} {policy}")
+    assert replays.replay(name, duration_s, policy, fixed, START_NS).policy == policy
+    store = replays.write(Store.memory(), name, duration_s, policy, fixed=fixed, start_ns=START_NS,
+                          label=f"{'fixed' if fixed else 'slow'} {policy}")
     return explain(store.con, Options()).chains
 
 

@@ -18,8 +18,10 @@ import pytest
 from ingero.analyze import summaries, windows
 from ingero.analyze.context import Options, resolve
 from ingero.analyze.explain import explain
-from ingero.demo import scenarios, synthetic
+from ingero.demo import scenarios
 from ingero.store.db import Store
+
+import replays
 
 START_NS = 1_763_800_000 * 10**9 + 123_456_789  # not on a whole second
 FLUSH_NS = 700_000_000  # flushes not aligned with seconds either
@@ -27,11 +29,7 @@ REL = 2 * summaries.QUANTILE_REL_ERROR + 1e-9
 
 
 def _store(name: str, policy: str, fixed: bool) -> Store:
-    sc = scenarios.get(name)
-    store = Store.memory()
-    replay = synthetic.generate(sc, duration_s=20, fixed=fixed, start_ns=START_NS, policy=policy)
-    synthetic.write(store, sc, replay, label="summaries")
-    return store
+    return replays.write(Store.memory(), name, 20, policy, fixed=fixed, start_ns=START_NS, label="summaries")
 
 
 def write_as_tracer(store: Store, session_id: int = 1) -> int:
