@@ -9,6 +9,7 @@ is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -53,6 +54,17 @@ def cli() -> None:
     """
 
 
+def _exit_now_if_stuck(code: int) -> None:
+    """After Ctrl-C left a database statement running in C (daemon.access.STUCK), end the process
+    at once: a normal exit would wait for that statement in DuckDB's teardown, forever for a
+    runaway query."""
+    access = sys.modules.get("ingero.daemon.access")  # not imported: nothing of it can be running
+    if access is not None and access.STUCK.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="ingero", standalone_mode=False)
@@ -61,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("ingero: aborted", err=True)
+        _exit_now_if_stuck(130)
         return 130
     except click.UsageError as exc:
         # One line, like every other user error: what is wrong and where to look.

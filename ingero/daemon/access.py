@@ -6,7 +6,8 @@ not readable by this user: a root tracer's DB), the tracer writing it answers
 over its socket instead.  A file read runs under the same time limit as a
 socket query, and Ctrl-C interrupts it within a second: DuckDB holds the main
 thread inside C while it runs, so the work happens on a worker thread and the
-main thread waits in short steps, where Python delivers the signal.
+main thread waits in short steps, where Python delivers the signal (and
+interrupts again until the statement stops: see run_interruptible).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from ingero.store.db import DatabaseLocked, DatabaseUnreadable, Store, open_for_
 
 T = TypeVar("T")
 
-# How often the waiting main thread wakes to take a Ctrl-C.
+# How often the waiting main thread wakes to take a Ctrl-C (and to interrupt again).
 _WAIT_STEP_S = 0.1
+# After Ctrl-C, how long the interrupted statement may take to stop before the command gives up on it.
+CTRL_C_GRACE_S = 2.0
+# Set when a statement kept running through Ctrl-C's grace: nothing may wait for it any more.
+STUCK = threading.Event()
 
 
 def read(path: Path, *, local: Callable[[duckdb.DuckDBPyConnection], T], remote: Callable[[Path], T],
@@ -39,10 +44,11 @@ def read(path: Path, *, local: Callable[[duckdb.DuckDBPyConnection], T], remote:
     try:
         return run_interruptible(con, local, timeout_s)
     finally:
-        try:
-            con.close()
-        except duckdb.Error:
-            pass  # still busy after Ctrl-C's interrupt: the process is exiting anyway
+        if not STUCK.is_set():  # closing waits for the running statement: never for one that ignores interrupts
+            try:
+                con.close()
+            except duckdb.Error:
+                pass
 
 
 def tracer_socket(path: Path, why: IngeroError) -> Path:
@@ -60,42 +66,51 @@ def tracer_socket(path: Path, why: IngeroError) -> Path:
     raise why
 
 
-def run_interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], T],
-                      timeout_s: float) -> T:
+def run_interruptible(con: Any, fn: Callable[[Any], T], timeout_s: float) -> T:
     """``fn(con)`` on a worker thread: interrupted after ``timeout_s`` (one line naming the
-    limit) or on Ctrl-C (KeyboardInterrupt within a second)."""
+    limit) or on Ctrl-C (KeyboardInterrupt within CTRL_C_GRACE_S).
+
+    DuckDB drops an interrupt that lands where no statement checks for it (before one starts,
+    between two), so the waiting thread interrupts again at every step until the worker is
+    done.  A worker still running CTRL_C_GRACE_S after Ctrl-C sets ``STUCK``: its connection
+    cannot be closed (a close waits for the statement), and the command line exits without
+    waiting for it (cli.main).
+    """
     out: dict[str, Any] = {}
-    timed_out = threading.Event()
+    # Not worker.is_alive(): a Ctrl-C inside Thread.join makes it False for a thread still
+    # running (Python 3.11's clean-up for bpo-45274), and the close after it then waits.
+    done = threading.Event()
+    timed_out = False
 
     def work() -> None:
         try:
             out["value"] = fn(con)
         except BaseException as exc:  # handed to the waiting thread, raised there
             out["error"] = exc
+        finally:
+            done.set()
 
-    def expire() -> None:
-        timed_out.set()
-        con.interrupt()
-
-    worker = threading.Thread(target=work, name="ingero-read", daemon=True)
-    timer = threading.Timer(timeout_s, expire)
-    timer.daemon = True
-    worker.start()
-    timer.start()
+    deadline = time.monotonic() + timeout_s
+    threading.Thread(target=work, name="ingero-read", daemon=True).start()
     try:
-        while worker.is_alive():
-            worker.join(_WAIT_STEP_S)
+        while not done.wait(_WAIT_STEP_S):
+            if time.monotonic() >= deadline:
+                timed_out = True
+                con.interrupt()
     except KeyboardInterrupt:
-        give_up = time.monotonic() + 1.0
-        while worker.is_alive() and time.monotonic() < give_up:
-            con.interrupt()  # again: a statement that had not started yet missed the first one
-            worker.join(_WAIT_STEP_S)
+        give_up = time.monotonic() + CTRL_C_GRACE_S
+        try:
+            while not done.is_set() and time.monotonic() < give_up:
+                con.interrupt()
+                done.wait(_WAIT_STEP_S)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting for the statement
+        if not done.is_set():
+            STUCK.set()
         raise
-    finally:
-        timer.cancel()
     err = out.get("error")
     if err is not None:
-        if timed_out.is_set() and isinstance(err, duckdb.InterruptException):
+        if timed_out and isinstance(err, duckdb.InterruptException):
             raise IngeroError(f"interrupted: time limit of {timeout_s:g} s reached",
                               f"narrow the query, or pass --timeout (at most {protocol.MAX_TIMEOUT_S:.0f} s)") from None
         raise err
