@@ -4,9 +4,11 @@ efc26e9: `ingero query` of a runaway recursive CTE did not exit within 60 s of S
 
 from __future__ import annotations
 
-import _thread
+import json
+import subprocess
+import sys
 import threading
-import time
+from pathlib import Path
 
 import click
 import duckdb
@@ -31,8 +33,8 @@ class Statement:
             self.stopped.set()
 
     def run(self, _con) -> str:
-        while not self.stopped.wait(0.01):
-            pass
+        if not self.stopped.wait(30):  # a regression fails the test instead of hanging it
+            return "never interrupted"
         raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
 
 
@@ -56,25 +58,46 @@ def test_the_time_limit_interrupts_again_until_the_statement_stops():
     assert not access.STUCK.is_set()
 
 
+# Ctrl-C is a KeyboardInterrupt in the main thread, and pytest-xdist runs tests on another
+# thread: these two run in a fresh interpreter, where the code under test is on the main thread.
+CTRL_C = """
+import _thread, json, sys, threading, time
+sys.path.insert(0, {tests!r})
+from test_access_interrupt import Statement
+from ingero.daemon import access
+access.CTRL_C_GRACE_S = {grace}
+st = Statement(stop_at={stop_at})
+threading.Timer(0.2, _thread.interrupt_main).start()
+t0 = time.monotonic()
+try:
+    access.run_interruptible(st, st.run, 300)
+    raised = None
+except KeyboardInterrupt:
+    raised = "KeyboardInterrupt"
+print(json.dumps({{"raised": raised, "interrupts": st.interrupts, "stuck": access.STUCK.is_set(),
+                  "after_s": time.monotonic() - t0}}))
+st.stopped.set()
+"""
+
+
+def _ctrl_c(stop_at: int, grace: float) -> dict:
+    code = CTRL_C.format(tests=str(Path(__file__).parent), grace=grace, stop_at=stop_at)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_ctrl_c_interrupts_again_until_the_statement_stops():
-    st = Statement(stop_at=4)
-    threading.Timer(0.2, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        access.run_interruptible(st, st.run, 300)
-    assert st.interrupts == 4
-    assert not access.STUCK.is_set()
+    r = _ctrl_c(stop_at=4, grace=2.0)
+    assert (r["raised"], r["interrupts"], r["stuck"]) == ("KeyboardInterrupt", 4, False)
 
 
-def test_a_statement_that_ignores_ctrl_c_is_given_up_on_after_the_grace(monkeypatch):
-    monkeypatch.setattr(access, "CTRL_C_GRACE_S", 0.5)
-    st = Statement(stop_at=0)
-    threading.Timer(0.2, _thread.interrupt_main).start()
-    t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        access.run_interruptible(st, st.run, 300)
-    assert 0.5 <= time.monotonic() - t0 < 3.0
-    assert access.STUCK.is_set()
-    st.stopped.set()  # let the worker thread end
+def test_a_statement_that_ignores_ctrl_c_is_given_up_on_after_the_grace():
+    r = _ctrl_c(stop_at=0, grace=0.5)
+    assert (r["raised"], r["stuck"]) == ("KeyboardInterrupt", True)
+    assert r["interrupts"] >= 3  # every 0.1 s through the grace
+    assert 0.5 <= r["after_s"] - 0.2 < 3.0
 
 
 def test_the_command_line_exits_at_once_when_a_statement_is_stuck(monkeypatch, capsys):
