@@ -61,7 +61,9 @@ def test_the_time_limit_interrupts_again_until_the_statement_stops():
 # Ctrl-C is a KeyboardInterrupt in the main thread, and pytest-xdist runs tests on another
 # thread: these two run in a fresh interpreter, where the code under test is on the main thread.
 CTRL_C = """
-import _thread, json, sys, threading, time
+import _thread, json, signal, sys, threading, time
+# Ctrl-C as a terminal delivers it: a parent started in the background (CI's shell) leaves SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from test_access_interrupt import Statement
 from ingero.daemon import access
