@@ -157,8 +157,11 @@ def test_ctrl_c_ends_a_runaway_query_on_a_file(short_dir):
 
     Store.open(db).close()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # SIGINT as a terminal's Ctrl-C finds it: a test run started as a shell's background job
+    # passes SIGINT down ignored, and the query would never see it (CI-like runs 2 and 5)
     q = subprocess.Popen([*INGERO, "query", "--db", str(db), "--timeout", "300", RUNAWAY], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_until(lambda: _cpu_s(q.pid) > 3.0, what="the query burning CPU")  # imports take < 1 s of CPU
     q.send_signal(signal.SIGINT)
     t0 = time.monotonic()
