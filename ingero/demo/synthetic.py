@@ -186,7 +186,7 @@ def _rank_steps(ths: list[LoopThread], devs: list[_Device], rng: np.random.Gener
         th.contend(p.preempt_share if straggler else 0.0, p.hogs if straggler else 0)
         if p.data_wait_us:
             th.sleep(th.jit(p.data_wait_us * US))
-        th.call_op("cudaMemcpyAsync", lambda: th.run(ASYNC_COPY_CALL_NS), kind="H2D", nbytes=p.copy_bytes)
+        th.call_run("cudaMemcpyAsync", ASYNC_COPY_CALL_NS, kind="H2D", nbytes=p.copy_bytes)
         dev.queue(th.t, int(p.copy_bytes / p.copy_gbps) + COPY_LATENCY_NS)
         for _ in range(p.kernels):
             th.call_run("cudaLaunchKernel", th.jit(p.launch_us * US))

@@ -69,15 +69,11 @@ class Columns:
         self._parts: list[list[tuple] | dict[str, np.ndarray] | pa.Table] = []
         self._rows: list[tuple] = []  # the part rows are being added to
         self._parts.append(self._rows)
-        self._n = 0
         self._table: pa.Table | None = None  # cached until the next row
 
     @classmethod
     def empty(cls) -> "Columns":
         return cls()
-
-    def __len__(self) -> int:
-        return self._n + len(self._rows)
 
     def add(self, ts: int, dur: int, op: str, *, pid: int = LOOP_PID, tid: int | None = None,
             kind: str | None = None, nbytes: int | None = None, preempted: bool | None = None,
@@ -92,14 +88,12 @@ class Columns:
         """``n`` rows of op ``op``, ``dur`` each, end to end from ``ts`` (a burst of page faults)."""
         if n <= 0:
             return
-        self._n += len(self._rows)
         self._parts.append({
             "timestamp": int(ts) + np.arange(n, dtype=np.int64) * max(0, int(dur)),
             "duration_ns": np.full(n, int(dur), np.int64),
             "pid": np.full(n, pid, np.int32), "tid": np.full(n, pid, np.int32),
             "op": np.full(n, op, object), "cpu": np.full(n, cpu, np.int16),
         })
-        self._n += n
         self._rows = []
         self._parts.append(self._rows)
         self._table = None
@@ -124,7 +118,6 @@ class Columns:
             if not tables:
                 tables = [pa.Table.from_arrays([pa.array([], t) for t in TYPES], names=list(FIELDS))]
             self._table = pa.concat_tables(tables).combine_chunks()
-            self._n = self._table.num_rows
             self._rows = []
             self._parts = [self._table, self._rows]
         return self._table
