@@ -204,6 +204,46 @@ class _CaptureStderr:
         self._tmp.close()
 
 
+_ATTACH_UPROBE: Any = None
+
+
+def _libbcc_attach_uprobe() -> Any:
+    """libbcc's bpf_attach_uprobe with its real prototype: seven arguments, the last the
+    ref_ctr_offset.  BCC's Python binding (0.26) declares six, so the kernel is handed
+    whatever the stack holds there (0x6 on this box; dmesg: "ref_ctr_offset mismatch ...
+    old 0x6 new 0x0"), and the kernel keeps one ref_ctr_offset per probed offset: every
+    later probe at that offset that passes another value is refused, the overhead
+    budget's uprobe_multi links (which pass 0) among them."""
+    global _ATTACH_UPROBE
+    if _ATTACH_UPROBE is None:
+        from bcc import libbcc
+
+        f = libbcc.lib["bpf_attach_uprobe"]  # a new function object: BCC's own binding is left as it is
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulonglong,
+                      ctypes.c_int, ctypes.c_uint32]
+        _ATTACH_UPROBE = f
+    return _ATTACH_UPROBE
+
+
+def attach_uprobe(bpf: Any, path: str, fn: str, ret: bool, sym: str | None = None, addr: int | None = None) -> None:
+    """What BPF.attach_uprobe / attach_uretprobe do (resolve, check the quota, load the
+    program, attach a perf-event uprobe, keep its fd for BCC's cleanup), with
+    ref_ctr_offset 0: ingero's probes and links then agree at every offset.
+    ``sym`` or ``addr`` (an address BCC turns into the file offset, for a runtime
+    linked into a program).  Raises Exception, as BCC does, on failure."""
+    from bcc import BPF
+
+    real, off = bpf._check_path_symbol(path.encode(), (sym or "").encode(), addr, -1)
+    bpf._check_probe_quota(1)
+    prog = bpf.load_func(fn.encode(), BPF.KPROBE)
+    ev_name = bpf._get_uprobe_evname(b"r" if ret else b"p", real, off, -1)
+    fd = _libbcc_attach_uprobe()(prog.fd, 1 if ret else 0, ev_name, real, off, -1, 0)
+    if fd < 0:
+        raise Exception(f"Failed to attach BPF to {'uretprobe' if ret else 'uprobe'}")
+    bpf._add_uprobe_fd(ev_name, fd)
+
+
 class Program:
     """The loaded BPF object: attach probes, read its maps."""
 
@@ -245,12 +285,10 @@ class Program:
                 ok += 1
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
                 continue
-            attach = self.bpf.attach_uprobe if a.probe_kind == "uprobe" else self.bpf.attach_uretprobe
             try:
-                if addresses is not None:  # BCC turns the address into the file offset it probes
-                    attach(name=a.path.encode(), addr=addresses[a.symbol], fn_name=a.fn.encode())
-                else:
-                    attach(name=a.path.encode(), sym=a.symbol.encode(), fn_name=a.fn.encode())
+                attach_uprobe(self.bpf, a.path, a.fn, a.probe_kind == "uretprobe",
+                              sym=a.symbol if addresses is None else None,
+                              addr=None if addresses is None else addresses[a.symbol])
             except Exception as exc:  # BCC raises bare Exception for every attach failure
                 failed += 1
                 if a.probe_kind == "uretprobe":
@@ -494,8 +532,8 @@ class SwitchableProbes:
         once when it is attached; none when they cannot be (a note says why): BCC attaches them.
 
         Every group is linked once here to know: a uprobe_multi link is refused (EINVAL) where
-        another tracer's BCC uprobe sits at the same offset, BCC passing the kernel a garbage
-        ref_ctr_offset (its Python binding omits that argument; dmesg: "ref_ctr_offset mismatch").
+        another tracer's BCC uprobe sits at the same offset with a garbage ref_ctr_offset
+        (BCC's own attach_uprobe: see attach_uprobe above; ingero's own pass 0).
         """
         mine = [a for a in plan if a.op in self.ops]
         if not mine:

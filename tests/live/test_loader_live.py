@@ -43,3 +43,46 @@ def test_closing_a_program_gives_its_uprobes_back_to_bccs_quota(tmp_path, monkey
             prog.close()
         assert bcc._get_num_open_probes() == baseline
     assert attached[0] > 20 and attached == [attached[0]] * 3, attached
+
+
+def test_ingeros_uprobes_and_a_budgets_links_share_an_offset_in_either_order(tmp_path):
+    """Two tracers on one library, one with an overhead budget: the kernel keeps one ref_ctr_offset
+    per probed offset, and BCC's own attach passes it garbage (0x6 here), which refused every
+    uprobe_multi link (ref_ctr_offset 0) at a launch offset a plain trace already probed, and the
+    other way round.  Ingero's uprobes pass 0: both tracers get every probe, whichever comes first."""
+    from ingero.collect.budget import SWITCHED_OPS
+    from ingero.collect.libs import LibraryWatcher
+    from ingero.collect.loader import BpfSettings, load_program
+
+    lib = libcudart()
+    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
+    copy = tmp_path / "cudart-private.so"  # a file of our own: other tracers on the host do not touch it
+    copy.write_bytes(lib.read_bytes())
+    found = next(x for x in LibraryWatcher(extra=[copy]).poll() if x.path == copy)
+
+    def plain():
+        prog = load_program(BpfSettings(empty=True))
+        ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
+        assert ok > 20 and failed == 0, [r.error for r in prog.records if not r.attached][:1]
+        return prog
+
+    def budgeted():
+        prog = load_program(BpfSettings(empty=True))
+        links = prog.switchable_probes(SWITCHED_OPS)
+        links.attach()
+        ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
+        assert links.refused == [] and links.notes == [], links.notes
+        assert failed == 0 and links.switchable(), [r.error for r in prog.records if not r.attached][:1]
+        links.detach()
+        links.attach()  # the re-attach of every period: refused too, before
+        assert links.attached
+        return prog
+
+    for order in ((plain, budgeted), (budgeted, plain)):
+        progs = []
+        try:
+            for make in order:
+                progs.append(make())
+        finally:
+            for prog in progs:
+                prog.close()
