@@ -36,8 +36,8 @@ import pyarrow as pa
 from ingero.ops import OP_NAMES, Op
 from ingero.traceapi import TraceHook
 
-# What a daemon on every node should ask for (`--overhead-budget 2%`; the budget is off unless
-# asked: see the README, Overhead budget, for why it is not on by default).  Ingero upstream publishes 0.4-1.7% for its adaptive
+# The daemon's default (`ingero trace` without --duration or --cmd; README, Overhead budget).
+# Ingero upstream publishes 0.4-1.7% for its adaptive
 # sampling; 2% of the traced threads' CPU is one slow step in fifty, inside
 # the step-to-step spread of every loop in the issue's table (553-577 steps/s
 # untraced: +-2%), and leaves a host-bound loop ~5% of its launches at 59 k/s
@@ -57,6 +57,14 @@ RATE_S = 5
 SWITCHED_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH})
 SWITCHED_NAMES = ",".join(sorted(OP_NAMES[o] for o in SWITCHED_OPS))
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def budget_in_force(asked: float | None, daemon: bool) -> float:
+    """The budget a trace runs with, in %: what was asked (0: off), else SUGGESTED_PCT in
+    daemon mode (on every node, all the time), else none (every call traced)."""
+    if asked is not None:
+        return asked
+    return SUGGESTED_PCT if daemon else 0.0
 
 
 def attached_ratio(calls_per_s: float, cost_ns: float, cpu_s_per_s: float, budget_pct: float,
@@ -145,6 +153,13 @@ class BudgetHook(TraceHook):
         probes.attach()  # attached until a decision says otherwise; libraries join as they are attached
         self._thread = threading.Thread(target=self._cycle, name="ingero-budget", daemon=True)
         self._thread.start()
+
+    def on_start(self, sess: Any) -> list[str] | None:
+        if self.probes is None:
+            return None  # the note says why (every_second)
+        return [f"overhead budget {self.pct:g}%: launch probes are sampled when tracing every launch would cost "
+                f"more of the traced threads' CPU (one traced call costs {self.cost_ns / 1e3:.1f} us here; "
+                f"--overhead-budget off traces every call)"]
 
     def on_flush(self, sess: Any, recs: np.ndarray, flush_s: float) -> None:
         if self.probes is None or not len(recs):

@@ -40,8 +40,8 @@ from ingero.values import parse_percent
 @click.option("--overhead-budget", "overhead_budget", type=Value("overhead budget", parse_percent), default=None,
               help="Keep what tracing costs the traced CUDA threads under PCT of their CPU (e.g. 2%): "
                    "kernel-launch probes are then attached for only a slice of each second and launch "
-                   "counts are estimated (explain says so). Off by default (every call traced); 2% is what "
-                   "a daemon on every node should use (README: Overhead budget).")
+                   "counts are estimated (explain says so). Default: 2% in daemon mode (no --duration, no "
+                   "--cmd), off otherwise (every call traced); `off` traces every call (README: Overhead budget).")
 @click.option("--publish", "publish_root", default=None, metavar="ROOT",
               help="Also publish closed Parquet segments to the fleet dataset at ROOT (a shared directory or a "
                    "pyarrow filesystem URL): `ingero fleet explain ROOT` asks every node at once.")
@@ -125,11 +125,11 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
     # socket), the samplers, the per-second summaries explain reads (written at each flush)
     opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook(),
                       SummaryHook()]
-    # off unless asked: its uprobe_multi links refuse any other tracer's BCC uprobe at the same offset
-    # (README: Overhead budget), so a daemon holding them by default would break a second trace
-    if overhead_budget:
-        from ingero.collect.budget import BudgetHook
+    from ingero.collect.budget import BudgetHook, budget_in_force
 
+    # daemon mode (no --duration, no --cmd) has a budget unless told otherwise
+    overhead_budget = budget_in_force(overhead_budget, daemon=duration is None and cmd is None)
+    if overhead_budget:
         opts.hooks.append(BudgetHook(overhead_budget))
     view = LiveView(as_json=as_json)
     try:

@@ -44,10 +44,12 @@ def run_calls(calls_bin, cudart, *extra: str) -> tuple[int, int]:
 
 def test_exactly_n_rows_per_op_with_args_and_return_codes(tmp_path, calls_bin, cudart):
     db = tmp_path / "t.duckdb"
-    tracer = Tracer(db)
-    tracer.wait_started()
+    tracer = Tracer(db)  # daemon mode: the overhead budget is on, and a burst of calls is never sampled
+    start = tracer.wait_started()
+    assert any(line.startswith("overhead budget 2%: ") for line in start["lines"]), start["lines"]
     pid, _ = run_calls(calls_bin, cudart)  # started after the trace began
     summary = tracer.finish()
+    assert query(db, "SELECT count(*) FROM sampling") == [(0,)]
 
     rows = query(db, """SELECT op, count(*), min(ret), max(ret), count(DISTINCT kind), any_value(kind),
                                min(bytes), max(bytes), min(stream), max(stream)

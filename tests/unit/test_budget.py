@@ -16,6 +16,7 @@ from ingero.store.db import Store
 from ingero.values import BadValue, parse_percent
 
 import replays
+from analyze_helpers import sample_store
 
 # replays.py's cache serves this module and the other replay users on one worker
 pytestmark = pytest.mark.xdist_group("replays")
@@ -80,6 +81,13 @@ def test_parse_percent_refuses(text):
         parse_percent(text)
 
 
+def test_daemon_mode_has_the_suggested_budget_unless_told_otherwise():
+    assert budget.budget_in_force(None, daemon=True) == budget.SUGGESTED_PCT == 2.0
+    assert budget.budget_in_force(None, daemon=False) == 0.0  # --duration or --cmd: every call traced
+    assert budget.budget_in_force(0.0, daemon=True) == 0.0  # --overhead-budget off
+    assert budget.budget_in_force(0.5, daemon=False) == 0.5
+
+
 @pytest.mark.parametrize("value", ["abc", "200%", "nan"])
 def test_bad_budget_is_one_line_exit_2(value, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("INGERO_DB", str(tmp_path / "none.duckdb"))
@@ -89,28 +97,6 @@ def test_bad_budget_is_one_line_exit_2(value, capsys, tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- sampled traces
-
-
-def sample_store(store: Store, ratio: float, period_ns: int = NS, phase_ns: int = 0) -> tuple[int, int]:
-    """Apply the tracer's duty cycle to a stored trace: keep the launch rows of the first ``ratio`` of
-    every period, drop the rest, and write the sampling rows; (launch rows before, after)."""
-    con = store.con
-    sid, t0, t1 = con.execute("SELECT session_id, min(timestamp), max(timestamp) + 1 FROM events GROUP BY ALL").fetchone()
-    ops = sorted(budget.SWITCHED_NAMES.split(","))
-    before = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
-    start = t0 - phase_ns
-    keep = int(ratio * period_ns)
-    con.execute("DELETE FROM events WHERE list_contains($ops, op) AND (timestamp - $s) % $p >= $k",
-                {"ops": ops, "s": start, "p": period_ns, "k": keep})
-    rows = []
-    p = start
-    while p < t1:
-        # no call cost: the replay's calls were not slowed by probes in their slices
-        rows.append((sid, p, p + period_ns, p, p + keep, p + keep, keep / period_ns, budget.SWITCHED_NAMES, None))
-        p += period_ns
-    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    after = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
-    return before, after
 
 
 def _replay(name: str, duration_s: float = 30, policy: str = "spin") -> Store:
