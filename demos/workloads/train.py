@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --ranks: each rank's summary lists, per step, the wall clock (ns since the "
                          "epoch, as events.timestamp) and its all-reduces' cumulative wait (simulated NCCL's "
                          "truth), to compare a trace's window with what really happened in it")
+    ap.add_argument("--warmup-s", type=float, default=0.0,
+                    help="the summary counts only steps that start this many seconds after the loop did "
+                         "(bench_budget: a tracer's overhead budget engages a few seconds in)")
     ap.add_argument("--measure-from", default="",
                     help="the summary counts only steps that start after this file appears "
                          "(the demo creates it when the interference starts)")
@@ -469,9 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     wait_late_ns = getattr(lib, "simcudaWaitLateNs", None)
     late0 = wait_late_ns() if wait_late_ns else 0
     t_start = time.perf_counter()
-    deadline = t_start + args.duration
+    deadline = t_start + args.warmup_s + args.duration  # --duration is what the summary measures
     step = 0
     measure_from = Path(args.measure_from) if args.measure_from else None
+    warmup_until = t_start + args.warmup_s if args.warmup_s > 0 else None
     measured_from_step = 0
     timeline = [] if args.wait_timeline and rank is not None else None
     try:
@@ -490,9 +494,10 @@ def main(argv: list[str] | None = None) -> int:
             elif not args.steps and time.perf_counter() >= deadline:
                 break
             t0 = time.perf_counter()
-            if measure_from is not None and measure_from.exists():
-                # the clean lead-in is over: the summary describes the run with its cause
-                measure_from = None
+            if ((measure_from is not None and measure_from.exists())
+                    or (warmup_until is not None and t0 >= warmup_until)):
+                # the clean lead-in (or the warm-up) is over: the summary describes the run from here
+                measure_from = warmup_until = None
                 for samples in (step_ms, wait_ms, sync_ms):
                     samples.clear()
                 measured_from_step, t_start = step, t0
