@@ -46,7 +46,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import windows
+import numpy as np
+import pyarrow as pa
+
+from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
 from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
 from ingero.store.derive import events_relation
@@ -143,16 +146,15 @@ class DeviceActivity:
 SEQ_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_dev_seq AS
 WITH c AS MATERIALIZED (
-    SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream,
-           (timestamp - $t0) // $wns AS w
-    FROM events
+    SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream, {w} AS w
+    FROM events {iv_join}
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
       AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
-      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns
+      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
 ), x AS (
     -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
     -- runnable after its wake-up): the device may have finished at any moment of it
-    SELECT pid, tid, (timestamp - $t0) // $wns AS w, op, timestamp AS pos, timestamp AS t,
+    SELECT pid, tid, {w} AS w, op, timestamp AS pos, timestamp AS t,
            timestamp + duration_ns AS e, duration_ns AS d,
            CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
            -- when the device most likely finished, if the sync returned right after this row:
@@ -160,10 +162,10 @@ WITH c AS MATERIALIZED (
            -- thread preempted may have missed the end anywhere in the interval
            CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
                 ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
-    FROM {events}
+    FROM {events} {iv_join}
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
       AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
-      AND (timestamp - $t0) % $wns < $slice_ns
+      AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
 ), p AS (
     -- per process: streams in use, quickest launch; per op: the no-wait cost
     SELECT pid, count(DISTINCT stream) AS streams,
@@ -247,10 +249,10 @@ WITH s AS (
     FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
 ), b AS (
     SELECT s2.*, q.k, q.k_done, span.pstart, span.pend,
-           -- the first segment of a window may hold work queued before the window
-           CASE WHEN seg = 0 THEN greatest($t0 + w * $wns, pstart) ELSE s1 END AS a,
-           coalesce(r_call, least($t0 + w * $wns + $slice_ns, $t1, pend)) AS z
-    FROM s2 JOIN span USING (pid) LEFT JOIN q USING (pid, w, seg)
+           -- the first segment of an interval may hold work queued before it
+           CASE WHEN seg = 0 THEN greatest(iv.a, pstart) ELSE s1 END AS a,
+           coalesce(r_call, least(iv.b, $t1, pend)) AS z
+    FROM s2 JOIN span USING (pid) JOIN ing_dev_iv iv USING (w) LEFT JOIN q USING (pid, w, seg)
 ), h AS (
     SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
 )
@@ -312,9 +314,23 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
         sync_copy_ops=SYNC_COPY_OPS, device_sync_ops=DEVICE_SYNC_OPS, stream_sync_ops=STREAM_SYNC_OPS,
         wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS, nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
     )
-    con.execute(SEQ_SQL.format(events=events_relation(con, ctx.session_id)), p)
-    con.execute(SEG_SQL, {"t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns, "slice_ns": slice_ns,
-                          "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns})
+    seg_params = {"t1": ctx.end_ns, "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns}
+    events = events_relation(con, ctx.session_id)
+    windows_iv = window_intervals(ctx, slice_ns)
+    ivs = attached_intervals(ctx, windows_iv)
+    _segments(con, windows_iv, SEQ_SQL.format(events=events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
+              p, seg_params)
+    # steps are timed on every drain: syncs and copies are never sampled, and a step in a
+    # sampled slice is slowed by the launch probes' traps (bench_budget: ~0.6 ms a step there)
+    con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_steps AS "
+                "SELECT pid, w, seg, n, r_call, s1 FROM ing_dev_seg WHERE r_call IS NOT NULL")
+    if ivs is not None:
+        # a sampled trace: the device only where every submission was seen (the attached slices);
+        # each call belongs to the slice it falls in (an ASOF join on the slices' starts)
+        _segments(con, ivs, SEQ_SQL.format(events=events, w="iv.w", iv_join="ASOF JOIN ing_dev_iv iv ON timestamp >= iv.a",
+                                           iv_where="AND timestamp < iv.b"), p, seg_params)
+    else:
+        ivs = windows_iv
     rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:
@@ -322,7 +338,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     out = {}
     for pid, prow in by_pid.items():
         pstart, pend, subs, bp_n = prow[0][7], prow[0][8], prow[0][9], prow[0][10]
-        wins = _windows(ctx, prow, slice_ns, pstart, pend)
+        wins = _windows(ivs, prow, ctx.end_ns, pstart, pend)
         total = sum(x.span_ns for x in wins) or 1
         out[pid] = DeviceActivity(
             pid=pid,
@@ -342,24 +358,73 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     return out
 
 
-def _windows(ctx: Context, prow: list[tuple], slice_ns: int, pstart: int, pend: int) -> list[WindowBusy]:
-    """Every window of the process' call span; one without calls may still run work queued before it."""
+def _segments(con, ivs: pa.Table, seq_sql: str, p: dict, seg_params: dict) -> None:
+    """ing_dev_seq and ing_dev_seg over the intervals ``ivs`` (ing_dev_iv)."""
+    con.register("ing_dev_iv_in", ivs)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_iv AS SELECT * FROM ing_dev_iv_in ORDER BY a")
+    finally:
+        con.unregister("ing_dev_iv_in")
+    con.execute(seq_sql, p)
+    con.execute(SEG_SQL, seg_params)
+
+
+def window_intervals(ctx: Context, slice_ns: int) -> pa.Table:
+    """The time analysed, one interval per window: w (numbered as the window), win, [a, b): the
+    window's first ``slice_ns``."""
+    w = np.arange(ctx.n_windows, dtype=np.int64)
+    starts = ctx.start_ns + w * ctx.window_ns
+    return pa.table({"w": w, "win": w, "a": starts, "b": np.minimum(starts + slice_ns, ctx.end_ns)})
+
+
+def attached_intervals(ctx: Context, windows_iv: pa.Table) -> pa.Table | None:
+    """``windows_iv`` less the parts of the sampling table's periods in which the launch probes
+    were detached (`--overhead-budget`): there submissions are missing, so a segment's count
+    would be short.  None: nothing was sampled."""
+    rows = sampling.periods(ctx)
+    if not len(rows):
+        return None
+    detached = sorted((int(lo), int(hi)) for f, t, a0, a1 in rows for lo, hi in ((f, a0), (a1, t)) if hi > lo)
+    win, a, b = [], [], []
+    for i, ws, we in zip(*(windows_iv.column(c).to_pylist() for c in ("win", "a", "b"))):
+        cur = ws
+        for lo, hi in detached:  # few: one period per second of the window's neighbourhood
+            if hi <= cur or lo >= we:
+                continue
+            if lo > cur:
+                win.append(i), a.append(cur), b.append(lo)
+            cur = max(cur, hi)
+        if cur < we:
+            win.append(i), a.append(cur), b.append(we)
+    return pa.table({"w": np.arange(len(win), dtype=np.int64), "win": np.array(win, dtype=np.int64),
+                     "a": np.array(a, dtype=np.int64), "b": np.array(b, dtype=np.int64)})
+
+
+def _windows(ivs: pa.Table, prow: list[tuple], end_ns: int, pstart: int, pend: int) -> list[WindowBusy]:
+    """Every window of the process' call span, summed over its intervals; an interval without
+    calls may still run work queued before it."""
     have = {int(r[1]): r for r in prow}
-    out: list[WindowBusy] = []
-    open_before = False  # the previous window ended with work possibly queued
-    for w in range(int((pstart - ctx.start_ns) // ctx.window_ns), int((pend - 1 - ctx.start_ns) // ctx.window_ns) + 1):
-        ws = ctx.start_ns + w * ctx.window_ns
-        span = max(0, min(ws + slice_ns, ctx.end_ns, pend) - max(ws, pstart))
-        cap = max(span, 1)  # a segment can end past the slice (its drain returned later)
+    by_win: dict[int, list[int]] = {}
+    open_before = False  # the previous interval ended with work possibly queued
+    for w, win, a, b in zip(*(ivs.column(c).to_pylist() for c in ("w", "win", "a", "b"))):
+        if b <= pstart or a >= pend:
+            continue
+        span = max(0, min(b, end_ns, pend) - max(a, pstart))
+        cap = max(span, 1)  # a segment can end past the interval (its drain returned later)
         row = have.get(w)
         if row is None:
             # no call at all: nothing is known but what was queued before
             high = span if open_before else 0
-            out.append(WindowBusy(w, ws, span, 0, high // 2, high))
-            continue
-        low, point, high, open_before = row[2], row[3], row[4], bool(row[11])
-        out.append(WindowBusy(w, ws, span, min(int(low), cap), min(int(point), cap), min(int(high), cap)))
-    return out
+            low, point = 0, high // 2
+        else:
+            low, point, high, open_before = (min(int(row[2]), cap), min(int(row[3]), cap), min(int(row[4]), cap),
+                                             bool(row[11]))
+        acc = by_win.setdefault(win, [a, 0, 0, 0, 0])
+        acc[1] += span
+        acc[2] += low
+        acc[3] += point
+        acc[4] += high
+    return [WindowBusy(win, acc[0], acc[1], acc[2], acc[3], acc[4]) for win, acc in sorted(by_win.items())]
 
 
 def main_process(ctx: Context, activity: dict[int, DeviceActivity]) -> DeviceActivity | None:

@@ -41,7 +41,8 @@ ORDER BY from_ns
 """
 
 
-def _rows(ctx: Context) -> np.ndarray:
+def periods(ctx: Context) -> np.ndarray:
+    """The sampled periods in ctx's range: (from_ns, to_ns, attached_from_ns, attached_to_ns) rows."""
     try:
         rows = ctx.con.execute(SAMPLING_SQL, {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns}).fetchall()
     except Exception:  # duckdb.CatalogException: a store older than schema 12 has no sampling table
@@ -66,7 +67,7 @@ def detached_ns_per_window(rows: np.ndarray, start_ns: int, window_ns: int, n_wi
 
 def attached_ns_per_window(ctx: Context) -> dict[int, float]:
     """window -> attached ns, for the windows that were sampled."""
-    rows = _rows(ctx)
+    rows = periods(ctx)
     if not len(rows):
         return {}
     detached = detached_ns_per_window(rows, ctx.start_ns, ctx.window_ns, ctx.n_windows)
@@ -188,7 +189,7 @@ def _scale_by_wall(ctx: Context, attached: dict[int, float], tids: list[int]) ->
 
 def note(ctx: Context) -> str | None:
     """'launch rate estimated from a 12% sample (...)' when any of the analysed span was sampled."""
-    rows = _rows(ctx)
+    rows = periods(ctx)
     if not len(rows):
         return None
     lo = np.maximum(rows[:, 0], ctx.start_ns)

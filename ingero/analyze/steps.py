@@ -94,8 +94,8 @@ class Steps:
 
 
 SEGMENTS_SQL = """
-SELECT w, seg, n, r_call, s1 FROM ing_dev_seg
-WHERE pid = $pid AND r_call IS NOT NULL
+SELECT w, seg, n, r_call, s1 FROM ing_dev_steps
+WHERE pid = $pid
 ORDER BY w, seg
 """
 

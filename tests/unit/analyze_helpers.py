@@ -20,6 +20,7 @@ import pyarrow as pa
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Report
+from ingero.collect import budget
 from ingero.store.db import Store
 
 S = 1_000_000_000
@@ -328,3 +329,25 @@ def healthy(seconds: float = 30, **step: Any) -> Trace:
 
 def chains_of(report: Report, rule_id: str) -> list:
     return [c for c in report.chains if c.rule_id == rule_id]
+
+
+def sample_store(store: Store, ratio: float, period_ns: int = S, phase_ns: int = 0) -> tuple[int, int]:
+    """Apply the tracer's duty cycle to a stored trace: keep the launch rows of the first ``ratio`` of
+    every period, drop the rest, and write the sampling rows; (launch rows before, after)."""
+    con = store.con
+    sid, t0, t1 = con.execute("SELECT session_id, min(timestamp), max(timestamp) + 1 FROM events GROUP BY ALL").fetchone()
+    ops = sorted(budget.SWITCHED_NAMES.split(","))
+    before = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
+    start = t0 - phase_ns
+    keep = int(ratio * period_ns)
+    con.execute("DELETE FROM events WHERE list_contains($ops, op) AND (timestamp - $s) % $p >= $k",
+                {"ops": ops, "s": start, "p": period_ns, "k": keep})
+    rows = []
+    p = start
+    while p < t1:
+        # no call cost: the replay's calls were not slowed by probes in their slices
+        rows.append((sid, p, p + period_ns, p, p + keep, p + keep, keep / period_ns, budget.SWITCHED_NAMES, None))
+        p += period_ns
+    con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    after = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
+    return before, after

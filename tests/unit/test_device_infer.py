@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, Trace
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, Trace, sample_store
 
 from ingero.analyze import context, device, windows
 from ingero.analyze.device import Thresholds
@@ -75,8 +75,13 @@ class Host:
         total += cur[1] - cur[0] if cur else 0
         return total / (b - a)
 
-    def infer(self, t: Thresholds = device.T, window_s: float | None = None) -> device.DeviceActivity:
+    def infer(self, t: Thresholds = device.T, window_s: float | None = None,
+              sampled: float | None = None) -> device.DeviceActivity:
+        """``sampled``: the launches kept as `--overhead-budget` keeps them, the first ``sampled``
+        of every second (the sampling table says so)."""
         store = self.trace.store()
+        if sampled is not None:
+            sample_store(store, sampled, phase_ns=T0 % 10**9 + 10**9 // 3)
         ctx = context.resolve(store.con, context.Options(window_s=window_s))
         windows.build(ctx)
         return device.infer(ctx, t)[MAIN_PID]
@@ -251,6 +256,28 @@ def test_windows_and_sampling_keep_the_share():
     for w in exact.windows:
         low, point, high = w.share
         assert 0 <= low <= point <= high <= 1
+
+
+def test_a_sampled_trace_is_inferred_where_every_launch_was_seen():
+    # half the steps wait in their sync, half sync late and learn the kernel time from the others:
+    # where the launch probes were detached (the budget), those steps show one submission (the copy)
+    # of their eleven, and would count one learned kernel time instead of ten
+    h = Host()
+    for i in range(4000):
+        h.copy_async(20)
+        for _ in range(10):
+            h.launch(100)
+        if i % 2:
+            h.host(2000)  # the device finishes during it
+        h.sync()
+        h.host(300)
+    full = h.infer(window_s=1)
+    check(full, h.truth(), tol=0.03)
+    sampled = h.infer(window_s=1, sampled=0.2)
+    check(sampled, h.truth(), tol=0.03)
+    # a fifth of each of the trace's seconds is analysed: the attached slices, in their windows
+    assert sampled.span_ns == pytest.approx(full.span_ns * 0.2, rel=0.1)
+    assert {w.w for w in sampled.windows} <= {w.w for w in full.windows}
 
 
 def test_failed_calls_queue_nothing():
