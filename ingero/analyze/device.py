@@ -37,6 +37,12 @@ the upper bound stays an upper bound).  Over more than ``MAX_EXACT_CALLS``
 calls, each window is analysed on its first ``slice`` (the same share of
 every window, so the sorted pass stays bounded; shares are of the slices).
 
+On a trace under `--overhead-budget` (the ``sampling`` table), only the
+attached slices of each window are analysed: in the detached parts a step's
+launches are missing and its segment would count the copy alone.  Steps are
+still cut from every drain (syncs and copies are never sampled): the
+``ing_dev_steps`` table, read by steps.py.
+
 Everything is SQL over the events table; Python only sees a few rows per
 process and window.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
 reads ing_cuda for the call count).

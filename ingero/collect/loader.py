@@ -226,7 +226,7 @@ def _libbcc_attach_uprobe() -> Any:
     return _ATTACH_UPROBE
 
 
-def attach_uprobe(bpf: Any, path: str, fn: str, ret: bool, sym: str | None = None, addr: int | None = None) -> None:
+def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: str | None = None, addr: int | None = None) -> None:
     """What BPF.attach_uprobe / attach_uretprobe do (resolve, check the quota, load the
     program, attach a perf-event uprobe, keep its fd for BCC's cleanup), with
     ref_ctr_offset 0: ingero's probes and links then agree at every offset.
@@ -234,7 +234,7 @@ def attach_uprobe(bpf: Any, path: str, fn: str, ret: bool, sym: str | None = Non
     linked into a program).  Raises Exception, as BCC does, on failure."""
     from bcc import BPF
 
-    real, off = bpf._check_path_symbol(path.encode(), (sym or "").encode(), addr, -1)
+    real, off = bpf._check_path_symbol(os.fsencode(path), (sym or "").encode(), addr, -1)
     bpf._check_probe_quota(1)
     prog = bpf.load_func(fn.encode(), BPF.KPROBE)
     ev_name = bpf._get_uprobe_evname(b"r" if ret else b"p", real, off, -1)

@@ -56,8 +56,12 @@ class Program:
         self.events.append(np.frombuffer(ctypes.string_at(data, size), dtype=EVENT_DTYPE).copy())
 
     def attach(self, lib: str, symbols: list[str]) -> None:
+        from ingero.collect.loader import attach_uprobe
+
+        # as the tracer attaches (ref_ctr_offset 0): BCC's own attach_uprobe passes stack garbage
+        # there, and the kernel refuses it where an earlier test's tracer still holds a probe
         for sym in symbols:
-            self.bpf.attach_uprobe(name=lib, sym=sym, fn_name="harness_uprobe")
+            attach_uprobe(self.bpf, lib, "harness_uprobe", False, sym=sym)
 
 
 class Harness:
