@@ -137,10 +137,10 @@ def test_launch_bound_tiny_kernels_bounds_hold():
     assert act.high < 0.85
 
 
-def test_learned_kernel_time_fills_segments_that_did_not_wait():
-    # every other step syncs late (after long host work: no wait); the others wait. Same kernels.
+def half_waiting(steps: int) -> Host:
+    """Every other step syncs late (after long host work: no wait); the others wait. Same kernels."""
     h = Host()
-    for i in range(200):
+    for i in range(steps):
         h.copy_async(20)
         for _ in range(10):
             h.launch(100)
@@ -148,6 +148,11 @@ def test_learned_kernel_time_fills_segments_that_did_not_wait():
             h.host(2000)  # the device finishes during it
         h.sync()
         h.host(300)
+    return h
+
+
+def test_learned_kernel_time_fills_segments_that_did_not_wait():
+    h = half_waiting(200)
     act = h.infer()
     assert act.waited_drains == 100
     check(act, h.truth(), tol=0.03)
@@ -262,15 +267,7 @@ def test_a_sampled_trace_is_inferred_where_every_launch_was_seen():
     # half the steps wait in their sync, half sync late and learn the kernel time from the others:
     # where the launch probes were detached (the budget), those steps show one submission (the copy)
     # of their eleven, and would count one learned kernel time instead of ten
-    h = Host()
-    for i in range(4000):
-        h.copy_async(20)
-        for _ in range(10):
-            h.launch(100)
-        if i % 2:
-            h.host(2000)  # the device finishes during it
-        h.sync()
-        h.host(300)
+    h = half_waiting(4000)
     full = h.infer(window_s=1)
     check(full, h.truth(), tol=0.03)
     sampled = h.infer(window_s=1, sampled=0.2)
