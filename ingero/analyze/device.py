@@ -390,16 +390,19 @@ def attached_intervals(ctx: Context, windows_iv: pa.Table) -> pa.Table | None:
     rows = sampling.periods(ctx)
     if not len(rows):
         return None
-    detached = sorted((int(lo), int(hi)) for f, t, a0, a1 in rows for lo, hi in ((f, a0), (a1, t)) if hi > lo)
+    detached = sampling.detached_parts(rows)
     win, a, b = [], [], []
+    first = 0  # the first detached part that can still reach the window (windows come in time order)
     for i, ws, we in zip(*(windows_iv.column(c).to_pylist() for c in ("win", "a", "b"))):
-        cur = ws
-        for lo, hi in detached:  # few: one period per second of the window's neighbourhood
-            if hi <= cur or lo >= we:
-                continue
+        while first < len(detached) and detached[first][1] <= ws:
+            first += 1
+        cur, k = ws, first
+        while k < len(detached) and detached[k][0] < we:  # the parts overlapping the window (periods are disjoint)
+            lo, hi = detached[k]
             if lo > cur:
                 win.append(i), a.append(cur), b.append(lo)
             cur = max(cur, hi)
+            k += 1
         if cur < we:
             win.append(i), a.append(cur), b.append(we)
     return pa.table({"w": np.arange(len(win), dtype=np.int64), "win": np.array(win, dtype=np.int64),

@@ -50,18 +50,21 @@ def periods(ctx: Context) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
+def detached_parts(rows: np.ndarray) -> list[tuple[int, int]]:
+    """The [lo, hi) spans in which the sampled probes were detached, in time order: each
+    period's part before its slice and the part after it."""
+    return sorted((int(lo), int(hi)) for f, t, a0, a1 in rows for lo, hi in ((f, a0), (a1, t)) if hi > lo)
+
+
 def detached_ns_per_window(rows: np.ndarray, start_ns: int, window_ns: int, n_windows: int) -> np.ndarray:
     """Per window, how long the sampled probes were detached in it (ns)."""
     out = np.zeros(n_windows, dtype=np.float64)
-    for f, t, a0, a1 in rows:
-        for lo, hi in ((f, a0), (a1, t)):  # the detached parts of the period
-            if hi <= lo:
-                continue
-            w0 = max(0, (lo - start_ns) // window_ns)
-            w1 = min(n_windows - 1, (hi - 1 - start_ns) // window_ns)
-            for w in range(int(w0), int(w1) + 1):
-                ws = start_ns + w * window_ns
-                out[w] += max(0, min(hi, ws + window_ns) - max(lo, ws))
+    for lo, hi in detached_parts(rows):
+        w0 = max(0, (lo - start_ns) // window_ns)
+        w1 = min(n_windows - 1, (hi - 1 - start_ns) // window_ns)
+        for w in range(int(w0), int(w1) + 1):
+            ws = start_ns + w * window_ns
+            out[w] += max(0, min(hi, ws + window_ns) - max(lo, ws))
     return out
 
 
