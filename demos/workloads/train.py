@@ -48,6 +48,7 @@ import ctypes
 import hashlib
 import json
 import mmap
+import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -82,6 +83,17 @@ def parse_size(text: str) -> int:
     t = text.strip().lower()
     num = t.rstrip("kmgib")
     return int(float(num) * units[t[len(num):]])
+
+
+def parse_seconds(text: str) -> float:
+    """A finite, non-negative number of seconds (NaN or inf would never end a loop)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be finite and at least 0")
+    return v
 
 
 def load_cudart(path: str) -> ctypes.CDLL:
@@ -185,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lib", default=os.environ.get("INGERO_DEMO_CUDART", str(DEFAULT_LIB)),
                     help="libcudart.so.12 to load (default: the simulated one in demos/build)")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: use --duration)")
-    ap.add_argument("--duration", type=float, default=10.0, help="seconds to run when --steps is 0")
+    ap.add_argument("--duration", type=parse_seconds, default=10.0, help="seconds to run when --steps is 0")
     ap.add_argument("--kernel-us", type=int, default=2000, help="modelled duration of each kernel")
     ap.add_argument("--kernels-per-step", type=int, default=8)
     ap.add_argument("--batch-bytes", type=parse_size, default=parse_size("8MiB"), help="H2D copy per step")
@@ -231,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --ranks: each rank's summary lists, per step, the wall clock (ns since the "
                          "epoch, as events.timestamp) and its all-reduces' cumulative wait (simulated NCCL's "
                          "truth), to compare a trace's window with what really happened in it")
-    ap.add_argument("--warmup-s", type=float, default=0.0,
+    ap.add_argument("--warmup-s", type=parse_seconds, default=0.0,
                     help="the summary counts only steps that start this many seconds after the loop did "
                          "(bench_budget: a tracer's overhead budget engages a few seconds in)")
     ap.add_argument("--measure-from", default="",

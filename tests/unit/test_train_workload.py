@@ -66,3 +66,17 @@ def test_measure_from_counts_only_steps_after_the_file_appears(simcuda, tmp_path
 def test_measure_from_a_file_that_never_appears_measures_the_whole_run(simcuda, tmp_path):
     s = _run(simcuda, tmp_path, "--steps", "30", "--measure-from", str(tmp_path / "never"))
     assert (s["steps"], s["measured_from_step"]) == (30, 0)
+
+
+def test_warmup_counts_only_the_steps_after_it(simcuda, tmp_path):
+    s = _run(simcuda, tmp_path, "--warmup-s", "0.3", "--duration", "0.3")
+    assert s["measured_from_step"] > 0 and s["steps"] > 0
+
+
+@pytest.mark.parametrize("option", ["--warmup-s", "--duration"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "abc"])
+def test_bad_seconds_are_one_line_exit_2(simcuda, tmp_path, option, value):
+    proc = subprocess.run(_cmd(simcuda, tmp_path / "s.json", option, value), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"train.py: error: argument {option}: "), proc.stderr
+    assert not (tmp_path / "s.json").exists()
