@@ -3,7 +3,8 @@
 Reads ``events`` joined to ``stacks`` (written with ``ingero trace --stack``).
 The *call site* of a stack is its innermost Python frame (depth closest to
 0); a stack without Python frames (a C++ program) uses its innermost
-symbolised native frame below the CUDA entry point.
+symbolised native frame below the CUDA entry point.  A stack whose innermost
+Python frame is ``[unreadable]`` has no call site (and is not counted).
 
 Both functions take ``ctx``: any object with ``session_id`` (int or None for
 all sessions), ``start_ns`` / ``end_ns`` (wall-clock ns, None for open) and
@@ -60,15 +61,19 @@ class CallersContext:
     pids: tuple[int, ...] = ()
 
 
-# The call site of every stack: innermost Python frame, else innermost known
-# native frame at or below $min_native_depth.
+# The call site of every stack: its innermost Python frame, else (no Python
+# frame at all) its innermost known native frame at or below
+# $min_native_depth.  An innermost Python frame that was unreadable
+# ('[unreadable]', file NULL) leaves the stack without a site: the frame
+# outside it is its caller, not the line that made the call.
 _SITES = """
 sites AS (
     SELECT stack_id,
-           arg_min(file, depth) FILTER (WHERE frame_kind = 'python') AS py_file,
-           arg_min(line, depth) FILTER (WHERE frame_kind = 'python') AS py_line,
-           arg_min(function, depth) FILTER (WHERE frame_kind = 'python') AS py_function,
-           arg_min(source, depth) FILTER (WHERE frame_kind = 'python') AS py_source,
+           count(*) FILTER (WHERE frame_kind = 'python') AS py_frames,
+           arg_min_null(file, depth) FILTER (WHERE frame_kind = 'python') AS py_file,
+           arg_min_null(line, depth) FILTER (WHERE frame_kind = 'python') AS py_line,
+           arg_min_null(function, depth) FILTER (WHERE frame_kind = 'python') AS py_function,
+           arg_min_null(source, depth) FILTER (WHERE frame_kind = 'python') AS py_source,
            arg_min(module, depth) FILTER (WHERE frame_kind = 'native' AND depth >= $min_native_depth
                                           AND function <> '[unknown]') AS nat_module,
            arg_min(function, depth) FILTER (WHERE frame_kind = 'native' AND depth >= $min_native_depth
@@ -79,13 +84,13 @@ sites AS (
 ),
 site AS (
     SELECT stack_id,
-           CASE WHEN py_file IS NOT NULL THEN 'python' ELSE 'native' END AS frame_kind,
-           coalesce(py_file, nat_module) AS file,
+           CASE WHEN py_frames > 0 THEN 'python' ELSE 'native' END AS frame_kind,
+           CASE WHEN py_frames > 0 THEN py_file ELSE nat_module END AS file,
            py_line AS line,
-           coalesce(py_function, nat_function) AS function,
+           CASE WHEN py_frames > 0 THEN py_function ELSE nat_function END AS function,
            py_source AS source
     FROM sites
-    WHERE py_file IS NOT NULL OR nat_function IS NOT NULL
+    WHERE CASE WHEN py_frames > 0 THEN py_file IS NOT NULL ELSE nat_function IS NOT NULL END
 )
 """
 

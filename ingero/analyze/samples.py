@@ -134,7 +134,7 @@ def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5, idle_first:
     outside = loader_n = idle_n = 0
     for sid, (n, idle) in counts.items():
         fr = frames.get(sid)
-        if not fr:
+        if not fr or fr[0][0] is None:  # no Python frame, or the innermost one was unreadable
             continue
         outside += n
         idle_n += idle

@@ -452,19 +452,45 @@ class PyFrame:
 
 
 class CodeReader:
-    """Reads code objects of one process, cached per code address (they live long)."""
+    """Reads code objects of one process, cached per code address.
+
+    An address does not name one code object for the life of a process: a
+    module body's code is freed once its import ran, and the next code object
+    allocated may land at the same address (measured: a function of the
+    script at the address of fnmatch's module code, so every call from that
+    function was put on fnmatch.py's lines).  So a cached entry carries its
+    *stamp* -- the code object's name, qualname, filename and line-table
+    pointers and first line, one read -- and is used only while the stamp
+    still matches; after the process exited (nothing readable) the last entry
+    read is the best there is.
+    """
 
     def __init__(self, mem: ProcessMemory, interp: Interpreter):
         self.mem = mem
         self.interp = interp
-        self.cache: dict[int, CodeInfo] = {}
+        self.cache: dict[int, tuple[bytes, CodeInfo]] = {}
+        lay = interp.layout
+        offs = [o for o in (lay.code_filename, lay.code_name, lay.code_qualname, lay.code_linetable,
+                            lay.code_firstlineno) if o >= 0]
+        self._stamp_at, self._stamp_len = min(offs), max(offs) + 8 - min(offs)
+
+    def stamp(self, addr: int) -> bytes:
+        """What identifies the code object at ``addr`` now; b"" when unreadable."""
+        b = self.mem.read(addr + self._stamp_at, self._stamp_len)
+        return b if len(b) == self._stamp_len else b""
 
     def code(self, addr: int) -> CodeInfo | None:
-        if addr in self.cache:
-            return self.cache[addr]
+        stamp = self.stamp(addr)
+        hit = self.cache.get(addr)
+        if hit is not None and (not stamp or stamp == hit[0]):
+            return hit[1]
+        if not stamp:
+            return None
         info = self._read_code(addr)
-        if info is not None:  # a failed read may be transient: not remembered
-            self.cache[addr] = info
+        # Not remembered when the read failed (it may be transient) or the object
+        # changed while it was read (the stamp would belong to the old one).
+        if info is not None and self.stamp(addr) == stamp:
+            self.cache[addr] = (stamp, info)
         return info
 
     def frame(self, code_addr: int, instr: int) -> PyFrame | None:

@@ -26,8 +26,9 @@ carry the generation of the image they were walked in.
 
 Limits: code objects are read from /proc/PID/mem up to PENDING_POLL_S after
 the event, so frames of code freed within that time (a module body runs
-once at import) or of a process that exited first are lost: such a stack
-keeps its other frames, or gets no id.
+once at import) or of a process that exited first are lost: such a frame is
+stored as ``[unreadable]`` at its depth (so its caller is never taken for
+the call site), and a stack with no readable frame gets no id.
 
 BCC rewrites map calls (``m.lookup(k)``) only in the main source file, not in
 included headers, so a program using stack.h must be compiled from
@@ -175,6 +176,10 @@ def proc_config(interp: pyframes.Interpreter, generation: int, *, native: bool =
 
 # Frames the interpreter adds that are not user code (3.12's entry shim).
 _SYNTHETIC_FRAMES = frozenset({"<interpreter trampoline>", "<shim>"})
+# A Python frame whose code object could not be read (freed, or its process
+# gone, before the resolver got to it).  It keeps its depth: dropping it would
+# make the next frame out -- the caller -- look like the call site.
+UNREADABLE = "[unreadable]"
 
 STACK_COLUMNS = ("stack_id", "depth", "frame_kind", "function", "module", "file", "line", "source")
 
@@ -564,11 +569,14 @@ class StackResolver:
             self.stats["python_frames"] += 1
             if fr is None:
                 self.stats["python_unreadable"] += 1
+                out.append(("python", UNREADABLE, None, None, None, None))
                 continue
             if fr.function in _SYNTHETIC_FRAMES:
                 continue
             out.append(("python", fr.function, fr.filename, fr.filename, fr.line,
                         source_line(proc.pid, fr.filename, fr.line)))
+        if all(f[1] == UNREADABLE for f in out):
+            return []
         return out
 
     def _write(self, rows: list[tuple]) -> None:

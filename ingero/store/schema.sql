@@ -150,7 +150,7 @@ CREATE TABLE IF NOT EXISTS stacks (
     stack_id BIGINT NOT NULL,    -- content hash of the frames
     depth INTEGER NOT NULL,      -- 0 = innermost frame
     frame_kind VARCHAR,          -- 'python' | 'native' | 'kernel'
-    function VARCHAR,
+    function VARCHAR,            -- '[unknown]': native frame without a symbol; '[unreadable]': Python frame whose code object was gone when read (file and line NULL)
     module VARCHAR,              -- shared object or Python module path
     file VARCHAR,                -- source file (Python frames)
     line INTEGER,                -- line being executed (Python frames)

@@ -96,3 +96,25 @@ def test_accepts_explain_context_objects(con):
     ctx = Context(con=con, session_id=1, start_ns=0, end_ns=100 * MS, window_ns=MS)
     assert top_callers(con, ctx)[0]["line"] == 42
     assert most_preempted_lines(con, ctx)[0]["line"] == 19
+
+
+def test_an_unreadable_innermost_frame_leaves_the_stack_without_a_call_site():
+    """The frame outside an unreadable one is the caller: taking it for the call site would name
+    the wrong line (`main()` instead of the line inside step() that made the call)."""
+    store = Store.memory()
+    store.append("stacks", pa.Table.from_pylist(
+        stack(1, [("python", "step", "loop.py", "loop.py", 13, "cudart.cudaMalloc(p, n)"),
+                  ("python", "<module>", "loop.py", "loop.py", 33, "main()")])
+        + stack(2, [("python", "[unreadable]", None, None, None, None),
+                    ("python", "<module>", "loop.py", "loop.py", 33, "main()")])
+        # an unreadable frame further out does not matter: the call site is still readable
+        + stack(3, [("python", "step", "loop.py", "loop.py", 14, "cudart.cudaStreamSynchronize(None)"),
+                    ("python", "[unreadable]", None, None, None, None)])))
+    store.append("events", pa.Table.from_pylist(
+        [ev(i * MS, "cudaMalloc", MS, 1) for i in range(3)]
+        + [ev(i * MS, "cudaMalloc", 50 * MS, 2) for i in range(5)]
+        + [ev(i * MS, "cudaStreamSync", MS, 3) for i in range(2)]
+        + [ev(i * MS, "sched_switch", MS, 2, preempted=True) for i in range(4)]))
+    rows = top_callers(store.con, CallersContext(session_id=1))
+    assert [(r["op"], r["line"], r["calls"]) for r in rows] == [("cudaMalloc", 13, 3), ("cudaStreamSync", 14, 2)]
+    assert most_preempted_lines(store.con, CallersContext(session_id=1)) == []

@@ -269,3 +269,57 @@ def test_garbage_addresses_read_as_nothing():
         reader = CodeReader(mem, find_interpreter(os.getpid()))
         assert reader.frame(0xDEAD_BEEF_0000_0000, 0) is None
         assert reader.read_str(1 << 62) is None
+
+
+class _Code:
+    """A CodeReader stand-in: frames for the code addresses it knows, None (unreadable) for others."""
+
+    def __init__(self, known: dict[int, pyframes.PyFrame]):
+        self.known = known
+
+    def frame(self, code: int, instr: int):
+        return self.known.get(code)
+
+
+def _python_frames(known: dict[int, pyframes.PyFrame], codes: list[int]) -> list[tuple]:
+    rec = stacks.StackRecord()
+    rec.nframes = len(codes)
+    for i, c in enumerate(codes):
+        rec.code[i], rec.instr[i] = c, 0
+    proc = types.SimpleNamespace(pid=os.getpid(), code=_Code(known))
+    resolver = types.SimpleNamespace(stats={"python_frames": 0, "python_unreadable": 0})
+    return stacks.StackResolver._python(resolver, proc, rec)
+
+
+def test_an_unreadable_frame_keeps_its_depth():
+    known = {2: pyframes.PyFrame("main", "/x/loop.py", 21), 3: pyframes.PyFrame("<module>", "/x/loop.py", 33)}
+    frames = _python_frames(known, [1, 2, 3])
+    assert [(f[1], f[3], f[4]) for f in frames] == [
+        (stacks.UNREADABLE, None, None), ("main", "/x/loop.py", 21), ("<module>", "/x/loop.py", 33)]
+    # nothing readable at all: no stack, as before
+    assert _python_frames(known, [7, 8]) == []
+
+
+def test_a_code_address_reused_by_another_code_object_is_read_again():
+    """A module body's code is freed after its import, and the next code object may take its
+    address: the reader must not keep naming the old one (it put a script's calls on fnmatch.py)."""
+    interp = find_interpreter(os.getpid())
+    with ProcessMemory(os.getpid()) as mem:
+        reader = CodeReader(mem, interp)
+        for i in range(1000):
+            old = compile("x = 1\n", f"/x/old_{i}.py", "exec")
+            addr = id(old)
+            first = reader.code(addr)
+            del old
+            new = compile("y = 2\n", f"/x/new_{i}.py", "exec")
+            if id(new) == addr:
+                break
+        else:
+            pytest.fail("no freed code object's address was reused in 1000 tries")
+        assert first.filename == f"/x/old_{i}.py"
+        assert reader.code(addr).filename == f"/x/new_{i}.py"
+        # once nothing can be read (the process exited), the last code read there is the answer
+        reader.mem = types.SimpleNamespace(read=lambda a, n: b"")
+        assert reader.code(addr).filename == f"/x/new_{i}.py"
+        assert reader.code(addr + 4096) is None
+        del new
