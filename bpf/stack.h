@@ -10,9 +10,16 @@
  *     s32 ingero_stack_id(void *ctx)
  *
  * returns an id into ingero_stacks (>= 0) or -1.  The id is a 31-bit hash of
- * the record's content (tgid, native stack id, Python frames), so a call
- * site seen a million times costs one map slot, and user space
- * (ingero/collect/stacks.py) resolves each id once.
+ * the record's content (tgid, native return addresses, Python frames), so a
+ * call site seen a million times costs one map slot, and user space
+ * (ingero/collect/stacks.py) resolves each id once and deletes the record.
+ *
+ * Why the native addresses are copied into the record (bpf_get_stack) and not
+ * kept in a BPF_STACK_TRACE map: a stack-trace map never gives a slot back by
+ * itself, and without BPF_F_REUSE_STACKID a new stack whose hash bucket is
+ * taken fails (-EEXIST), so a long session saw fewer and fewer native stacks;
+ * with it, a record could be resolved against a stack that replaced its own.
+ * A record holds everything it needs, and its slot is free once it is read.
  *
  * Why the Python frames are walked here and not later from user space: by
  * the time user space reads the ring buffer the thread has moved on, so the
@@ -38,6 +45,9 @@
 /* Deep enough for a PyTorch training step (nn.Module.__call__ nests ~3
  * frames per layer); deeper stacks keep their innermost frames. */
 #define INGERO_PY_MAX_FRAMES 48
+/* Native return addresses kept per record, innermost first (deeper ones are
+ * cut: the call site is at the inner end). */
+#define INGERO_NATIVE_MAX_FRAMES 64
 /* Threads scanned per interpreter to find the current one. */
 #define INGERO_PY_MAX_THREADS 64
 
@@ -69,16 +79,16 @@ struct ingero_py_proc {
 /* One call site.  Mirrored by PY_STACK_DTYPE in ingero/collect/stacks.py. */
 struct ingero_stack {
 	u32 tgid;
-	s32 native_id;        /* id in ingero_native_stacks, or -errno */
+	s32 native_n;         /* addresses in native[]; -errno when the walk failed, -1 when not taken */
 	u16 nframes;          /* Python frames stored, innermost first */
 	u16 truncated;        /* 1 when the chain was deeper than INGERO_PY_MAX_FRAMES */
 	u32 generation;       /* ingero_py_proc.generation used for the walk, 0 = none:
 	                       * code addresses only mean something in that image */
 	u64 code[INGERO_PY_MAX_FRAMES];  /* PyCodeObject* */
 	u64 instr[INGERO_PY_MAX_FRAMES]; /* instruction pointer (3.11+) or f_lasti (3.10) */
+	u64 native[INGERO_NATIVE_MAX_FRAMES]; /* user return addresses, innermost first */
 };
 
-BPF_STACK_TRACE(ingero_native_stacks, INGERO_STACK_ENTRIES);
 BPF_HASH(ingero_stacks, u32, struct ingero_stack, INGERO_STACK_ENTRIES);
 BPF_HASH(ingero_py_procs, u32, struct ingero_py_proc, 1024);
 BPF_TABLE("lru_hash", u32, u64, ingero_py_tstates, 8192);
@@ -91,7 +101,7 @@ struct ingero_frame_buf {
 	u8 b[INGERO_FRAME_BLOCK];
 };
 BPF_PERCPU_ARRAY(ingero_frame_scratch, struct ingero_frame_buf, 1);
-/* [0] records stored, [1] get_stackid failures, [2] thread state not found,
+/* [0] records stored, [1] native stack walks failed, [2] thread state not found,
  * [3] map full, [4] frame chains truncated */
 BPF_ARRAY(ingero_stack_counters, u64, 8);
 
@@ -181,7 +191,7 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 	rec->nframes = 0;
 	rec->truncated = 0;
 	rec->generation = 0;
-	rec->native_id = -1;
+	rec->native_n = -1;
 
 	u64 h = ingero_stack_mix(0xcbf29ce484222325ULL, tgid);
 	struct ingero_py_proc *cfg = ingero_py_procs.lookup(&tgid);
@@ -190,11 +200,22 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 		ingero_stack_new_tgids.insert(&tgid, &one);
 	}
 	if (!cfg || !(cfg->flags & INGERO_PY_NO_NATIVE)) {
-		rec->native_id = ingero_native_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-		if (rec->native_id < 0)
+		/* bpf_get_stack always writes all of native[]: the addresses, then
+		 * zeros (on failure, zeros only), so hashing every slot is hashing
+		 * the stack -- straight-line code, which the verifier walks once (a
+		 * loop that stopped at native_n multiplied its states past the
+		 * limit in the full program). */
+		long got = bpf_get_stack(ctx, rec->native, sizeof(rec->native), BPF_F_USER_STACK);
+		if (got < 0) {
+			rec->native_n = (s32)got;
 			ingero_stack_count(1);
+		} else {
+			rec->native_n = (s32)(got / 8);
+		}
+		for (int i = 0; i < INGERO_NATIVE_MAX_FRAMES; i++)
+			h = ingero_stack_mix(h, rec->native[i]);
 	}
-	h = ingero_stack_mix(h, (u64)(s64)rec->native_id);
+	h = ingero_stack_mix(h, (u64)(s64)rec->native_n);
 
 	if (cfg && cfg->runtime_addr) {
 		rec->generation = cfg->generation;
@@ -236,7 +257,7 @@ static __always_inline s32 ingero_stack_id(void *ctx)
 		}
 	}
 
-	if (rec->native_id < 0 && rec->nframes == 0)
+	if (rec->native_n <= 0 && rec->nframes == 0)
 		return -1;
 	u32 id = (u32)(h ^ (h >> 32)) & 0x7fffffff;
 	/* Lookup first: lock-free, and the common case (a call site seen before). */

@@ -40,6 +40,8 @@ MAX_LINETABLE_BYTES = 1 << 20
 # glibc's struct pthread keeps the kernel tid within its first few hundred
 # bytes (0x2d0 in glibc 2.36 x86-64); scanned only for 3.10.
 PTHREAD_TID_SCAN_BYTES = 2048
+# PyObject_HEAD: ob_refcnt, then ob_type (default builds, 3.10 - 3.13).
+OB_TYPE = 8
 # x86-64 user addresses are below 2^47 (2^56 with 5-level paging).
 USER_ADDR_LIMIT = 1 << 56
 
@@ -469,6 +471,7 @@ class CodeReader:
         self.mem = mem
         self.interp = interp
         self.cache: dict[int, tuple[bytes, CodeInfo]] = {}
+        self.code_type = 0  # &PyCode_Type, learnt from the first code object read
         lay = interp.layout
         offs = [o for o in (lay.code_filename, lay.code_name, lay.code_qualname, lay.code_linetable,
                             lay.code_firstlineno) if o >= 0]
@@ -487,11 +490,19 @@ class CodeReader:
         if not stamp:
             return None
         info = self._read_code(addr)
+        if info is not None and not self.code_type:
+            self.code_type = self.mem.u64(addr + OB_TYPE)
         # Not remembered when the read failed (it may be transient) or the object
         # changed while it was read (the stamp would belong to the old one).
         if info is not None and self.stamp(addr) == stamp:
             self.cache[addr] = (stamp, info)
         return info
+
+    def not_code(self, addr: int) -> bool:
+        """True when the object at ``addr`` is readable and not a code object: the
+        executable of an interpreter entry frame (3.13: None), not user code."""
+        ob_type = self.mem.u64(addr + OB_TYPE)
+        return bool(self.code_type and ob_type and ob_type != self.code_type)
 
     def frame(self, code_addr: int, instr: int) -> PyFrame | None:
         info = self.code(code_addr)

@@ -3,7 +3,7 @@
 Kernel side (bpf/stack.h): ``ingero_stack_id(ctx)`` stores one record per
 distinct call site in the BPF hash ``ingero_stacks`` -- for CPython
 processes the (code object, instruction pointer) of every Python frame of
-the thread, for other processes the native user stack id -- and returns the
+the thread, for other processes the native return addresses -- and returns the
 record's 31-bit content hash.  (CPython is built without frame pointers: its
 native stacks end in garbage right after libffi -- 87 % of such frames were
 unknown when measured -- so they are skipped; that, one user read per frame
@@ -56,8 +56,10 @@ from ingero.collect.bpfmaps import discard
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 STACK_HEADER = "stack.h"
-# Must equal INGERO_PY_MAX_FRAMES in bpf/stack.h (checked by tests/unit/test_pyframes.py).
+# Must equal INGERO_PY_MAX_FRAMES and INGERO_NATIVE_MAX_FRAMES in bpf/stack.h
+# (checked by tests/unit/test_pyframes.py).
 PY_MAX_FRAMES = 48
+NATIVE_MAX_FRAMES = 64
 
 # New processes are examined, and re-examined for an exec, this often and for
 # this long after they are first seen: python startup takes 20-100 ms here, a
@@ -136,12 +138,13 @@ class StackRecord(ctypes.Structure):
 
     _fields_ = [
         ("tgid", ctypes.c_uint32),
-        ("native_id", ctypes.c_int32),
+        ("native_n", ctypes.c_int32),
         ("nframes", ctypes.c_uint16),
         ("truncated", ctypes.c_uint16),
         ("generation", ctypes.c_uint32),
         ("code", ctypes.c_uint64 * PY_MAX_FRAMES),
         ("instr", ctypes.c_uint64 * PY_MAX_FRAMES),
+        ("native", ctypes.c_uint64 * NATIVE_MAX_FRAMES),
     ]
 
 
@@ -174,7 +177,8 @@ def proc_config(interp: pyframes.Interpreter, generation: int, *, native: bool =
     )
 
 
-# Frames the interpreter adds that are not user code (3.12's entry shim).
+# Frames the interpreter adds that are not user code (3.12's entry shim; 3.13's entry
+# frames have no code object at all, see CodeReader.not_code).
 _SYNTHETIC_FRAMES = frozenset({"<interpreter trampoline>", "<shim>"})
 # A Python frame whose code object could not be read (freed, or its process
 # gone, before the resolver got to it).  It keeps its depth: dropping it would
@@ -517,7 +521,7 @@ class StackResolver:
                 proc = self.images.get(int(rec.generation))
                 if proc is None:
                     return []
-        native = self._native(proc, int(rec.native_id))
+        native = self._native(proc, rec)
         python = self._python(proc, rec)
         if not python:
             return native
@@ -544,15 +548,9 @@ class StackResolver:
             self.stats["frames"] += len(frames)
         return sid
 
-    def _native(self, proc: _Proc, native_id: int) -> list[tuple]:
-        if native_id < 0:
-            return []
-        try:
-            addrs = list(self.bpf.get_table("ingero_native_stacks").walk(native_id))
-        except KeyError:
-            return []
+    def _native(self, proc: _Proc, rec: StackRecord) -> list[tuple]:
         out = []
-        for addr in addrs:
+        for addr in rec.native[:max(0, min(int(rec.native_n), NATIVE_MAX_FRAMES))]:
             nf = proc.native.symbolize(addr)
             self.stats["native_frames"] += 1
             if nf.function == symbols.UNKNOWN:
@@ -568,6 +566,8 @@ class StackResolver:
             fr = proc.code.frame(int(rec.code[i]), int(rec.instr[i]))
             self.stats["python_frames"] += 1
             if fr is None:
+                if proc.code.not_code(int(rec.code[i])):
+                    continue  # an entry frame (3.13's executable is None): the interpreter's, not user code
                 self.stats["python_unreadable"] += 1
                 out.append(("python", UNREADABLE, None, None, None, None))
                 continue

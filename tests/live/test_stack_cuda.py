@@ -37,7 +37,7 @@ def libcudart() -> str:
 class Program:
     """The harness BPF program with its uprobes: compiled and attached once per module."""
 
-    def __init__(self):
+    def __init__(self, cflags: tuple[str, ...] = ()):
         from bcc import BPF
 
         from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
@@ -47,7 +47,7 @@ class Program:
         find_kernel_headers().export()
         self.bpf = BPF(
             text=bpf_text(HERE / "stack_harness.bpf.c"),
-            cflags=[f"-I{HERE.parent.parent / 'bpf'}", "-D__BPF__", "-Wno-macro-redefined"],
+            cflags=[f"-I{HERE.parent.parent / 'bpf'}", "-D__BPF__", "-Wno-macro-redefined", *cflags],
         )
         self.events: list[np.ndarray] = []
         self.bpf["harness_events"].open_ring_buffer(self._on_event)
@@ -276,3 +276,77 @@ def test_stacks_survive_the_process_exiting_before_the_flush(harness):
     assert (ids >= 0).all()
     rows = stack_rows(store, int(ids[0]))
     assert (rows[0][2], rows[0][5]) == ("alloc_loop", lines["MALLOC_LINE"])
+
+
+WAVES = """
+#include <dlfcn.h>
+#include <stdio.h>
+static int (*cuda_malloc)(void **, unsigned long);
+void rec(int n) { void *p; if (n == 0) cuda_malloc(&p, 64); else rec(n - 1); }
+void wave0(int n) { rec(n); }
+void wave1(int n) { rec(n); }
+void wave2(int n) { rec(n); }
+int main(int c, char **v) {
+    void *h = dlopen(v[1], RTLD_NOW);
+    if (!h) return 1;
+    cuda_malloc = dlsym(h, "cudaMalloc");
+    void (*waves[3])(int) = {wave0, wave1, wave2};
+    puts("ready"); fflush(stdout);
+    for (int w = 0; w < 3; w++) {
+        getchar();
+        for (int d = 0; d < PER_WAVE; d++) waves[w](d);
+        puts("done"); fflush(stdout);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def small_program():
+    """The harness with 64 record slots: what a long session's full maps look like, in seconds."""
+    p = Program(cflags=("-DINGERO_STACK_ENTRIES=64",))
+    p.attach(libcudart(), ["cudaMalloc"])
+    yield p
+    p.bpf.cleanup()
+
+
+def test_record_slots_are_given_back_so_a_long_session_keeps_new_native_stacks(small_program, tmp_path):
+    """120 distinct native stacks through 64 slots, 40 at a time with a resolve between: every call
+    gets its own stack.  (With a BPF stack-trace map, whose slots are never given back and whose
+    hash buckets collide, calls lost their stacks once 64 had been seen, and before.)"""
+    per_wave = 40
+    src = tmp_path / "waves.c"
+    src.write_text(WAVES)
+    exe = tmp_path / "waves"
+    subprocess.run(["cc", "-O0", "-fno-omit-frame-pointer", f"-DPER_WAVE={per_wave}", "-o", str(exe), str(src),
+                    "-ldl"], check=True)
+    store = Store.memory()
+    h = Harness(small_program, store)
+    proc = subprocess.Popen([str(exe), libcudart()], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        h.target(proc.pid)
+        ids = []
+        for _ in range(3):
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == b"done"
+            ev = h.drain()
+            h.program.events.clear()
+            ev = ev[(ev["pid"] == proc.pid) & (ev["op"] == Op.CUDA_MALLOC)]
+            assert len(ev) == per_wave
+            assert (ev["stack_id"] >= 0).all(), ev["stack_id"]
+            ids += h.resolver.resolve(ev["stack_id"], ev["pid"]).tolist()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        h.close()
+    assert len(set(ids)) == 3 * per_wave
+    depth = {}  # stored stack -> (wave function, rec frames)
+    for sid in ids:
+        rows = stack_rows(store, sid)
+        assert rows[0][1:4] == ("native", "cudaMalloc", libcudart())
+        names = [r[2] for r in rows]
+        depth[sid] = (next(n for n in names if n.startswith("wave")), names.count("rec"))
+    assert sorted(depth.values()) == [(f"wave{w}", d + 1) for w in range(3) for d in range(per_wave)]

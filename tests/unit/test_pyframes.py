@@ -233,7 +233,11 @@ def test_stack_header_constants_match_python_mirror():
     text = (ROOT / "bpf" / "stack.h").read_text()
     m = re.search(r"#define INGERO_PY_MAX_FRAMES (\d+)", text)
     assert int(m.group(1)) == stacks.PY_MAX_FRAMES
-    assert ctypes.sizeof(stacks.StackRecord) == 16 + 16 * stacks.PY_MAX_FRAMES
+    m = re.search(r"#define INGERO_NATIVE_MAX_FRAMES (\d+)", text)
+    assert int(m.group(1)) == stacks.NATIVE_MAX_FRAMES
+    assert ctypes.sizeof(stacks.StackRecord) == 16 + 16 * stacks.PY_MAX_FRAMES + 8 * stacks.NATIVE_MAX_FRAMES
+    body = re.search(r"struct ingero_stack \{(.*?)\};", text, re.S).group(1)
+    assert re.findall(r"\b[us](?:16|32|64) (\w+)[;\[]", body) == [f[0] for f in stacks.StackRecord._fields_]
     assert ctypes.sizeof(stacks.PyProcConfig) == 64
     # Field order of struct ingero_py_proc as declared in stack.h.
     body = re.search(r"struct ingero_py_proc \{(.*?)\};", text, re.S).group(1)
@@ -274,11 +278,16 @@ def test_garbage_addresses_read_as_nothing():
 class _Code:
     """A CodeReader stand-in: frames for the code addresses it knows, None (unreadable) for others."""
 
+    ENTRY = 99  # the executable of an interpreter entry frame: readable, not a code object
+
     def __init__(self, known: dict[int, pyframes.PyFrame]):
         self.known = known
 
     def frame(self, code: int, instr: int):
         return self.known.get(code)
+
+    def not_code(self, addr: int) -> bool:
+        return addr == self.ENTRY
 
 
 def _python_frames(known: dict[int, pyframes.PyFrame], codes: list[int]) -> list[tuple]:
@@ -293,7 +302,7 @@ def _python_frames(known: dict[int, pyframes.PyFrame], codes: list[int]) -> list
 
 def test_an_unreadable_frame_keeps_its_depth():
     known = {2: pyframes.PyFrame("main", "/x/loop.py", 21), 3: pyframes.PyFrame("<module>", "/x/loop.py", 33)}
-    frames = _python_frames(known, [1, 2, 3])
+    frames = _python_frames(known, [1, 2, 3, _Code.ENTRY])
     assert [(f[1], f[3], f[4]) for f in frames] == [
         (stacks.UNREADABLE, None, None), ("main", "/x/loop.py", 21), ("<module>", "/x/loop.py", 33)]
     # nothing readable at all: no stack, as before
@@ -323,3 +332,15 @@ def test_a_code_address_reused_by_another_code_object_is_read_again():
         assert reader.code(addr).filename == f"/x/new_{i}.py"
         assert reader.code(addr + 4096) is None
         del new
+
+
+def test_an_object_that_is_not_code_is_told_from_an_unreadable_one():
+    """3.13's entry frames hold None where a code object would be: the interpreter's, not a lost frame."""
+    with ProcessMemory(os.getpid()) as mem:
+        reader = CodeReader(mem, find_interpreter(os.getpid()))
+        code = compile("x = 1\n", "/x/a.py", "exec")
+        assert not reader.not_code(id(None))  # nothing learnt yet: no claim
+        assert reader.code(id(code)).filename == "/x/a.py"
+        assert reader.not_code(id(None)) and reader.not_code(id("text"))
+        assert not reader.not_code(id(code))
+        assert not reader.not_code(16)  # unreadable: not known to be anything else
