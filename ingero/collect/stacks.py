@@ -455,6 +455,9 @@ class StackResolver:
                 if hit is None:
                     hit = self._resolve_one(bpf_id, key[0], rows)
                     if hit is None:
+                        # Never will be (its image or its code is gone): the slot goes back
+                        # all the same, or a daemon's map would fill with such records.
+                        done.append(bpf_id)
                         continue
                     if len(self._ids) >= MAX_CACHED_IDS:
                         self._ids.clear()
@@ -464,8 +467,8 @@ class StackResolver:
         out[:] = mapped[inverse]
         if rows:
             self._write(rows)
-        # Resolved records leave the BPF map: it holds only call sites not
-        # read yet, so a long session never fills it (a site seen again is
+        # Records read leave the BPF map: it holds only call sites not read
+        # yet, so a long session never fills it (a site seen again is
         # re-inserted once and found in self._ids).
         table = self.bpf.get_table("ingero_stacks")
         for bpf_id in done:
@@ -507,7 +510,9 @@ class StackResolver:
             with self._lock:
                 if frames:
                     self._early[bpf_id] = frames
-            if known or frames:
+            # A record of a process gone, that nothing resolves, goes too: its events may
+            # never reach resolve() (dropped), and it would hold its slot for the session.
+            if known or frames or exec_signature(int(rec.tgid)) is None:
                 discard(table, key)
 
     def _frames_of(self, rec: StackRecord, pid: int) -> list[tuple]:

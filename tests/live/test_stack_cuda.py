@@ -350,3 +350,21 @@ def test_record_slots_are_given_back_so_a_long_session_keeps_new_native_stacks(s
         names = [r[2] for r in rows]
         depth[sid] = (next(n for n in names if n.startswith("wave")), names.count("rec"))
     assert sorted(depth.values()) == [(f"wave{w}", d + 1) for w in range(3) for d in range(per_wave)]
+
+
+def test_a_record_that_cannot_be_resolved_gives_its_slot_back(harness):
+    """A Python process gone before its records were read (no watcher here to read them while it
+    ran): its frames are unreadable, the calls get no stack -- and the records leave the map, or a
+    daemon seeing many short-lived processes would fill every slot and lose all later stacks."""
+    h, store = harness
+    h.resolver._stop_watcher()  # nothing reads the records while the process lives
+    proc, _lines = run_workload(h, "/usr/bin/python3", 3)
+    finish(proc)
+    ev = h.drain()
+    ev = ev[ev["pid"] == proc.pid]  # the calls, and any preemption the harness saw
+    calls = ev[ev["op"] == Op.CUDA_MALLOC]
+    assert len(calls) == 4 and (calls["stack_id"] >= 0).all()
+    assert _pending_records(h, proc.pid) >= 2  # the loop's call site and the sync's, at least
+    ids = h.resolver.resolve(ev["stack_id"], ev["pid"])
+    assert (ids == -1).all()
+    assert _pending_records(h, proc.pid) == 0
