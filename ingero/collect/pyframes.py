@@ -40,8 +40,6 @@ MAX_LINETABLE_BYTES = 1 << 20
 # glibc's struct pthread keeps the kernel tid within its first few hundred
 # bytes (0x2d0 in glibc 2.36 x86-64); scanned only for 3.10.
 PTHREAD_TID_SCAN_BYTES = 2048
-# PyObject_HEAD: ob_refcnt, then ob_type (default builds, 3.10 - 3.13).
-OB_TYPE = 8
 # x86-64 user addresses are below 2^47 (2^56 with 5-level paging).
 USER_ADDR_LIMIT = 1 << 56
 
@@ -189,6 +187,7 @@ class Interpreter:
     binary: str             # the ELF file that defines _PyRuntime
     layout: PyLayout
     pthread_tid: int = -1   # 3.10: offset of the tid inside glibc's struct pthread
+    none_addr: int = 0      # &_Py_NoneStruct (0: not found): 3.13's entry frames hold it as their executable
 
 
 _VERSION_RE = re.compile(r"python(\d)\.(\d+)")
@@ -227,7 +226,9 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
             layout = _layout(version, mem, addr)
             if layout is None:
                 return None
-            interp = Interpreter(pid, version, addr, path, layout)
+            none = elf.lookup_name("_Py_NoneStruct")
+            none_addr = elf.runtime_address(none, [m for m in maps if m.path == path]) if none else None
+            interp = Interpreter(pid, version, addr, path, layout, none_addr=none_addr or 0)
             if layout.tid_is_pthread:
                 interp = replace(interp, pthread_tid=_pthread_tid_offset(mem, interp))
             return interp
@@ -471,7 +472,6 @@ class CodeReader:
         self.mem = mem
         self.interp = interp
         self.cache: dict[int, tuple[bytes, CodeInfo]] = {}
-        self.code_type = 0  # &PyCode_Type, learnt from the first code object read
         lay = interp.layout
         offs = [o for o in (lay.code_filename, lay.code_name, lay.code_qualname, lay.code_linetable,
                             lay.code_firstlineno) if o >= 0]
@@ -490,8 +490,6 @@ class CodeReader:
         if not stamp:
             return None
         info = self._read_code(addr)
-        if info is not None and not self.code_type:
-            self.code_type = self.mem.u64(addr + OB_TYPE)
         # Not remembered when the read failed (it may be transient) or the object
         # changed while it was read (the stamp would belong to the old one).
         if info is not None and self.stamp(addr) == stamp:
@@ -499,16 +497,21 @@ class CodeReader:
         return info
 
     def not_code(self, addr: int) -> bool:
-        """True when the object at ``addr`` is readable and not a code object: the
-        executable of an interpreter entry frame (3.13: None), not user code."""
-        ob_type = self.mem.u64(addr + OB_TYPE)
-        return bool(self.code_type and ob_type and ob_type != self.code_type)
+        """True when ``addr`` is None: the executable of an interpreter entry frame (3.13), not
+        user code.  Told positively, by address: a freed code object is not code any more
+        either (its header is the allocator's then), and it must stay an unreadable frame."""
+        return bool(self.interp.none_addr) and addr == self.interp.none_addr
 
     def frame(self, code_addr: int, instr: int) -> PyFrame | None:
         info = self.code(code_addr)
         if info is None:
             return None
-        return PyFrame(info.name, info.filename, line_for(list(info.ranges), self.instr_index(code_addr, instr), info.firstlineno))
+        index = self.instr_index(code_addr, instr)
+        if info.ranges and index >= info.ranges[-1][1]:
+            # past the code's last instruction: the object at this address is not the one the
+            # frame ran (replaced between the event and this read)
+            return None
+        return PyFrame(info.name, info.filename, line_for(list(info.ranges), index, info.firstlineno))
 
     def instr_index(self, code_addr: int, instr: int) -> int:
         """Code-unit index of the instruction being executed."""

@@ -71,9 +71,12 @@ MAX_IMAGES = 4096
 # Time the watcher spends resolving records per round (the rest waits one
 # round), so noticing new processes and execs is never delayed by much.
 DRAIN_BUDGET_S = 0.005
-# Records the watcher resolves ahead of the decode path (bounded in case
-# their events never arrive, e.g. dropped from a full ring buffer).
+# Records the watcher resolves ahead of the decode path, kept this many at most
+# and this long at most: their events may never arrive (dropped from a full
+# ring buffer, or a flush whose resolve failed), and the decode path is never
+# minutes behind.
 MAX_EARLY = 100_000
+EARLY_TTL_S = 120.0
 # (pid, BPF id) -> stored id entries kept before the cache starts over.
 MAX_CACHED_IDS = 1_000_000
 # The watcher gives up after this many failed rounds (the BPF program was closed).
@@ -305,7 +308,7 @@ class StackResolver:
         self._stored: set[int] = set()
         self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
         self._generation = 0
-        self._early: dict[int, list[tuple]] = {}   # BPF id -> frames resolved by the watcher
+        self._early: dict[int, tuple[float, list[tuple]]] = {}   # BPF id -> (monotonic s, frames) by the watcher
         self._watched: dict[int, float] = {}   # pid -> stop watching for exec (monotonic s)
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
@@ -453,16 +456,18 @@ class StackResolver:
                 key = (int(first_pid[k]), bpf_id)
                 hit = self._ids.get(key)
                 if hit is None:
-                    hit = self._resolve_one(bpf_id, key[0], rows)
+                    hit, partial = self._resolve_one(bpf_id, key[0], rows)
+                    done.append(bpf_id)
                     if hit is None:
                         # Never will be (its image or its code is gone): the slot goes back
                         # all the same, or a daemon's map would fill with such records.
-                        done.append(bpf_id)
                         continue
                     if len(self._ids) >= MAX_CACHED_IDS:
                         self._ids.clear()
-                    self._ids[key] = hit
-                    done.append(bpf_id)
+                    # A frame that could not be read while its process runs was likely a
+                    # read racing a change: the call site is read again when it recurs.
+                    if not (partial and exec_signature(key[0]) is not None):
+                        self._ids[key] = hit
                 mapped[k] = hit
         out[:] = mapped[inverse]
         if rows:
@@ -481,7 +486,7 @@ class StackResolver:
         with self._lock:
             early = self._early.pop(bpf_id, None)
         if early is not None:
-            return early
+            return early[1]
         table = self.bpf.get_table("ingero_stacks")
         try:
             rec = table[table.Key(bpf_id)]
@@ -493,26 +498,35 @@ class StackResolver:
         """Resolve the records BPF stored since the last round, while their
         processes are alive (a flush comes ~1 s later, maybe after the exit)."""
         table = self.bpf.get_table("ingero_stacks")
-        deadline = time.monotonic() + DRAIN_BUDGET_S
+        now = time.monotonic()
+        with self._lock:
+            while self._early:  # oldest first (insertion order): drop what nobody asked for
+                oldest = next(iter(self._early))
+                if now - self._early[oldest][0] < EARLY_TTL_S and len(self._early) < MAX_EARLY:
+                    break
+                del self._early[oldest]
+        deadline = now + DRAIN_BUDGET_S
         for key in list(table.keys()):
             if time.monotonic() > deadline:  # exec checks must not wait behind a burst of new stacks
                 return
             bpf_id = key.value
             with self._lock:
-                if bpf_id in self._early or len(self._early) >= MAX_EARLY:
+                if bpf_id in self._early:
                     continue
             try:
                 rec = table[key]
             except KeyError:
                 continue
-            known = (int(rec.tgid), bpf_id) in self._ids
-            frames = [] if known else self._frames_of(rec, int(rec.tgid))
+            tgid = int(rec.tgid)
+            known = (tgid, bpf_id) in self._ids
+            frames = [] if known else self._frames_of(rec, tgid)
             with self._lock:
-                if frames:
-                    self._early[bpf_id] = frames
+                # resolve() may have read and deleted it meanwhile: then nobody would pop this
+                if frames and (tgid, bpf_id) not in self._ids:
+                    self._early[bpf_id] = (time.monotonic(), frames)
             # A record of a process gone, that nothing resolves, goes too: its events may
             # never reach resolve() (dropped), and it would hold its slot for the session.
-            if known or frames or exec_signature(int(rec.tgid)) is None:
+            if known or frames or exec_signature(tgid) is None:
                 discard(table, key)
 
     def _frames_of(self, rec: StackRecord, pid: int) -> list[tuple]:
@@ -539,11 +553,12 @@ class StackResolver:
             merged.append(f)
         return merged + python
 
-    def _resolve_one(self, bpf_id: int, pid: int, rows: list[tuple]) -> int | None:
+    def _resolve_one(self, bpf_id: int, pid: int, rows: list[tuple]) -> tuple[int | None, bool]:
+        """(stored id or None, whether a frame of it was unreadable)."""
         frames = self.frames(bpf_id, pid)
         if not frames:
             self.stats["missing"] += 1
-            return None
+            return None, False
         sid = content_id(frames)
         if sid not in self._stored:
             self._stored.add(sid)
@@ -551,7 +566,7 @@ class StackResolver:
                 rows.append((sid, depth) + f)
             self.stats["stacks"] += 1
             self.stats["frames"] += len(frames)
-        return sid
+        return sid, any(f[1] == UNREADABLE for f in frames)
 
     def _native(self, proc: _Proc, rec: StackRecord) -> list[tuple]:
         out = []

@@ -145,7 +145,8 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
                 f"{units.ns(c.get('total_ns'))} total, max {units.ns(c.get('max_ns'))}"
             )
         if not callers:
-            lines.append(INDENT + "(no stacks recorded: trace with --stack)")
+            # no stacks, or none with a readable call site ([unreadable] innermost frames)
+            lines.append(INDENT + "(no call sites in this range: stacks are recorded by `ingero trace --stack`)")
     pre = stack.get("preempted_lines")
     if pre is not None:
         lines.append("Most preempted lines:")

@@ -334,13 +334,16 @@ def test_a_code_address_reused_by_another_code_object_is_read_again():
         del new
 
 
-def test_an_object_that_is_not_code_is_told_from_an_unreadable_one():
-    """3.13's entry frames hold None where a code object would be: the interpreter's, not a lost frame."""
+def test_none_is_told_apart_from_a_freed_code_object():
+    """3.13's entry frames hold None where a code object would be: the interpreter's, skipped.  A
+    freed code object (its header the allocator's now) is not None: it stays an unreadable frame."""
+    interp = find_interpreter(os.getpid())
+    assert interp.none_addr == id(None)
     with ProcessMemory(os.getpid()) as mem:
-        reader = CodeReader(mem, find_interpreter(os.getpid()))
-        code = compile("x = 1\n", "/x/a.py", "exec")
-        assert not reader.not_code(id(None))  # nothing learnt yet: no claim
-        assert reader.code(id(code)).filename == "/x/a.py"
-        assert reader.not_code(id(None)) and reader.not_code(id("text"))
-        assert not reader.not_code(id(code))
-        assert not reader.not_code(16)  # unreadable: not known to be anything else
+        reader = CodeReader(mem, interp)
+        big = compile("\n".join(f"x{i} = {i}" for i in range(300)), "/x/big.py", "exec")  # malloc'd, not pymalloc
+        addr = id(big)
+        del big
+        assert reader.not_code(id(None))
+        assert not reader.not_code(addr)
+        assert not reader.not_code(id("text"))

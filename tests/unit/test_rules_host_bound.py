@@ -147,3 +147,20 @@ def test_sampled_lines_name_the_loader_line():
     top = [c for c in chain.contributing if "%" in c and "train.py" in c]
     assert top and "train.py:113  cpu_work: h.update(view[:n])  ← train.py:301 main: cpu_work(decode_work, scratch)" in top[0]
     assert chain.numbers["samples_outside_cuda"] > 0
+
+
+def test_sampled_lines_say_nothing_of_an_unreadable_frame():
+    """An [unreadable] caller is left out of the line; an [unreadable] innermost frame gives no line
+    (its caller would be named instead of the line that ran)."""
+    h = loop(load_us=800)
+    samples, frames = _samples(h, every_ns=1_000_003)
+    for f in frames:
+        if f["stack_id"] == 1 and f["depth"] == 1:  # the loader line's caller
+            f.update(function="[unreadable]", module=None, file=None, line=None, source=None)
+        if f["stack_id"] == 2 and f["depth"] == 0:  # the launch line
+            f.update(function="[unreadable]", module=None, file=None, line=None, source=None)
+    [chain] = chains_of(report(h, samples, frames), "host-bound")
+    lines = [c for c in chain.contributing if "%" in c and ".py" in c]
+    assert lines and "train.py:113  cpu_work: h.update(view[:n])" in lines[0]
+    assert not any("unreadable" in c or "None" in c or "?" in c for c in chain.contributing)
+    assert not any("train.py:330" in c for c in chain.contributing)
