@@ -187,7 +187,10 @@ class Interpreter:
     binary: str             # the ELF file that defines _PyRuntime
     layout: PyLayout
     pthread_tid: int = -1   # 3.10: offset of the tid inside glibc's struct pthread
-    none_addr: int = 0      # &_Py_NoneStruct (0: not found): 3.13's entry frames hold it as their executable
+    # &_Py_NoneStruct where it is found (3.13's entry frames hold None as their executable):
+    # libpython's, and the executable's own copy when it embeds Python and uses Py_None (a
+    # copy relocation moves the object there, and libpython's goes unused)
+    none_addrs: tuple[int, ...] = ()
 
 
 _VERSION_RE = re.compile(r"python(\d)\.(\d+)")
@@ -226,9 +229,8 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
             layout = _layout(version, mem, addr)
             if layout is None:
                 return None
-            none = elf.lookup_name("_Py_NoneStruct")
-            none_addr = elf.runtime_address(none, [m for m in maps if m.path == path]) if none else None
-            interp = Interpreter(pid, version, addr, path, layout, none_addr=none_addr or 0)
+            interp = Interpreter(pid, version, addr, path, layout,
+                                 none_addrs=_symbol_addresses(pid, "_Py_NoneStruct", dict.fromkeys((path, exe)), maps))
             if layout.tid_is_pthread:
                 interp = replace(interp, pthread_tid=_pthread_tid_offset(mem, interp))
             return interp
@@ -236,6 +238,18 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
     finally:
         if own:
             mem.close()
+
+
+def _symbol_addresses(pid: int, name: str, paths, maps) -> tuple[int, ...]:
+    """Where the files ``paths`` that define ``name`` put it in ``pid``."""
+    out = []
+    for path in paths:
+        elf = ElfSymbols.load(_host_path(pid, path)) if path else None
+        sym = elf.lookup_name(name) if elf else None
+        addr = elf.runtime_address(sym, [m for m in maps if m.path == path]) if sym else None
+        if addr:
+            out.append(addr)
+    return tuple(out)
 
 
 def _readlink(path: str) -> str | None:
@@ -500,7 +514,7 @@ class CodeReader:
         """True when ``addr`` is None: the executable of an interpreter entry frame (3.13), not
         user code.  Told positively, by address: a freed code object is not code any more
         either (its header is the allocator's then), and it must stay an unreadable frame."""
-        return bool(self.interp.none_addr) and addr == self.interp.none_addr
+        return addr in self.interp.none_addrs
 
     def frame(self, code_addr: int, instr: int) -> PyFrame | None:
         info = self.code(code_addr)

@@ -305,6 +305,7 @@ class StackResolver:
         self.session_id = session_id
         self.procs: dict[int, _Proc] = {}
         self._ids: dict[tuple[int, int], int] = {}   # (pid, BPF id) -> stored id
+        self._retry: set[tuple[int, int]] = set()     # of them, stacks with an unreadable frame
         self._stored: set[int] = set()
         self.images: dict[int, _Proc] = {}     # generation -> _Proc of that image
         self._generation = 0
@@ -327,6 +328,7 @@ class StackResolver:
             self._stored.difference_update(gone)
             for key in [k for k, v in self._ids.items() if v in gone]:
                 del self._ids[key]
+                self._retry.discard(key)
 
     # -- targets -----------------------------------------------------------
 
@@ -360,6 +362,7 @@ class StackResolver:
             # to symbolise records it made (from caches and its maps snapshot).
             for key in [k for k in self._ids if k[0] == pid]:
                 del self._ids[key]
+                self._retry.discard(key)
         self._generation += 1
         proc = _Proc(pid, self._generation)
         self.procs[pid] = proc
@@ -455,19 +458,25 @@ class StackResolver:
                     continue
                 key = (int(first_pid[k]), bpf_id)
                 hit = self._ids.get(key)
-                if hit is None:
-                    hit, partial = self._resolve_one(bpf_id, key[0], rows)
+                if hit is None or key in self._retry:
+                    # A stack with a frame that could not be read while its process ran (a
+                    # read racing a change) is read again while the record is there (the
+                    # call site recurred); the stack read before stays the answer otherwise.
+                    again, partial = self._resolve_one(bpf_id, key[0], rows, count_missing=hit is None)
                     done.append(bpf_id)
+                    if again is not None:
+                        if len(self._ids) >= MAX_CACHED_IDS:
+                            self._ids.clear()
+                            self._retry.clear()
+                        self._ids[key] = hit = again
+                        if partial and exec_signature(key[0]) is not None:
+                            self._retry.add(key)
+                        else:
+                            self._retry.discard(key)
                     if hit is None:
                         # Never will be (its image or its code is gone): the slot goes back
                         # all the same, or a daemon's map would fill with such records.
                         continue
-                    if len(self._ids) >= MAX_CACHED_IDS:
-                        self._ids.clear()
-                    # A frame that could not be read while its process runs was likely a
-                    # read racing a change: the call site is read again when it recurs.
-                    if not (partial and exec_signature(key[0]) is not None):
-                        self._ids[key] = hit
                 mapped[k] = hit
         out[:] = mapped[inverse]
         if rows:
@@ -513,13 +522,14 @@ class StackResolver:
             with self._lock:
                 if bpf_id in self._early:
                     continue
+                full = len(self._early) >= MAX_EARLY  # then resolve() reads it, as it comes
             try:
                 rec = table[key]
             except KeyError:
                 continue
             tgid = int(rec.tgid)
             known = (tgid, bpf_id) in self._ids
-            frames = [] if known else self._frames_of(rec, tgid)
+            frames = [] if known or full else self._frames_of(rec, tgid)
             with self._lock:
                 # resolve() may have read and deleted it meanwhile: then nobody would pop this
                 if frames and (tgid, bpf_id) not in self._ids:
@@ -553,11 +563,12 @@ class StackResolver:
             merged.append(f)
         return merged + python
 
-    def _resolve_one(self, bpf_id: int, pid: int, rows: list[tuple]) -> tuple[int | None, bool]:
+    def _resolve_one(self, bpf_id: int, pid: int, rows: list[tuple],
+                     count_missing: bool = True) -> tuple[int | None, bool]:
         """(stored id or None, whether a frame of it was unreadable)."""
         frames = self.frames(bpf_id, pid)
         if not frames:
-            self.stats["missing"] += 1
+            self.stats["missing"] += count_missing
             return None, False
         sid = content_id(frames)
         if sid not in self._stored:

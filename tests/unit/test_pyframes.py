@@ -338,7 +338,7 @@ def test_none_is_told_apart_from_a_freed_code_object():
     """3.13's entry frames hold None where a code object would be: the interpreter's, skipped.  A
     freed code object (its header the allocator's now) is not None: it stays an unreadable frame."""
     interp = find_interpreter(os.getpid())
-    assert interp.none_addr == id(None)
+    assert id(None) in interp.none_addrs
     with ProcessMemory(os.getpid()) as mem:
         reader = CodeReader(mem, interp)
         big = compile("\n".join(f"x{i} = {i}" for i in range(300)), "/x/big.py", "exec")  # malloc'd, not pymalloc
@@ -347,3 +347,36 @@ def test_none_is_told_apart_from_a_freed_code_object():
         assert reader.not_code(id(None))
         assert not reader.not_code(addr)
         assert not reader.not_code(id("text"))
+
+
+EMBED = r"""
+#include <Python.h>
+int main(void)
+{
+    Py_Initialize();
+    PyObject *none = Py_None; /* a use of Py_None in the executable: a copy relocation puts it here */
+    (void)none;
+    PyRun_SimpleString("import sys, time; print(hex(id(None)), flush=True); sys.stdin.readline()");
+    return 0;
+}
+"""
+
+
+def test_none_of_a_program_that_embeds_python_is_its_own_copy(tmp_path):
+    """A C program that embeds libpython and uses Py_None gets None copied into itself (a copy
+    relocation): libpython's symbol is not where None lives there."""
+    py = _pythons().get("3.13") or prereqs.missing("python3.13 under /root/.pyenv", "pyenv install 3.13")
+    root = py.parent.parent
+    src, exe = tmp_path / "embed.c", tmp_path / "embed"
+    src.write_text(EMBED)
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(src), f"-I{root}/include/python3.13", f"-L{root}/lib",
+                    "-lpython3.13", f"-Wl,-rpath,{root}/lib"], check=True)
+    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        none = int(proc.stdout.readline(), 16)
+        interp = find_interpreter(proc.pid)
+        assert interp is not None and interp.version == (3, 13)
+        assert none in interp.none_addrs
+    finally:
+        proc.kill()
+        proc.wait()

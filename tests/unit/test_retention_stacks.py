@@ -91,6 +91,7 @@ def _resolver() -> StackResolver:
     r._lock = threading.RLock()
     r._ids = {(7, 1): OLD, (8, 1): OLD, (7, 2): BOTH, (7, 3): NEW}
     r._stored = {OLD, BOTH, NEW}
+    r._retry = {(8, 1), (7, 3)}
     return r
 
 
@@ -99,6 +100,7 @@ def test_the_resolver_forgets_pruned_stacks_so_a_recurring_site_is_written_again
     r.forget_stacks(np.array([OLD, NEVER], dtype=np.int64))
     assert r._ids == {(7, 2): BOTH, (7, 3): NEW}
     assert r._stored == {BOTH, NEW}
+    assert r._retry == {(7, 3)}
 
 
 def test_version_2_file_loses_the_stacks_key_and_keeps_its_rows(tmp_path: Path) -> None:

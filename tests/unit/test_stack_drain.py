@@ -37,6 +37,7 @@ def _resolver(table: _Table, frames_of) -> stacks.StackResolver:
     r._lock = threading.RLock()
     r._early = {}
     r._ids = {}
+    r._retry = set()
     r._frames_of = frames_of
     return r
 
@@ -94,16 +95,22 @@ def test_a_stack_with_an_unreadable_frame_is_read_again_while_its_process_runs()
 
     alive, gone = subprocess.Popen(["sleep", "30"]), _gone_pid()
     try:
-        table = _Table()
-        r = _resolver(table, None)
+        r = _resolver(_Table(), None)
         r.prepare = lambda pids: []
         r._stored, r.stats, r._write = set(), {"missing": 0, "stacks": 0, "frames": 0}, lambda rows: None
         partial = [("python", stacks.UNREADABLE, None, None, None, None)] + FRAMES
-        r.frames = lambda bpf_id, pid: partial if bpf_id in (5, 6) else FRAMES
-        ids = r.resolve(np.array([5, 6, 8]), np.array([alive.pid, gone, alive.pid]))
-        assert (ids >= 0).all()
-        # the live process' partial stack is not remembered (its site is read again when it recurs);
-        # the gone one's is all there will ever be; a whole stack is remembered
-        assert sorted(r._ids) == sorted([(gone, 6), (alive.pid, 8)])
+        records = {5: partial, 6: partial, 8: FRAMES}  # what the BPF map holds now
+        r.frames = lambda bpf_id, pid: records.pop(bpf_id, [])
+        first = r.resolve(np.array([5, 6, 8]), np.array([alive.pid, gone, alive.pid]))
+        assert (first >= 0).all()
+        # only the live process' partial stack is read again; a gone one's is all there will be
+        assert r._retry == {(alive.pid, 5)}
+        # the record is gone (nothing recurred yet): the stack read before is still the answer
+        again = r.resolve(np.array([5, 6, 8]), np.array([alive.pid, gone, alive.pid]))
+        assert (again == first).all() and r.stats["missing"] == 0
+        # the call site recurred and reads whole now: that stack from here on
+        records[5] = FRAMES
+        third = r.resolve(np.array([5]), np.array([alive.pid]))
+        assert third[0] == first[2] != first[0] and r._retry == set()
     finally:
         alive.kill()
