@@ -217,10 +217,7 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
             elf = ElfSymbols.load(_host_path(pid, path))
             if elf is None:
                 continue
-            sym = elf.lookup_name("_PyRuntime")
-            if sym is None:
-                continue
-            addr = elf.runtime_address(sym, [m for m in maps if m.path == path])
+            addr = _symbol_address(elf, path, "_PyRuntime", maps)
             if addr is None:
                 continue
             version = _version_from_name(path) or _version_from_name(exe or "")
@@ -229,8 +226,10 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
             layout = _layout(version, mem, addr)
             if layout is None:
                 return None
-            interp = Interpreter(pid, version, addr, path, layout,
-                                 none_addrs=_symbol_addresses(pid, "_Py_NoneStruct", dict.fromkeys((path, exe)), maps))
+            nones = (_symbol_address(elf, path, "_Py_NoneStruct", maps),
+                     _symbol_address(ElfSymbols.load(_host_path(pid, exe)), exe, "_Py_NoneStruct", maps)
+                     if exe and exe != path else None)
+            interp = Interpreter(pid, version, addr, path, layout, none_addrs=tuple(a for a in nones if a))
             if layout.tid_is_pthread:
                 interp = replace(interp, pthread_tid=_pthread_tid_offset(mem, interp))
             return interp
@@ -240,16 +239,10 @@ def find_interpreter(pid: int, mem: ProcessMemory | None = None) -> Interpreter 
             mem.close()
 
 
-def _symbol_addresses(pid: int, name: str, paths, maps) -> tuple[int, ...]:
-    """Where the files ``paths`` that define ``name`` put it in ``pid``."""
-    out = []
-    for path in paths:
-        elf = ElfSymbols.load(_host_path(pid, path)) if path else None
-        sym = elf.lookup_name(name) if elf else None
-        addr = elf.runtime_address(sym, [m for m in maps if m.path == path]) if sym else None
-        if addr:
-            out.append(addr)
-    return tuple(out)
+def _symbol_address(elf: ElfSymbols | None, path: str, name: str, maps) -> int | None:
+    """Where ``name``, defined in ``elf`` (the file mapped as ``path``), lives in the process."""
+    sym = elf.lookup_name(name) if elf else None
+    return elf.runtime_address(sym, [m for m in maps if m.path == path]) if sym else None
 
 
 def _readlink(path: str) -> str | None:
