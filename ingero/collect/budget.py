@@ -17,7 +17,7 @@ Each period in which the launch probes were not attached throughout is a row
 of the ``sampling`` table (docs/schema.md): analyze scales launch counts and
 host time by it and says so (ingero/analyze/sampling.py).
 
-The launch probes are uprobe_multi links here (loader.SwitchableProbes): a
+The launch probes are uprobe_multi links here (loader.LinkedProbes): a
 BCC perf-event uprobe takes one RCU grace period per probe to detach, one at
 a time (0.6-0.8 s each on this loaded box), links one per link.
 """
@@ -120,7 +120,7 @@ class BudgetHook(TraceHook):
         self.cost_ns: float | None = None
         self.calibration_s: float | None = None
         self.note: str | None = None  # why the budget is off (no uprobe_multi ...)
-        self.probes: Any = None  # loader.SwitchableProbes
+        self.probes: Any = None  # loader.LinkedProbes
         self.ratio = 1.0  # the decision in force
         self.switched_ops = SWITCHED_OPS
         self._calls: dict[int, int] = {}  # pid -> switched calls seen since the last decision
@@ -294,7 +294,7 @@ class BudgetHook(TraceHook):
                 self.probes.attach()
             except OSError as exc:
                 # another tracer's BCC uprobe took the offset while ours was detached (see
-                # SwitchableProbes.take): nothing of ours is attached this slice, and the
+                # LinkedProbes.take): nothing of ours is attached this slice, and the
                 # period says so (ratio 0); tried again next period
                 self.refused_attaches += 1
                 if self.refused_attaches == 1:

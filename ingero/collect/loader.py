@@ -5,7 +5,9 @@ and ``-D`` cflags (never by editing the text), turning compiler and verifier
 failures into an IngeroError that quotes their key line.
 ``Program.attach_library(lib)`` attaches every probe of the table in
 probes.py to one library file, once per file identity, and keeps a record of
-every attempt (ok or error) for the ``probes`` table.
+every attempt (ok or error) for the ``probes`` table.  The probes are
+uprobe_multi links (one per BPF program and file) where the kernel has them,
+BCC's perf-event uprobes otherwise: see LinkedProbes.
 """
 
 from __future__ import annotations
@@ -244,6 +246,11 @@ def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: st
     bpf._add_uprobe_fd(ev_name, fd)
 
 
+# INGERO_UPROBE_MULTI=0: every uprobe as a BCC perf event, as on a kernel without uprobe_multi
+# (the fallback, for comparing the two and for tests of BCC's path).
+UPROBE_MULTI_ENV = "INGERO_UPROBE_MULTI"
+
+
 class Program:
     """The loaded BPF object: attach probes, read its maps."""
 
@@ -252,7 +259,12 @@ class Program:
         self.settings = settings
         self.records: list[AttachRecord] = []
         self._attached_ids: set[tuple[int, int, str]] = set()
-        self.switchable: SwitchableProbes | None = None
+        self.switchable: LinkedProbes | None = None  # the overhead budget's launch probes
+        # Every other uprobe: linked and never switched (see LinkedProbes for why links)
+        self.links: LinkedProbes | None = None
+        if os.environ.get(UPROBE_MULTI_ENV, "1") != "0":
+            self.links = LinkedProbes(self, None, refusal_note=None)
+            self.links.attach()
         self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
         for tp, op in self.tracepoints:
             self.records.append(AttachRecord("kernel", tp, op, "tracepoint", True))
@@ -273,6 +285,8 @@ class Program:
         no_return: set[str] = set()
         plan = probes.plan_library(str(path), kind, frozenset(exported))
         taken = self.switchable.take(str(path), plan, addresses) if self.switchable is not None else set()
+        if self.links is not None:
+            taken |= self.links.take(str(path), [a for a in plan if a not in taken], addresses)
         for a in plan:
             if a.probe_kind == "uprobe" and a.symbol in no_return:
                 # An entry without its return would leave call state that never
@@ -281,7 +295,7 @@ class Program:
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, False,
                                                  "skipped: its return probe could not be attached"))
                 continue
-            if a in taken:  # linked by the overhead budget's switchable set (budget.py)
+            if a in taken:  # linked (LinkedProbes); what the kernel refused to link BCC attaches below
                 ok += 1
                 self.records.append(AttachRecord(a.path, a.symbol, OP_NAMES[a.op], a.probe_kind, True))
                 continue
@@ -300,11 +314,28 @@ class Program:
             # BCC just added the probe's perf event under its event name (dicts keep insertion order)
         return ok, failed
 
-    def switchable_probes(self, ops: Iterable[int]) -> "SwitchableProbes":
+    def switchable_probes(self, ops: Iterable[int]) -> "LinkedProbes":
         """The probes of ``ops`` made switchable (one set per program; budget.py)."""
         if self.switchable is None:
-            self.switchable = SwitchableProbes(self, ops)
+            self.switchable = LinkedProbes(self, ops)
         return self.switchable
+
+    def link_refusal(self, path: str | os.PathLike) -> str | None:
+        """Why ``path``'s probes are BCC perf events rather than links, or None (linked, or not attached)."""
+        if self.links is None:
+            return f"{UPROBE_MULTI_ENV}=0"
+        return self.links.refused_why.get(str(path))
+
+    def program_fds(self) -> dict[str, list[int]]:
+        """Every loaded BPF program's fds by name: BCC's, and the copies loaded for links."""
+        out: dict[str, list[int]] = {}
+        for name, fn in list(self.bpf.funcs.items()):
+            out.setdefault(name.decode(), []).append(fn.fd)
+        for linked in (self.links, self.switchable):
+            if linked is not None:
+                for name, fd in linked.prog_fds().items():
+                    out.setdefault(name, []).append(fd)
+        return out
     def attach_cpu_sampler(self) -> None:
         """The cpu_sample program on a software cpu-clock event of every CPU, at settings.sample_hz."""
         from bcc import PerfSWConfig, PerfType
@@ -351,11 +382,12 @@ class Program:
     def probe_misses(self) -> int:
         """Runs of our programs the kernel skipped, summed over them (see recursion_misses)."""
         total = 0
-        for fn in list(self.bpf.funcs.values()):
-            try:
-                total += recursion_misses(Path(f"/proc/self/fdinfo/{fn.fd}").read_text())
-            except OSError:
-                continue
+        for fds in self.program_fds().values():
+            for fd in fds:
+                try:
+                    total += recursion_misses(Path(f"/proc/self/fdinfo/{fd}").read_text())
+                except OSError:
+                    continue
         return total
 
     def proc_stats(self) -> tuple[np.ndarray, np.ndarray]:
@@ -380,8 +412,9 @@ class Program:
     def close(self) -> None:
         """Detach everything.  Uprobes are closed by a background process (see _close_in_background)."""
         fds = list(self.bpf.uprobe_fds.values()) + list(self.bpf.tracepoint_fds.values())
-        if self.switchable is not None:
-            fds += self.switchable.release()
+        for linked in (self.switchable, self.links):
+            if linked is not None:
+                fds += linked.release()
         # BCC's own detach path, minus the detach: it also gives the probes
         # back to BCC's per-process quota (_num_open_probes, ~1000), which a
         # plain clear() never did, so a process loading again and again
@@ -394,18 +427,22 @@ class Program:
         self.bpf.cleanup()  # maps and programs: only references dropped now (the sampler's perf events closed)
 
 
-# ---- switchable per-call probes (the overhead budget: collect/budget.py) ------------
+# ---- uprobes as uprobe_multi links ---------------------------------------------------
 #
 # A perf-event uprobe (what BCC attaches) detaches in one RCU grace period per
 # probe, one probe at a time (the kernel's event_mutex): ~0.1 s each on a quiet
 # box, 0.6-0.8 s each on this loaded one (measured: 8 launch probes of one
-# library, 5.6 s), so those cannot be switched once a second.  A uprobe_multi
-# link (Linux 6.6) attaches one program to many offsets of one file in one
-# bpf() call and detaches them all with one grace period: measured here, two
-# links (the launch entries and their returns) attach in 10-15 ms of wall time
-# and 0.3 ms of CPU, and close in 0.13-0.19 s of wall time, 0.4 ms of CPU,
-# whose wait only the closing thread sees.  The breakpoints leave the traced
-# processes at the start of the close; the wait is for probes still running.
+# library, 5.6 s), so those cannot be switched once a second, and a tracer of
+# three libraries (108 probes) left ~10 s of detaching behind it, host-wide,
+# which the next tracer's attaches queued behind.  A uprobe_multi link (Linux
+# 6.6) attaches one program to many offsets of one file in one bpf() call and
+# detaches them all with one grace period, and links close in parallel:
+# measured here, two links (the launch entries and their returns) attach in
+# 10-15 ms of wall time and 0.3 ms of CPU, and close in 0.13-0.19 s of wall
+# time, 0.4 ms of CPU, whose wait only the closing thread sees; libcudart.so.13's
+# 38 probes: 4.0-4.3 s to close as perf events, 0.06-0.08 s as its 13 links.
+# The breakpoints leave the traced processes at the start of the close; the
+# wait is for probes still running.
 
 _NR_BPF = 321  # x86-64
 _BPF_LINK_CREATE = 28
@@ -504,21 +541,28 @@ def _close_links(links: Mapping[tuple[str, str, str], int]) -> None:
                  [fd for k, fd in links.items() if k[2] == "uretprobe"])
 
 
-class SwitchableProbes:
-    """The per-call uprobes of some ops as uprobe_multi links that attach and detach in
-    milliseconds of CPU, instead of BCC's perf events (see above).
+class LinkedProbes:
+    """Per-call uprobes as uprobe_multi links, one per (file, BPF program, entry or return),
+    instead of BCC's perf events (see above).
 
-    ``take()`` (from attach_library) adds a library's probes of these ops, one
-    link per (file, program, entry or return); ``attach()`` links every group,
-    returns first; ``detach()`` unlinks the entries, then the returns.
+    Two sets per program: every probe, linked as its library is attached and
+    unlinked when the program closes (Program.links), and the overhead budget's
+    launch probes, switched on and off (Program.switchable, budget.py).
+    ``take()`` (from attach_library) adds a library's probes of ``ops`` (None:
+    any), linked at once when the set is attached; ``attach()`` links every
+    group, returns first; ``detach()`` unlinks the entries, then the returns.
+    What the kernel refuses to link (before Linux 6.6; see take) is left to BCC.
     Safe to call from the tracer's thread and the budget's cycling thread.
     """
 
-    def __init__(self, program: "Program", ops: Iterable[int]):
+    def __init__(self, program: "Program", ops: Iterable[int] | None,
+                 refusal_note: str | None = ("overhead budget: {path}'s launch probes cannot be switched, "
+                                             "each of its calls is traced ({why})")):
         import threading
 
         self.program = program
-        self.ops = frozenset(int(o) for o in ops)
+        self.ops = None if ops is None else frozenset(int(o) for o in ops)
+        self.refusal_note = refusal_note
         self.attached = False
         self.lock = threading.RLock()
         self._groups: dict[tuple[str, str, str], set[int]] = {}  # (path, fn, probe_kind) -> file offsets
@@ -526,6 +570,7 @@ class SwitchableProbes:
         self._links: dict[tuple[str, str, str], int] = {}
         self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
         self.refused: list[str] = []  # libraries whose probes of these ops BCC attached instead (never switched)
+        self.refused_why: dict[str, str] = {}  # the same, with the kernel's reason
 
     def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
         """The attachments of ``plan`` (probes.Attachment) this set links from now on, linked at
@@ -535,7 +580,7 @@ class SwitchableProbes:
         another tracer's BCC uprobe sits at the same offset with a garbage ref_ctr_offset
         (BCC's own attach_uprobe: see attach_uprobe above; ingero's own pass 0).
         """
-        mine = [a for a in plan if a.op in self.ops]
+        mine = [a for a in plan if self.ops is None or a.op in self.ops]
         if not mine:
             return set()
         bpf = self.program.bpf
@@ -565,8 +610,9 @@ class SwitchableProbes:
                     _close_links(links)
         except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
             self.refused.append(path)
-            self.notes.append(f"overhead budget: {path}'s launch probes cannot be switched, each of its calls "
-                              f"is traced ({exc})")
+            self.refused_why[path] = str(exc)
+            if self.refusal_note is not None:
+                self.notes.append(self.refusal_note.format(path=path, why=exc))
             return set()
         return set(mine)
 
@@ -689,6 +735,11 @@ class SwitchableProbes:
             _close_later([ent], [ret])
         return max(0.0, probed - plain), time.monotonic() - t0
 
+    def prog_fds(self) -> dict[str, int]:
+        """The programs loaded for links, by name."""
+        with self.lock:
+            return dict(self._progs)
+
     def release(self) -> list[int]:
         """Every fd still held (links, programs), for the program's closer; the set is unusable after."""
         with self.lock:
@@ -700,10 +751,15 @@ class SwitchableProbes:
 
 # Closing one uprobe perf fd takes ~0.1 s here (the kernel waits for a grace
 # period per probe, one at a time: measured 7.2 s for 76 probes, from one or
-# 64 threads alike), and tracepoint detaches queue behind them.  So a detached
-# grandchild inherits every perf event fd and closes them while ingero exits
-# at once; the probes stay attached (unread) some seconds more.  The parent's
-# own close of an fd the child still holds only drops a reference.
+# 64 threads alike), and tracepoint detaches queue behind them; a uprobe_multi
+# link waits one grace period too, but links closed on threads of their own
+# wait together.  So a detached grandchild inherits every fd and closes them
+# on CLOSE_THREADS threads while ingero exits at once; the probes stay attached
+# (unread) a little longer.  The parent's own close of an fd the child still
+# holds only drops a reference.
+CLOSE_THREADS = 32
+
+
 def _close_in_background(fds: list[int]) -> None:
     # The last close of each fd pays for the detach: the grandchild waits
     # (EOF on a pipe) until this process has dropped its copies.
@@ -726,8 +782,15 @@ def _close_in_background(fds: list[int]) -> None:
             os.closerange(low, 65536)
             while os.read(gate_r, 1):
                 pass
-            for fd in fds:
-                os.close(fd)
+            import threading
+
+            n = min(CLOSE_THREADS, len(fds))
+            closers = [threading.Thread(target=lambda part: [_quiet_close(fd) for fd in part], args=(fds[i::n],))
+                       for i in range(n)]
+            for t in closers:
+                t.start()
+            for t in closers:
+                t.join()
         finally:
             os._exit(0)
     os.close(gate_r)

@@ -519,11 +519,15 @@ def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:
         sess.store.update_session(sess.session_id, notes="\n".join(sess.runtime_notes))
 
 
-def _attach_line(lib: Any, ok: int, failed: int) -> str:
+def _attach_line(lib: Any, ok: int, failed: int, program: Any) -> str:
     what = f"{ok // 2} functions ({ok} probes)"
     if failed:
         what += f", {failed} failed"
-    return f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
+    line = f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
+    why = program.link_refusal(lib.path) if ok else None
+    if why is not None:  # perf-event uprobes: slower to detach (loader.LinkedProbes)
+        line += f"; as perf-event uprobes, not links ({why})"
+    return line
 
 
 def check_can_trace() -> None:
@@ -577,7 +581,7 @@ def run_trace(
             hook.on_program(program)
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            lines.append(_attach_line(lib, ok, failed))
+            lines.append(_attach_line(lib, ok, failed, program))
         runtime_notes = watcher.take_notes()
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
@@ -782,7 +786,7 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
     if watcher is not None:
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            sess.notes.append(_attach_line(lib, ok, failed))
+            sess.notes.append(_attach_line(lib, ok, failed, sess.program))
         new = watcher.take_notes()
         sess.notes += new
         _note_runtimes(sess, new)

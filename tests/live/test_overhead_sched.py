@@ -123,13 +123,13 @@ def _runs_per_program(empty: bool, lib: Path, argv: list[str]) -> dict[str, int]
     prog = load_program(BpfSettings(empty=empty))
     try:
         prog.attach_library(found.path, found.kind, found.identity, found.symbols)
-        fds = {name.decode(): f.fd for name, f in prog.bpf.funcs.items() if not name.startswith(b"tracepoint__")}
+        fds = {name: f for name, f in prog.program_fds().items() if not name.startswith("tracepoint__")}
 
         def runs() -> dict[str, int]:
             out = {}
-            for name, fd in fds.items():
-                info = Path(f"/proc/self/fdinfo/{fd}").read_text()
-                out[name] = int(info.split("run_cnt:")[1].split()[0])
+            for name, named in fds.items():
+                out[name] = sum(int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("run_cnt:")[1].split()[0])
+                                for fd in named)
             return out
 
         before = runs()
