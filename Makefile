@@ -13,17 +13,24 @@ setup:
 # test that cannot load BPF fails instead of skipping.  The unit tests judge
 # stored traces and time nothing, so they share both cores (pytest-xdist; the
 # replay-heavy modules on one worker, which caches their replays: the
-# "replays" group); the live tests time real processes on those two cores,
-# so they run one at a time.
+# "replays" group).  The live tests marked `exact` count rows and time
+# nothing, so they run two at a time too (a module per worker: their traced
+# runs are module fixtures); the other live tests time real processes on
+# those two cores, so they run one at a time, after them.
+LIVE_EXACT = -m exact -n 2 --dist loadfile
+LIVE_TIMED = -m "not exact"
+
 test: setup
 	$(PY) -m pytest -q -rs --durations=20 -n 2 --dist loadgroup $(PYTEST_ARGS) tests/unit
-	$(PY) -m pytest -q -rs --durations=40 $(PYTEST_ARGS) tests/live
+	$(PY) -m pytest -q -rs --durations=20 $(LIVE_EXACT) $(PYTEST_ARGS) tests/live
+	$(PY) -m pytest -q -rs --durations=40 $(LIVE_TIMED) $(PYTEST_ARGS) tests/live
 
 unit: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests/unit
 
 live: setup
-	$(PY) -m pytest -q -rs tests/live
+	$(PY) -m pytest -q -rs $(LIVE_EXACT) tests/live
+	$(PY) -m pytest -q -rs $(LIVE_TIMED) tests/live
 
 demo: setup
 	$(VENV)/bin/ingero demo $(SCENARIO)

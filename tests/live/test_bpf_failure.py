@@ -20,7 +20,7 @@ import pytest
 
 from workloads import REPO
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 REFUSED = """
 TRACEPOINT_PROBE(sched, sched_process_free)

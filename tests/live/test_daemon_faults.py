@@ -18,7 +18,7 @@ from ingero.store.db import Store
 # the BPF-free writer process (not part of the package: run by path)
 WRITER = Path(__file__).resolve().parents[2] / "bench" / "synthetic_writer.py"
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 TMPFS_SIZE = "8m"  # small enough to fill in a second at 100k events/s
 

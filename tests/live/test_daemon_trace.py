@@ -17,7 +17,7 @@ from ingero.daemon import access, client
 import workloads
 from workloads import wait_until
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 INGERO = [sys.executable, "-m", "ingero"]
 

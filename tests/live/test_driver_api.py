@@ -20,7 +20,7 @@ import pytest
 import workloads
 from workloads import Tracer, query
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 N = 50
 BYTES = 4096

@@ -103,6 +103,7 @@ def _write_trace(replay: dict, path: Path) -> int:
 
 
 @pytest.mark.live
+@pytest.mark.exact  # times nothing: runs beside another exact test (Makefile)
 def test_replayed_calls_are_matched_and_the_offset_recovered(tmp_path, simcuda, monkeypatch):
     import workloads
     from workloads import Tracer, query

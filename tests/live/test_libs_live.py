@@ -21,7 +21,7 @@ from prereqs import needs_nvidia_libcudart
 
 from ingero.collect.libs import RUNTIME, LibraryWatcher, pids_mapping_cuda
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 # The child: dlopen the given library when told to (a line on stdin), say so, then wait for EOF.
 CHILD = textwrap.dedent(

@@ -29,7 +29,7 @@ import prereqs
 import workloads
 from workloads import REPO, Tracer, query, simcuda, wait_for
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 HOLD_MAX_S = 300  # the loop lingers after its last call until released, at most this
 TAIL_MAX_S = 120  # the tracer outlives the loop until the test saw 2 scrapes without it, at most this

@@ -22,7 +22,7 @@ import prereqs
 import workloads
 from workloads import HERE, Tracer, build, query
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 N = 20
 STREAM = 0x5150

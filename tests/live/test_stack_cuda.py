@@ -23,7 +23,7 @@ from workloads import wait_for
 from ingero.collect.records import EVENT_DTYPE, Op
 from ingero.store.db import Store
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "stack_workload.py"

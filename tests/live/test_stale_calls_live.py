@@ -33,7 +33,7 @@ import pytest
 
 from workloads import build, build_shared, query, trace_gated
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 ESCAPES = 5
 

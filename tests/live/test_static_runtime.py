@@ -22,7 +22,7 @@ import pytest
 import workloads
 from workloads import HERE, INGERO, REPO, Tracer, libcudart, query, wait_for
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 N = 200
 BYTES = 1024  # cuda_loop.cu: 256 floats each way
