@@ -64,6 +64,9 @@ class NcclJoin:
         calls = np.flatnonzero(_NCCL_MASK[op])
         comm = None
         if len(calls):
+            # in time order: storage_order groups and reverses runs, and a split's row
+            # needs its parent's comm_id, noted by an init of the same process earlier
+            calls = calls[np.argsort(recs["ts_ns"][calls], kind="stable")]
             comm = np.zeros(len(recs), dtype=np.uint64)
             for i in calls.tolist():
                 r = recs[i]

@@ -91,7 +91,7 @@ def test_monotonic_offset_maps_monotonic_to_wall_clock() -> None:
     assert abs(time.monotonic_ns() + off - time.time_ns()) < 50_000_000
 
 
-def test_storage_order_groups_ops_and_keeps_time_order_within_each() -> None:
+def test_storage_order_groups_ops_and_keeps_arrival_order_within_each_run() -> None:
     from ingero.collect.decode import storage_order
 
     r = records()
@@ -99,8 +99,10 @@ def test_storage_order_groups_ops_and_keeps_time_order_within_each() -> None:
     ops = out["op"].tolist()
     assert ops == sorted(ops)
     assert len(out) == 12 and sorted(out["ts_ns"].tolist()) == sorted(np.concatenate([r, r])["ts_ns"].tolist())
-    switches = out[out["op"] == int(Op.SCHED_SWITCH)]
-    assert switches["ts_ns"].tolist() == [200, 300, 200, 300]  # stable: arrival order kept
+    # the two kinds of switch are runs of their own; each keeps arrival order, or has it
+    # reversed (every other run is: test_storage_order.py)
+    switches = out[out["op"] == int(Op.SCHED_SWITCH)]["ts_ns"].tolist()
+    assert switches in ([200, 200, 300, 300], [300, 300, 200, 200])
     assert out.dtype == EVENT_DTYPE
 
 
