@@ -409,8 +409,9 @@ class Program:
     def attach_bench(self) -> None:
         """Nothing: the benchmark tracepoint is auto-attached by BCC (TRACEPOINT_PROBE)."""
 
-    def close(self) -> None:
-        """Detach everything.  Uprobes are closed by a background process (see _close_in_background)."""
+    def close(self, wait: bool = False) -> None:
+        """Detach everything.  Uprobes are closed by a background process (see _close_in_background),
+        or here, returning once every probe is detached, with ``wait`` (bench_attach)."""
         fds = list(self.bpf.uprobe_fds.values()) + list(self.bpf.tracepoint_fds.values())
         for linked in (self.switchable, self.links):
             if linked is not None:
@@ -423,7 +424,7 @@ class Program:
             self.bpf._del_uprobe_fd(name)
         self.bpf.tracepoint_fds.clear()
         if fds:
-            _close_in_background(fds)
+            close_fds(fds) if wait else _close_in_background(fds)
         self.bpf.cleanup()  # maps and programs: only references dropped now (the sampler's perf events closed)
 
 
@@ -760,6 +761,19 @@ class LinkedProbes:
 CLOSE_THREADS = 32
 
 
+def close_fds(fds: list[int]) -> None:
+    """Close probe fds on CLOSE_THREADS threads; returns when every detach is done."""
+    import threading
+
+    n = min(CLOSE_THREADS, len(fds))
+    closers = [threading.Thread(target=lambda part: [_quiet_close(fd) for fd in part], args=(fds[i::n],))
+               for i in range(n)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+
+
 def _close_in_background(fds: list[int]) -> None:
     # The last close of each fd pays for the detach: the grandchild waits
     # (EOF on a pipe) until this process has dropped its copies.
@@ -782,15 +796,7 @@ def _close_in_background(fds: list[int]) -> None:
             os.closerange(low, 65536)
             while os.read(gate_r, 1):
                 pass
-            import threading
-
-            n = min(CLOSE_THREADS, len(fds))
-            closers = [threading.Thread(target=lambda part: [_quiet_close(fd) for fd in part], args=(fds[i::n],))
-                       for i in range(n)]
-            for t in closers:
-                t.start()
-            for t in closers:
-                t.join()
+            close_fds(fds)
         finally:
             os._exit(0)
     os.close(gate_r)
