@@ -268,8 +268,25 @@ class _TimedConnection:
         got[1] += _cpu_s() - c
         return result
 
+    def sql(self, query, *args, **kwargs):
+        """A relation runs when it is fetched (device.py fetches its calls as Arrow): timed then."""
+        return _TimedRelation(self._con.sql(query, *args, **kwargs), query, self._spent)
+
     def __getattr__(self, name):
         return getattr(self._con, name)
+
+
+class _TimedRelation:
+    def __init__(self, rel, query: str, spent: dict[str, list[float]]):
+        self._rel, self._query, self._spent = rel, query, spent
+
+    def to_arrow_table(self):
+        c, t = _cpu_s(), time.perf_counter()
+        result = self._rel.to_arrow_table()
+        got = self._spent.setdefault(_statement_label(self._query), [0.0, 0.0])
+        got[0] += time.perf_counter() - t
+        got[1] += _cpu_s() - c
+        return result
 
 
 def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None,

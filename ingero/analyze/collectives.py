@@ -50,6 +50,11 @@ SELECT c.pid, c.timestamp, c.comm, c.op, s.s1 FROM c ASOF LEFT JOIN s ON c.tid =
 ORDER BY c.pid, c.timestamp
 """
 
+# The processes that made a collective call in the range: ing_cuda (windows.build) counts every
+# CUDA call of the range by process and op, as CALLS_SQL finds them; read only without --pid
+# (with it, ing_cuda holds the chosen processes alone, CALLS_SQL every one).
+RANKED_PIDS_SQL = "SELECT count(DISTINCT pid) FROM ing_cuda WHERE list_contains($ops, op)"
+
 RANKS_SQL = """
 SELECT pid, source, comm, comm_id, rank, job FROM ranks WHERE session_id = $sid ORDER BY seen_ns
 """
@@ -104,6 +109,11 @@ def jobs(ctx: Context) -> list[Job]:
     con = ctx.con
     if not procs.has_column(con, "events", "comm"):
         # a file from before the NCCL probes (schema 10) opened read-only: no collectives to line up
+        ctx.derived.nccl_jobs = []
+        return []
+    if not ctx.pids and con.execute(RANKED_PIDS_SQL, {"ops": COLLECTIVE_OPS}).fetchall()[0][0] < 2:
+        # a job needs two ranks: without them the raw calls need not be read (~10 ms of
+        # `explain --since 120s` over a day's store, where no process calls NCCL)
         ctx.derived.nccl_jobs = []
         return []
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}

@@ -43,13 +43,16 @@ launches are missing and its segment would count the copy alone.  Steps are
 still cut from every drain (syncs and copies are never sampled): the
 ``ing_dev_steps`` table, read by steps.py.
 
-Everything is SQL over the events table; Python only sees a few rows per
-process and window.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
+The calls are selected by SQL over the events table; their sequence
+(ing_dev_seq: sorted per process and window, numbered by segment) is built in
+numpy from the analysed calls (at most ``max_exact_calls`` and their CPU
+waits), and the segments and windows are SQL again.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
 reads ing_cuda for the call count).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,70 +149,62 @@ class DeviceActivity:
                 "high": round(self.high, 4), "source": self.source}
 
 
-# The calls, one row per boundary: a submission at its start, a drain at its
-# return (a synchronous copy is both), a non-draining sync at its return.  A
-# running count of drains per process and window numbers the segments.
-SEQ_SQL = """
-CREATE OR REPLACE TEMP TABLE ing_dev_seq AS
-WITH c AS MATERIALIZED (
-    SELECT pid, tid, op, timestamp AS t, timestamp + duration_ns AS e, duration_ns AS d, stream, {w} AS w
-    FROM events {iv_join}
-    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
-      AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
-), x AS (
-    -- time a thread inside a sync spent waiting for a CPU (preempted, yielded, or
-    -- runnable after its wake-up): the device may have finished at any moment of it
-    SELECT pid, tid, {w} AS w, op, timestamp AS pos, timestamp AS t,
-           timestamp + duration_ns AS e, duration_ns AS d,
-           CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
-           -- when the device most likely finished, if the sync returned right after this row:
-           -- a sleep ends when the device is done (then waits in the run queue); a spinning
-           -- thread preempted may have missed the end anywhere in the interval
-           CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
-                ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
-    FROM {events} {iv_join}
-    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
-      AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
-      AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
-), p AS (
-    -- per process: streams in use, quickest launch; per op: the no-wait cost
-    SELECT pid, count(DISTINCT stream) AS streams,
-           -- a launch's own cost: the quickest one (a loop always in back-pressure has a long median)
-           min(d) FILTER (list_contains($launch_ops, op)) AS launch_min
-    FROM c GROUP BY pid
-), o AS (
-    SELECT pid, op, least(min(d), $nowait_cap) AS nowait FROM c GROUP BY ALL
-), k AS (
-    SELECT c.*, greatest(0, d - o.nowait) AS wait,
-           CASE WHEN list_contains($launch_ops, op) OR list_contains($async_copy_ops, op) THEN 'submit'
-                WHEN list_contains($sync_copy_ops, op) THEN 'copy'
-                WHEN list_contains($device_sync_ops, op) THEN 'drain'
-                WHEN list_contains($stream_sync_ops, op) AND p.streams <= 1 THEN 'drain'
-                ELSE 'wait' END AS role,
-           list_contains($launch_ops, op)
-             AND d >= greatest($long_min, $long_factor * p.launch_min) AS long_launch
-    FROM c JOIN p USING (pid) JOIN o USING (pid, op)
-), m AS (
-    SELECT pid, tid, w, op, t AS pos, t, e, d, 0 AS wait, 0 AS cpu, NULL::BIGINT AS guess, role, 0 AS dr, long_launch
-    FROM k WHERE role IN ('submit', 'copy')
-    UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 1 AS dr, false FROM k WHERE role IN ('drain', 'copy')
-    UNION ALL
-    SELECT pid, tid, w, op, e AS pos, t, e, d, wait, 0, NULL, role, 0 AS dr, false FROM k WHERE role = 'wait'
-    UNION ALL
-    SELECT pid, tid, w, op, pos, t, e, d, 0, cpu, guess, 'cpu', 0, false FROM x
-)
-SELECT pid, tid, w, op, pos, t, e, d, wait, cpu, guess, role, dr,
-       sum(dr) OVER win - dr AS seg,
-       -- submissions so far: numbers them within their segment
-       sum(CASE WHEN dr = 0 AND role IN ('submit', 'copy') THEN 1 ELSE 0 END) OVER win AS csub,
-       -- back-pressure: a long launch between two long launches
-       long_launch AND coalesce(lag(long_launch) OVER win, false)
-                   AND coalesce(lead(long_launch) OVER win, false) AS bp
-FROM m
-WINDOW win AS (PARTITION BY pid, w ORDER BY pos, dr ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+# The device calls analysed, one row each; op_i: the op's place in DEVICE_OPS (from 1).
+CALLS_SQL = """
+SELECT pid, tid, list_position($device_ops, op)::UTINYINT AS op_i, timestamp AS t,
+       timestamp + duration_ns AS e, duration_ns AS d, stream, {w} AS w
+FROM events {iv_join}
+WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+  AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
+  AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
 """
+
+# Time a thread inside a sync spent waiting for a CPU (preempted, yielded, or runnable after
+# its wake-up): the device may have finished at any moment of it.
+CPU_SQL = """
+SELECT pid, tid, {w} AS w, timestamp AS pos, timestamp AS t,
+       timestamp + duration_ns AS e, duration_ns AS d,
+       CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
+       -- when the device most likely finished, if the sync returned right after this row:
+       -- a sleep ends when the device is done (then waits in the run queue); a spinning
+       -- thread preempted may have missed the end anywhere in the interval
+       CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
+            ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
+FROM {events} {iv_join}
+WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+  AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
+  AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
+"""
+
+# ing_dev_seq: one row per boundary, in the order of each process and window's calls (pid,
+# w, pos, dr):
+#   submit  a launch or async copy, at its start (pos = t), dr 0
+#   copy    a synchronous copy: at its start (dr 0) and at its return (pos = e, dr 1)
+#   drain   a device sync, or a stream sync of a process using one stream, at its return, dr 1
+#   wait    any other sync (an event sync; a stream sync among several streams), at its return, dr 0
+#   cpu     a CPU wait inside a sync (CPU_SQL), at its start
+# wait: a sync's time beyond its op's no-wait cost; seg: the drains before the row in its
+# process and window (the segment it belongs to); csub: the submissions so far, numbering
+# them within the segment; bp: a long launch between two long launches (back-pressure).
+# Built in numpy from the two queries above: as SQL (joins back to per-process and per-op
+# minima, a UNION and window functions over the rows) it cost ~0.2 CPU-s for 100,000 calls,
+# most of `explain --since 120s` on a day's store; the sort and running sums here ~0.02.
+SEQ_COLUMNS = ("pid", "tid", "w", "op", "pos", "t", "e", "d", "wait", "cpu", "guess", "role", "dr", "seg",
+               "csub", "bp")
+ROLES = ("submit", "copy", "drain", "wait", "cpu")
+_SUBMIT, _COPY, _DRAIN, _WAIT, _CPU = range(len(ROLES))
+# By op_i (CALLS_SQL): the op's name, and its role (a stream sync's is _DRAIN or _WAIT: it
+# depends on the process' streams); a CPU wait's op is sched_switch (CPU_SQL).
+_OP_NAMES = np.array(["", *DEVICE_OPS, "sched_switch"], dtype=object)
+_SCHED_SWITCH = len(_OP_NAMES) - 1
+_OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else _COPY if op in SYNC_COPY_OPS
+                               else _DRAIN if op in DEVICE_SYNC_OPS else _WAIT for op in DEVICE_OPS])
+_OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
+_OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
+# (no casts: seg and csub were HUGEINT sums in SQL, the same values as BIGINT here; casting
+# 100,000 rows in the copy cost ~15 ms)
+SEQ_FROM_ARROW_SQL = "CREATE OR REPLACE TEMP TABLE ing_dev_seq AS SELECT * FROM ing_dev_seq_in"
+
 
 # Per segment: its submissions, the drain that closed it, the waits in it.
 SEG_SQL = """
@@ -316,16 +311,15 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     sampled = min(1.0, t.max_exact_calls / calls) if calls else 1.0
     slice_ns = ctx.window_ns if sampled >= 1.0 else max(1, int(ctx.window_ns * sampled))
     p = ctx.params(
-        slice_ns=slice_ns, device_ops=DEVICE_OPS, launch_ops=LAUNCH_OPS, async_copy_ops=ASYNC_COPY_OPS,
-        sync_copy_ops=SYNC_COPY_OPS, device_sync_ops=DEVICE_SYNC_OPS, stream_sync_ops=STREAM_SYNC_OPS,
-        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS, nowait_cap=t.nowait_cap_ns, long_min=t.long_launch_min_ns, long_factor=t.long_launch_factor,
+        slice_ns=slice_ns, device_ops=DEVICE_OPS,
+        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS,
     )
     seg_params = {"t1": ctx.end_ns, "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns}
     events = events_relation(con, ctx.session_id)
     windows_iv = window_intervals(ctx, slice_ns)
     ivs = attached_intervals(ctx, windows_iv)
-    _segments(con, windows_iv, SEQ_SQL.format(events=events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
-              p, seg_params)
+    _segments(con, windows_iv, _queries(events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
+              p, seg_params, t)
     # steps are timed on every drain: syncs and copies are never sampled, and a step in a
     # sampled slice is slowed by the launch probes' traps (bench_budget: ~0.6 ms a step there)
     con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_steps AS "
@@ -333,8 +327,8 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     if ivs is not None:
         # a sampled trace: the device only where every submission was seen (the attached slices);
         # each call belongs to the slice it falls in (an ASOF join on the slices' starts)
-        _segments(con, ivs, SEQ_SQL.format(events=events, w="iv.w", iv_join="ASOF JOIN ing_dev_iv iv ON timestamp >= iv.a",
-                                           iv_where="AND timestamp < iv.b"), p, seg_params)
+        _segments(con, ivs, _queries(events, w="iv.w", iv_join="ASOF JOIN ing_dev_iv iv ON timestamp >= iv.a",
+                                     iv_where="AND timestamp < iv.b"), p, seg_params, t)
     else:
         ivs = windows_iv
     rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
@@ -364,15 +358,153 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     return out
 
 
-def _segments(con, ivs: pa.Table, seq_sql: str, p: dict, seg_params: dict) -> None:
+def _queries(events: str, **where: str) -> tuple[str, str]:
+    """CALLS_SQL and CPU_SQL over ``events``, windows numbered and calls selected by ``where``."""
+    return CALLS_SQL.format(**where), CPU_SQL.format(events=events, **where)
+
+
+def _segments(con, ivs: pa.Table, queries: tuple[str, str], p: dict, seg_params: dict, t: Thresholds) -> None:
     """ing_dev_seq and ing_dev_seg over the intervals ``ivs`` (ing_dev_iv)."""
     con.register("ing_dev_iv_in", ivs)
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_iv AS SELECT * FROM ing_dev_iv_in ORDER BY a")
     finally:
         con.unregister("ing_dev_iv_in")
-    con.execute(seq_sql, p)
+    _sequence(con, *queries, p, t)
     con.execute(SEG_SQL, seg_params)
+
+
+def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> None:
+    """ing_dev_seq (SEQ_COLUMNS above) from the calls (CALLS_SQL) and the CPU waits (CPU_SQL).
+
+    NULLs as the SQL had them: a call without a duration has no return (e, and pos of its
+    return row, NULL, sorted last), no wait, and is no long launch (NULL for a launch)."""
+    calls = _arrow(con, calls_sql, p)
+    waits = _arrow(con, cpu_sql, p)
+    pid = calls["pid"].to_numpy()
+    op_i = calls["op_i"].to_numpy().astype(np.int64)
+    d, has_d = _ints(calls["d"])
+    launch = _OP_LAUNCH[op_i]
+    # per process: the streams in use, the quickest launch (a loop always in back-pressure has
+    # a long median); per process and op: the no-wait cost, the shortest call up to the cap
+    pids, p_i = np.unique(pid, return_inverse=True)
+    stream, has_stream = _ints(calls["stream"])
+    used = np.unique(np.stack([p_i[has_stream], stream[has_stream]]), axis=1) if has_stream.any() else [[]]
+    streams = np.bincount(np.asarray(used[0], dtype=np.int64), minlength=len(pids))
+    big = np.iinfo(np.int64).max
+    launch_min = np.full(len(pids), big)
+    np.minimum.at(launch_min, p_i[launch & has_d], d[launch & has_d])
+    key = p_i * len(_OP_NAMES) + op_i
+    nowait = np.full(len(pids) * len(_OP_NAMES), big)
+    np.minimum.at(nowait, key[has_d], d[has_d])
+    wait = np.where(has_d, np.maximum(0, d - np.minimum(nowait[key], t.nowait_cap_ns)), 0)
+    # a stream sync drains when the process uses one stream (or none is recorded)
+    role = np.where(_OP_STREAM_SYNC[op_i] & (streams[p_i] <= 1), _DRAIN, _OP_ROLE[op_i])
+    # d >= greatest(long_min, long_factor * launch_min), compared as doubles as in SQL
+    fastest = launch_min[p_i]
+    threshold = np.where(fastest == big, float(t.long_launch_min_ns),
+                         np.maximum(float(t.long_launch_min_ns), t.long_launch_factor * fastest.astype(np.float64)))
+    long_launch = launch & has_d & (d.astype(np.float64) >= threshold)
+    long_null = launch & ~has_d  # unknown: neither long nor short
+
+    # the rows: a submission (or a synchronous copy's start) at its start, a drain (or a
+    # synchronous copy's return) and any other sync at its return, then the CPU waits
+    starts = np.flatnonzero((role == _SUBMIT) | (role == _COPY))
+    returns = np.flatnonzero((role == _DRAIN) | (role == _COPY))
+    others = np.flatnonzero(role == _WAIT)
+    at = np.concatenate([starts, returns, others])
+    n_starts, n_waits = len(starts), waits.num_rows
+    e, has_e = _ints(calls["e"])
+    t_call = calls["t"].to_numpy()
+    tid, has_tid = _ints(calls["tid"])
+    waits_tid, waits_has_tid = _ints(waits["tid"])
+    n_ends = len(at) - n_starts
+
+    def rows(call_values: np.ndarray, wait_values: np.ndarray) -> np.ndarray:
+        return np.concatenate([call_values[at], wait_values])
+
+    pos = np.concatenate([t_call[starts], e[at[n_starts:]], waits["pos"].to_numpy()])
+    has_pos = np.concatenate([np.ones(n_starts, bool), has_e[at[n_starts:]], np.ones(n_waits, bool)])
+    dr = np.concatenate([np.zeros(n_starts, np.int32), np.ones(len(returns), np.int32),
+                         np.zeros(len(others) + n_waits, np.int32)])
+    row_role = np.concatenate([role[at], np.full(n_waits, _CPU)])
+    w = rows(calls["w"].to_numpy(), waits["w"].to_numpy())
+    row_pid = rows(pid, waits["pid"].to_numpy())
+    t_row = rows(t_call, waits["t"].to_numpy())
+    tid_row = rows(tid, waits_tid)
+    # each process and window's rows in time order (NULL last); ties in (pos, dr), which the
+    # SQL left in any order, by the call's start and thread
+    order = np.lexsort((tid_row, t_row, dr, np.where(has_pos, pos, 0), ~has_pos, w, row_pid))
+    row_pid, w, pos, has_pos, dr, row_role = (x[order] for x in (row_pid, w, pos, has_pos, dr, row_role))
+    first = np.ones(len(order), bool)  # the first row of its process and window
+    first[1:] = (row_pid[1:] != row_pid[:-1]) | (w[1:] != w[:-1])
+    last = np.ones(len(order), bool)
+    last[:-1] = first[1:]
+    seg = _running_sum(dr.astype(np.int64), first) - dr
+    csub = _running_sum((((row_role == _SUBMIT) | (row_role == _COPY)) & (dr == 0)).astype(np.int64), first)
+    # back-pressure: a long launch between two long launches of its process and window
+    # (long_launch AND coalesce(lag(long_launch), false) AND coalesce(lead(...), false))
+    row_long = np.concatenate([long_launch[starts], np.zeros(n_ends + n_waits, bool)])[order]
+    row_long_null = np.concatenate([long_null[starts], np.zeros(n_ends + n_waits, bool)])[order]
+    around = np.zeros(len(order), bool)
+    around[1:-1] = row_long[:-2] & row_long[2:]
+    around &= ~first & ~last
+    ends = np.concatenate([np.zeros(n_starts, np.int64), wait[at[n_starts:]], np.zeros(n_waits, np.int64)])
+    w_cpu, w_has_cpu = _ints(waits["cpu"])
+    w_guess, w_has_guess = _ints(waits["guess"])
+
+    def column(call_values: np.ndarray, call_valid: np.ndarray, wait_values: np.ndarray,
+               wait_valid: np.ndarray) -> pa.Array:
+        return pa.array(rows(call_values, wait_values)[order], mask=~rows(call_valid, wait_valid)[order])
+
+    table = pa.table({
+        "pid": pa.array(row_pid, pa.int32()),
+        "tid": pa.array(tid_row[order].astype(np.int32), mask=~rows(has_tid, waits_has_tid)[order]),
+        "w": pa.array(w, pa.int64()),
+        "op": pa.array(_OP_NAMES[rows(op_i, np.full(n_waits, _SCHED_SWITCH))[order]], pa.string()),
+        "pos": pa.array(pos, mask=~has_pos),
+        "t": pa.array(t_row[order]),
+        "e": column(e, has_e, *_ints(waits["e"])),
+        "d": column(d, has_d, *_ints(waits["d"])),
+        "wait": pa.array(ends[order]),
+        "cpu": pa.array(np.concatenate([np.zeros(len(at), np.int64), w_cpu])[order],
+                        mask=~np.concatenate([np.ones(len(at), bool), w_has_cpu])[order]),
+        "guess": pa.array(np.concatenate([np.zeros(len(at), np.int64), w_guess])[order],
+                          mask=~np.concatenate([np.zeros(len(at), bool), w_has_guess])[order]),
+        "role": pa.array(np.array(ROLES, dtype=object)[row_role], pa.string()),
+        "dr": pa.array(dr, pa.int32()),
+        "seg": pa.array(seg, pa.int64()),
+        "csub": pa.array(csub, pa.int64()),
+        "bp": pa.array(row_long & around, mask=row_long_null & around),  # NULL AND true is NULL
+    })
+    con.register("ing_dev_seq_in", table)
+    try:
+        con.execute(SEQ_FROM_ARROW_SQL)
+    finally:
+        con.unregister("ing_dev_seq_in")
+
+
+def _arrow(con, sql: str, p: dict) -> pa.Table:
+    """The query's rows as Arrow (only the parameters it names: DuckDB refuses unused ones)."""
+    names = set(re.findall(r"\$(\w+)", sql))
+    return con.sql(sql, params={k: v for k, v in p.items() if k in names}).to_arrow_table()
+
+
+def _ints(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column as int64 values (0 where NULL) and where it is not NULL."""
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else np.ones(len(column), bool)
+    values = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
+    return values.astype(np.int64, copy=False), valid
+
+
+def _running_sum(x: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative sum of x restarting at every ``first`` row (x in sorted partitions)."""
+    total = np.cumsum(x)
+    if not len(x):
+        return total
+    starts = np.flatnonzero(first)
+    before = total[starts] - x[starts]  # the running total just before each partition
+    return total - np.repeat(before, np.diff(np.append(starts, len(x))))
 
 
 def window_intervals(ctx: Context, slice_ns: int) -> pa.Table:
