@@ -565,8 +565,13 @@ class LinkedProbes:
         self.ops = None if ops is None else frozenset(int(o) for o in ops)
         self.refusal_note = refusal_note
         self.attached = False
+        self.closed = False  # released: nothing is linked again (a budget cycle racing the close)
         self.lock = threading.RLock()
-        self._groups: dict[tuple[str, str, str], set[int]] = {}  # (path, fn, probe_kind) -> file offsets
+        # (file, fn, probe_kind) -> file offsets; the file is "/proc/self/fd/N" of an fd held
+        # open (self._files): a library replaced at its path (an upgrade) is another file, and a
+        # re-link (the budget's cycles) reaches the file the offsets were read from
+        self._groups: dict[tuple[str, str, str], set[int]] = {}
+        self._files: list[int] = []
         self._progs: dict[str, int] = {}  # program name -> fd loaded for uprobe_multi
         self._links: dict[tuple[str, str, str], int] = {}
         self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
@@ -574,8 +579,9 @@ class LinkedProbes:
         self.refused_why: dict[str, str] = {}  # the same, with the kernel's reason
 
     def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
-        """The attachments of ``plan`` (probes.Attachment) this set links from now on, linked at
-        once when it is attached; none when they cannot be (a note says why): BCC attaches them.
+        """The attachments of ``plan`` (probes.Attachment, all on ``path``) this set links from
+        now on, linked at once when it is attached; none when they cannot be (a note says why):
+        BCC attaches them.
 
         Every group is linked once here to know: a uprobe_multi link is refused (EINVAL) where
         another tracer's BCC uprobe sits at the same offset with a garbage ref_ctr_offset
@@ -585,14 +591,20 @@ class LinkedProbes:
         if not mine:
             return set()
         bpf = self.program.bpf
+        file_fd = None
         try:
             with self.lock:
+                if self.closed:
+                    return set()
+                # the file as it is now: its symbols are read, and its probes linked, through this fd
+                file_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                held = f"/proc/self/fd/{file_fd}"
                 groups: dict[tuple[str, str, str], set[int]] = {}
                 for a in mine:
-                    real, off = bpf._check_path_symbol(a.path.encode(),
-                                                       b"" if addresses is not None else a.symbol.encode(),
-                                                       None if addresses is None else addresses[a.symbol], -1)
-                    groups.setdefault((real.decode(), a.fn, a.probe_kind), set()).add(int(off))
+                    _, off = bpf._check_path_symbol(held.encode(),
+                                                    b"" if addresses is not None else a.symbol.encode(),
+                                                    None if addresses is None else addresses[a.symbol], -1)
+                    groups.setdefault((held, a.fn, a.probe_kind), set()).add(int(off))
                 links: dict[tuple[str, str, str], int] = {}
                 try:
                     for kind in ("uretprobe", "uprobe"):  # returns first
@@ -603,13 +615,15 @@ class LinkedProbes:
                 except OSError:
                     _close_links(links)
                     raise
-                for key, offs in groups.items():
-                    self._groups.setdefault(key, set()).update(offs)
+                self._files.append(file_fd)
+                self._groups.update(groups)  # a new fd: never a key already there
                 if self.attached:
                     self._links.update(links)
                 else:
                     _close_links(links)
         except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
+            if file_fd is not None and file_fd not in self._files:
+                _quiet_close(file_fd)
             self.refused.append(path)
             self.refused_why[path] = str(exc)
             if self.refusal_note is not None:
@@ -623,6 +637,8 @@ class LinkedProbes:
             return bool(self._groups)
 
     def _link_missing(self) -> None:
+        if self.closed:
+            return
         for kind in ("uretprobe", "uprobe"):  # returns first: a call entering in between keeps its return
             for key, offs in self._groups.items():
                 if key[2] == kind and key not in self._links:
@@ -631,7 +647,7 @@ class LinkedProbes:
 
     def attach(self) -> None:
         with self.lock:
-            if self.attached:
+            if self.attached or self.closed:
                 return
             try:
                 self._link_missing()
@@ -744,9 +760,10 @@ class LinkedProbes:
     def release(self) -> list[int]:
         """Every fd still held (links, programs), for the program's closer; the set is unusable after."""
         with self.lock:
-            fds = list(self._links.values()) + list(self._progs.values())
-            self._links, self._progs = {}, {}
+            fds = list(self._links.values()) + list(self._progs.values()) + self._files
+            self._links, self._progs, self._files = {}, {}, []
             self.attached = False
+            self.closed = True
         return fds
 
 

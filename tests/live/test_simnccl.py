@@ -21,7 +21,7 @@ import pytest
 from ingero.collect import probes
 from workloads import simcuda
 
-pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
+pytestmark = pytest.mark.live
 
 N = 8
 DELAY_MS = 10

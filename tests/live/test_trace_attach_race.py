@@ -19,7 +19,7 @@ import pytest
 import workloads
 from workloads import build, build_shared
 
-pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
+pytestmark = pytest.mark.live
 
 LOOP = textwrap.dedent("""
     import ctypes

@@ -14,7 +14,7 @@ import pytest
 
 from workloads import Tracer, build, build_shared, libcudart, query
 
-pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
+pytestmark = pytest.mark.live
 
 N = 40
 BYTES = 12345

@@ -13,7 +13,7 @@ import pytest
 
 from workloads import Tracer, build, libcudart, query, wait_for
 
-pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
+pytestmark = pytest.mark.live
 
 
 def _cuda_calls_seen(tracer: Tracer) -> int:
