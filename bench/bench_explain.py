@@ -251,6 +251,16 @@ def _statement_label(sql: str) -> str:
     return "other"
 
 
+def _timed(spent: dict[str, list[float]], sql: str, run):
+    """run(), its wall and CPU seconds added to spent[the statement's label] ([wall, cpu])."""
+    c, t = _cpu_s(), time.perf_counter()
+    result = run()
+    got = spent.setdefault(_statement_label(sql), [0.0, 0.0])
+    got[0] += time.perf_counter() - t
+    got[1] += _cpu_s() - c
+    return result
+
+
 class _TimedConnection:
     """Forwards to a DuckDB connection, adding each execute's wall and CPU seconds to ``spent``
     (label -> [wall, cpu]); the result is consumed by the caller, so fetch time of big
@@ -261,12 +271,7 @@ class _TimedConnection:
         self._spent = spent
 
     def execute(self, sql, *args, **kwargs):
-        c, t = _cpu_s(), time.perf_counter()
-        result = self._con.execute(sql, *args, **kwargs)
-        got = self._spent.setdefault(_statement_label(sql), [0.0, 0.0])
-        got[0] += time.perf_counter() - t
-        got[1] += _cpu_s() - c
-        return result
+        return _timed(self._spent, sql, lambda: self._con.execute(sql, *args, **kwargs))
 
     def sql(self, query, *args, **kwargs):
         """A relation runs when it is fetched (device.py fetches its calls as Arrow): timed then."""
@@ -281,12 +286,7 @@ class _TimedRelation:
         self._rel, self._query, self._spent = rel, query, spent
 
     def to_arrow_table(self):
-        c, t = _cpu_s(), time.perf_counter()
-        result = self._rel.to_arrow_table()
-        got = self._spent.setdefault(_statement_label(self._query), [0.0, 0.0])
-        got[0] += time.perf_counter() - t
-        got[1] += _cpu_s() - c
-        return result
+        return _timed(self._spent, self._query, self._rel.to_arrow_table)
 
 
 def time_explain(path: Path, repeat: int, statements: dict[str, list[float]] | None = None,

@@ -52,7 +52,6 @@ reads ing_cuda for the call count).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +60,7 @@ import pyarrow as pa
 from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
 from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
+from ingero.store.db import named_params
 from ingero.store.derive import events_relation
 
 ASYNC_COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync"]
@@ -486,8 +486,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> None
 
 def _arrow(con, sql: str, p: dict) -> pa.Table:
     """The query's rows as Arrow (only the parameters it names: DuckDB refuses unused ones)."""
-    names = set(re.findall(r"\$(\w+)", sql))
-    return con.sql(sql, params={k: v for k, v in p.items() if k in names}).to_arrow_table()
+    return con.sql(sql, params=named_params(sql, p)).to_arrow_table()
 
 
 def _ints(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

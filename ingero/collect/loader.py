@@ -575,8 +575,8 @@ class LinkedProbes:
         self._progs: dict[str, int] = {}  # program name -> fd loaded for uprobe_multi
         self._links: dict[tuple[str, str, str], int] = {}
         self.notes: list[str] = []  # for the trace's notes (budget.py passes them on)
-        self.refused: list[str] = []  # libraries whose probes of these ops BCC attached instead (never switched)
-        self.refused_why: dict[str, str] = {}  # the same, with the kernel's reason
+        # libraries whose probes of these ops BCC attached instead (never switched): the kernel's reason
+        self.refused_why: dict[str, str] = {}
 
     def take(self, path: str, plan: list[Any], addresses: Mapping[str, int] | None) -> set[Any]:
         """The attachments of ``plan`` (probes.Attachment, all on ``path``) this set links from
@@ -624,7 +624,6 @@ class LinkedProbes:
         except Exception as exc:  # BCC raises bare Exception for a symbol it cannot resolve
             if file_fd is not None and file_fd not in self._files:
                 _quiet_close(file_fd)
-            self.refused.append(path)
             self.refused_why[path] = str(exc)
             if self.refusal_note is not None:
                 self.notes.append(self.refusal_note.format(path=path, why=exc))
@@ -637,8 +636,6 @@ class LinkedProbes:
             return bool(self._groups)
 
     def _link_missing(self) -> None:
-        if self.closed:
-            return
         for kind in ("uretprobe", "uprobe"):  # returns first: a call entering in between keeps its return
             for key, offs in self._groups.items():
                 if key[2] == kind and key not in self._links:
@@ -772,23 +769,16 @@ class LinkedProbes:
 # 64 threads alike), and tracepoint detaches queue behind them; a uprobe_multi
 # link waits one grace period too, but links closed on threads of their own
 # wait together.  So a detached grandchild inherits every fd and closes them
-# on CLOSE_THREADS threads while ingero exits at once; the probes stay attached
+# on threads (close_fds) while ingero exits at once; the probes stay attached
 # (unread) a little longer.  The parent's own close of an fd the child still
 # holds only drops a reference.
-CLOSE_THREADS = 32
-
-
 def close_fds(fds: list[int]) -> None:
-    """Close probe fds on CLOSE_THREADS threads; returns when every detach is done."""
+    """Close probe fds, each on a thread of its own (_close_later); returns when every detach is done."""
     import threading
 
-    n = min(CLOSE_THREADS, len(fds))
-    closers = [threading.Thread(target=lambda part: [_quiet_close(fd) for fd in part], args=(fds[i::n],))
-               for i in range(n)]
-    for t in closers:
-        t.start()
-    for t in closers:
-        t.join()
+    done = threading.Event()
+    _close_later(fds, [], done)
+    done.wait()
 
 
 def _close_in_background(fds: list[int]) -> None:

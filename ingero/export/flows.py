@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 
 from ingero.analyze.model import Chain
+from ingero.export.selection import run
 
 # At most this many arrows per chain: enough to see the pattern, few enough to read.
 MAX_FLOWS_PER_CHAIN = 48
@@ -123,13 +124,9 @@ def plan(con: duckdb.DuckDBPyConnection, chains: list[Chain], params: dict) -> A
     return arrows
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> duckdb.DuckDBPyConnection:
-    return con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
-
-
 def _pairs(con: duckdb.DuckDBPyConnection, cause: str, q: dict, longest: int, n: int) -> list[tuple[Key, Key]]:
     """Up to ``n`` (cause, the call it happened inside) of one window, the longest causes first."""
-    causes = _run(con, _CAUSES_SQL.format(cause=cause), q).fetchnumpy()
+    causes = run(con, _CAUSES_SQL.format(cause=cause), q).fetchnumpy()
     if not len(causes["timestamp"]):
         return []
     # a cause without a tid belongs to no call (the calls are matched by thread)
@@ -137,7 +134,7 @@ def _pairs(con: duckdb.DuckDBPyConnection, cause: str, q: dict, longest: int, n:
     ctid = np.ma.filled(np.ma.asarray(causes["tid"]).astype(np.int64), -1)
     cts = np.asarray(causes["timestamp"], dtype=np.int64)
     tids = sorted(set(ctid[ctid >= 0].tolist()))
-    calls = _run(con, _CALLS_SQL, {**q, "lo": q["w0"] - longest, "tids": tids}).fetchnumpy()
+    calls = run(con, _CALLS_SQL, {**q, "lo": q["w0"] - longest, "tids": tids}).fetchnumpy()
     if not len(calls["timestamp"]):
         return []
     pid = np.asarray(calls["pid"], dtype=np.int64)
@@ -162,7 +159,7 @@ def _pairs(con: duckdb.DuckDBPyConnection, cause: str, q: dict, longest: int, n:
     chosen = [(j, int(i[j])) for j in np.nonzero(ok)[0][:n].tolist()]
     if not chosen:
         return []
-    named = {tuple(r[:3]): r[3] for r in _run(con, _OPS_SQL, {
+    named = {tuple(r[:3]): r[3] for r in run(con, _OPS_SQL, {
         "sid": q["sid"], "pids": sorted({int(pid[c]) for _, c in chosen}),
         "tids": sorted({int(tid[c]) for _, c in chosen}), "ts": [int(ts[c]) for _, c in chosen]}).fetchall()}
     out: list[tuple[Key, Key]] = []

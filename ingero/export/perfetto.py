@@ -36,6 +36,7 @@ from ingero.analyze.model import Chain
 from ingero.export import flows
 from ingero.export.selection import WHERE, Selection, bounded_memory, run
 from ingero.export.threads import ThreadTracks
+from ingero.store.db import named_params
 
 BATCH = 20_000  # packets per write
 ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
@@ -301,7 +302,7 @@ def _events(con: duckdb.DuckDBPyConnection, tracks: ThreadTracks, params: dict) 
     cur = con.cursor()
 
     def fetch(w: tuple[int, int]):
-        q = {k: v for k, v in params.items() if f"${k}" in _WINDOW_SQL}
+        q = named_params(_WINDOW_SQL, params)
         return cur.sql(_WINDOW_SQL, params={**q, "w0": w[0], "w1": w[1]}).to_arrow_table()
 
     with ThreadPoolExecutor(1) as pool:

@@ -14,6 +14,7 @@ import duckdb
 
 from ingero.analyze.context import Options, resolve
 from ingero.errors import IngeroError
+from ingero.store.db import named_params
 
 # The rows of a table in the selection; every exporter filters with it.
 WHERE = ("session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 "
@@ -49,12 +50,12 @@ def select(con: duckdb.DuckDBPyConnection, opts: Options) -> Selection:
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
     """Execute with the parameters ``sql`` names (DuckDB refuses unused ones)."""
-    return con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+    return con.execute(sql, named_params(sql, params))
 
 
 def reader(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any], rows: int) -> Any:
     """A pyarrow RecordBatchReader over the result, read batch by batch (bounded memory)."""
-    return con.sql(sql, params={k: v for k, v in params.items() if f"${k}" in sql}).to_arrow_reader(rows)
+    return con.sql(sql, params=named_params(sql, params)).to_arrow_reader(rows)
 
 
 # DuckDB's sort of a whole session (ORDER BY thread, time) takes memory up to its limit

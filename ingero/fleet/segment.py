@@ -29,6 +29,7 @@ from ingero.export.parquet import _PROCESSES_SQL, _chain_row
 from ingero.export.selection import Selection, reader
 from ingero.fleet import schema
 from ingero.fleet.facts import ClockState, NodeFacts
+from ingero.store.db import named_params
 
 NS = 1_000_000_000
 WINDOW_S = 1.0  # per-second summaries, as the store's own
@@ -116,7 +117,7 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
     sel = Selection(session_id, t0, t1, (), Options(session=session_id))
     params = sel.params()
-    procs = _arrow(con, _PROCESSES_SQL, {k: v for k, v in params.items() if f"${k}" in _PROCESSES_SQL})
+    procs = _arrow(con, _PROCESSES_SQL, named_params(_PROCESSES_SQL, params))
     tables["processes"] = [schema.conform(procs, schema.PROCESSES)] if procs.num_rows else []
     ranks = _arrow(con, RANKS_SQL, {"sid": session_id, "t0": t0, "t1": t1})
     tables["ranks"] = [schema.conform(ranks, schema.RANKS)] if ranks.num_rows else []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -113,6 +114,16 @@ USER_SQL_CONFIG = {
     "autoinstall_known_extensions": False,
     "lock_configuration": True,
 }
+
+
+_PARAM = re.compile(r"\$(\w+)")
+
+
+def named_params(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``params`` that ``sql`` names as $name: DuckDB refuses a statement
+    given parameters it does not use, and analyze and export pass one dict to many."""
+    names = set(_PARAM.findall(sql))
+    return {k: v for k, v in params.items() if k in names}
 
 
 def default_db_path() -> Path:

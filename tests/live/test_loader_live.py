@@ -20,37 +20,6 @@ from workloads import libcudart, wait_for
 pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 
-def test_closing_a_program_gives_its_uprobes_back_to_bccs_quota(tmp_path, monkeypatch):
-    import bcc
-
-    from ingero.collect.libs import LibraryWatcher
-    from ingero.collect.loader import UPROBE_MULTI_ENV, BpfSettings, load_program
-
-    monkeypatch.setenv(UPROBE_MULTI_ENV, "0")  # BCC's perf-event uprobes, as on a kernel without links
-
-    lib = libcudart()
-    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
-    copy = tmp_path / "cudart-private.so"  # a file of our own: other tracers on the host do not touch it
-    copy.write_bytes(lib.read_bytes())
-    found = next(x for x in LibraryWatcher(extra=[copy]).poll() if x.path == copy)
-    baseline = bcc._get_num_open_probes()
-    attached = []
-    for cycle in range(3):
-        prog = load_program(BpfSettings(empty=True))
-        try:
-            ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
-            assert failed == 0, [r.error for r in prog.records if not r.attached][:1]
-            assert bcc._get_num_open_probes() == baseline + ok
-            attached.append(ok)
-            if cycle == 0:
-                # room for exactly one load's probes: the next cycles fit only if this one gave them back
-                monkeypatch.setenv("BCC_PROBE_LIMIT", str(baseline + ok))
-        finally:
-            prog.close()
-        assert bcc._get_num_open_probes() == baseline
-    assert attached[0] > 20 and attached == [attached[0]] * 3, attached
-
-
 def _links_on(path: Path) -> list[dict]:
     """fdinfo of this process' uprobe_multi links on ``path`` (a replaced file's ends " (deleted)")."""
     out = []
@@ -74,6 +43,32 @@ def _private_copy(tmp_path: Path):
     copy = (tmp_path / "cudart-private.so").resolve()
     copy.write_bytes(lib.read_bytes())
     return copy, next(x for x in LibraryWatcher(extra=[copy]).poll() if x.path == copy)
+
+
+def test_closing_a_program_gives_its_uprobes_back_to_bccs_quota(tmp_path, monkeypatch):
+    import bcc
+
+    from ingero.collect.loader import UPROBE_MULTI_ENV, BpfSettings, load_program
+
+    monkeypatch.setenv(UPROBE_MULTI_ENV, "0")  # BCC's perf-event uprobes, as on a kernel without links
+
+    copy, found = _private_copy(tmp_path)
+    baseline = bcc._get_num_open_probes()
+    attached = []
+    for cycle in range(3):
+        prog = load_program(BpfSettings(empty=True))
+        try:
+            ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
+            assert failed == 0, [r.error for r in prog.records if not r.attached][:1]
+            assert bcc._get_num_open_probes() == baseline + ok
+            attached.append(ok)
+            if cycle == 0:
+                # room for exactly one load's probes: the next cycles fit only if this one gave them back
+                monkeypatch.setenv("BCC_PROBE_LIMIT", str(baseline + ok))
+        finally:
+            prog.close()
+        assert bcc._get_num_open_probes() == baseline
+    assert attached[0] > 20 and attached == [attached[0]] * 3, attached
 
 
 def test_a_librarys_probes_are_one_link_per_program_and_no_perf_event(tmp_path):
@@ -170,14 +165,9 @@ def test_ingeros_uprobes_and_a_budgets_links_share_an_offset_in_either_order(tmp
     uprobe_multi link (ref_ctr_offset 0) at a launch offset a plain trace already probed, and the
     other way round.  Ingero's uprobes pass 0: both tracers get every probe, whichever comes first."""
     from ingero.collect.budget import SWITCHED_OPS
-    from ingero.collect.libs import LibraryWatcher
     from ingero.collect.loader import UPROBE_MULTI_ENV, BpfSettings, load_program
 
-    lib = libcudart()
-    assert lib is not None, "nvidia-cuda-runtime-cu12 is needed"
-    copy = tmp_path / "cudart-private.so"  # a file of our own: other tracers on the host do not touch it
-    copy.write_bytes(lib.read_bytes())
-    found = next(x for x in LibraryWatcher(extra=[copy]).poll() if x.path == copy)
+    copy, found = _private_copy(tmp_path)
 
     def plain():
         with monkeypatch.context() as m:  # a plain trace as perf events, as on a kernel without links
@@ -192,7 +182,7 @@ def test_ingeros_uprobes_and_a_budgets_links_share_an_offset_in_either_order(tmp
         links = prog.switchable_probes(SWITCHED_OPS)
         links.attach()
         ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
-        assert links.refused == [] and links.notes == [], links.notes
+        assert links.refused_why == {} and links.notes == [], links.notes
         assert prog.link_refusal(found.path) is None  # the other probes: links too
         assert failed == 0 and links.switchable(), [r.error for r in prog.records if not r.attached][:1]
         links.detach()
