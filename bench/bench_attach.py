@@ -57,6 +57,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, not {args.rounds}")
     libs = list(LibraryWatcher().poll())
     print(f"{len(libs)} libraries: {', '.join(str(x.path) for x in libs)}\n")
     results: dict[str, list[dict]] = {k: [] for k in KINDS}
