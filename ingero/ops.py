@@ -125,6 +125,28 @@ NCCL_TRANSFER_OPS = frozenset(
         Op.NCCL_RECV,
     )
 )
+# Ops whose arg is a byte count: events.bytes (collect/decode.py), summed in the summaries.
+BYTES_OPS = frozenset(
+    {
+        Op.CUDA_MEMCPY,
+        Op.CUDA_MEMCPY_ASYNC,
+        Op.CUDA_MALLOC,
+        Op.CUDA_MALLOC_HOST,
+        Op.CUDA_HOST_REGISTER,
+        Op.CU_MEMCPY,
+        Op.CU_MEMCPY_ASYNC,
+        Op.CU_MEM_ALLOC,
+        Op.NCCL_ALL_REDUCE,
+        Op.NCCL_REDUCE_SCATTER,
+        Op.NCCL_ALL_GATHER,
+        Op.NCCL_BROADCAST,
+        Op.NCCL_REDUCE,
+        Op.NCCL_SEND,
+        Op.NCCL_RECV,
+        Op.BLOCK_IO,
+        Op.BENCH,
+    }
+)
 # What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
 # op_class; the contract of events.queued): launches and async copies that
 # return 0 queue device work; syncs and synchronous copies wait for it.

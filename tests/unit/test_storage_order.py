@@ -1,10 +1,11 @@
 """decode.storage_order: the rows the tracer stores are the records it read, in an order chosen for size.
 
 storage_order groups a flush's records by op, process and the few-valued
-attributes (stream, bytes, other_pid / peer, kind) and reverses every other
-run (docs/benchmarks.md, bytes per event).  What must hold: the same records
-come out, nothing altered; the grouping is what the hooks rely on (one slice
-per op); the stored rows and every documented query read the same as for
+attributes (stream, bytes, other_pid / peer, kind, thread, call state) and
+reverses every other run (docs/benchmarks.md, bytes per event).  What must
+hold: the same records come out, nothing altered; the grouping is what the
+hooks rely on (one slice per op; a summary row's records in few runs); the
+stored rows and every documented query read the same as for
 the records stored in arrival order; the NCCL join does not depend on it.
 """
 
@@ -29,8 +30,11 @@ def _as_set(recs: np.ndarray) -> np.ndarray:
 
 def _attrs(r: np.ndarray) -> tuple:
     op = int(r["op"])
+    state = op in (Op.SCHED_SWITCH, Op.PAGE_FAULT)
     return (int(r["stream"]), int(r["arg"]) if decode._BYTES_MASK[op] else None,
-            int(r["other_pid"]) if decode._OTHER_MASK[op] or decode._PEER_MASK[op] else None, int(r["kind"]))
+            int(r["other_pid"]) if decode._OTHER_MASK[op] or decode._PEER_MASK[op] else None, int(r["kind"]),
+            None if op == Op.BLOCK_IO else int(r["tid"]),
+            (int(r["call_op"]), int(r["call_flags"])) if state else None)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 1000, 70_000])
