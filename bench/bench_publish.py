@@ -79,7 +79,8 @@ def one_run(tmp: Path, mode: str, duration: float, segment_s: float, workload: s
         proc.wait()
         raise SystemExit(f"ingero trace ({mode}) did not start: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
     wall0 = time.monotonic()
-    proc.stdout.read()
+    rest = proc.stdout.read()
+    notes = [n for line in rest.splitlines() if '"type": "summary"' in line for n in json.loads(line).get("notes", [])]
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read()  # type: ignore[union-attr]
@@ -98,7 +99,8 @@ def one_run(tmp: Path, mode: str, duration: float, segment_s: float, workload: s
     segments = len(list((tmp / "ds").rglob("table=nodes/**/*.parquet"))) if mode == "publish" else 0
     m = re.search(r"published \d+ segment.*\(([0-9.]+) CPU-s\)", err)
     return {"mode": mode, "events": events, "tracer_cpu_s": tracer, "workload_cpu_s": work, "wall_s": wall,
-            "segments": segments, "publisher_cpu_s": float(m[1]) if m else None, "load": f"{load0} → {_load()}"}
+            "segments": segments, "publisher_cpu_s": float(m[1]) if m else None, "load": f"{load0} → {_load()}",
+            "notes": notes}
 
 
 def main(argv: list[str] | None = None) -> int:

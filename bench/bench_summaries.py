@@ -4,11 +4,19 @@ The tracer's flush, as collect/session.py does it (decode.storage_order ->
 decode.events_table -> Store.append in one transaction), is timed on
 bench_ingest's realistic rows at a given rate (events per simulated second,
 flushed once a second or every FLUSH_ROWS, whichever comes first), then the same
-with the trace command's SummaryHook run after each flush, interleaved rounds.
-CPU seconds of this process (DuckDB's threads included), not wall time.
+with the trace command's SummaryHook (its rows made before the transaction,
+appended inside it), interleaved rounds.  CPU seconds of this process
+(DuckDB's threads included), not wall time.
 
     python -m bench.bench_summaries                      # 30 k and 300 k events/s
     python -m bench.bench_summaries --rates 1e6 --seconds 4
+    python -m bench.bench_summaries --live 3              # + the real tracer (root): its own account
+
+``--live N`` also runs the real tracer N times (`ingero trace --cmd` on train.py's
+launch-bound loop, bench_publish's machinery) and reads what the summaries cost
+from the trace's own line ("summaries: N flushes summarised in X CPU-s": the
+hook's thread CPU making the rows plus the session's storing them), against the
+tracer's whole CPU after attach: the share of the real tracer, within one run.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ def one_run(recs: np.ndarray, rate: int, hook: bool, tmp: Path) -> tuple[float, 
     db = tmp / f"s-{rate}-{hook}.duckdb"
     db.unlink(missing_ok=True)
     store = Store.open(db)
-    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET_NS, stream_ops=decode.REGISTER_STREAM_OPS, store=store)
+    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET_NS, store=store, notes=[])
     h = SummaryHook()
     per_flush = min(rate, FLUSH_ROWS)
     total = hook_cpu = 0.0
@@ -52,14 +60,17 @@ def one_run(recs: np.ndarray, rate: int, hook: bool, tmp: Path) -> tuple[float, 
         c = _cpu_s()
         batch = decode.storage_order(recs[i : i + per_flush])
         table = decode.events_table(batch, session_id=1, offset_ns=OFFSET_NS)
+        c1 = _cpu_s()
+        derived = h.flush_rows(sess, batch) if hook else []
+        c2 = _cpu_s()
         with store.transaction():
             store.append("events", table)
-        c1 = _cpu_s()
-        if hook:
-            h.on_flush(sess, batch, 0.0)
-        c2 = _cpu_s()
-        total += c2 - c
-        hook_cpu += c2 - c1
+            c3 = _cpu_s()
+            for name, rows in derived:
+                store.append(name, rows)
+            c4 = _cpu_s()
+        total += _cpu_s() - c
+        hook_cpu += (c2 - c1) + (c4 - c3)
     store.close()
     db.unlink(missing_ok=True)
     return total, hook_cpu
@@ -70,6 +81,8 @@ def main() -> None:
     ap.add_argument("--rates", default="3e4,3e5", help="events per simulated second, comma-separated")
     ap.add_argument("--seconds", type=float, default=10, help="simulated seconds per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--live", type=int, default=0, metavar="N", help="also N runs of the real tracer (root)")
+    ap.add_argument("--live-duration", type=float, default=20, help="seconds of workload per live run")
     args = ap.parse_args()
     print(f"summaries hook cost per flushed event ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start, "
           f"{args.rounds} interleaved rounds, CPU seconds of the writer)\n")
@@ -82,6 +95,7 @@ def main() -> None:
             recs = _realistic(n)
             # the realistic mix's timestamps run at ~500 k/s: respace them to the rate
             recs["ts_ns"] = (10**12 + np.arange(n, dtype=np.uint64) * np.uint64(NS // rate)).astype(np.uint64)
+            one_run(recs[: 2 * min(rate, FLUSH_ROWS)], rate, True, tmp)  # warm-up: one-time costs (imports, first calls)
             base, with_hook, hooks = [], [], []
             for _ in range(args.rounds):
                 base.append(one_run(recs, rate, False, tmp)[0] / n)
@@ -92,6 +106,32 @@ def main() -> None:
             print(f"| {rate:,} | {n:,} | {b * 1e6:.3f} | {w * 1e6:.3f} | {hk * 1e6:.3f} | {hk / b * 100:.1f}% |",
                   flush=True)
     print(f"\n(load {os.getloadavg()[0]:.1f} at the end; {time.strftime('%H:%M UTC', time.gmtime())})")
+    if args.live:
+        live(args.live, args.live_duration)
+
+
+def live(runs: int, duration: float) -> None:
+    import re
+    import shutil
+
+    from bench.bench_publish import WORKLOADS, one_run
+
+    print(f"\nThe real tracer, `ingero trace --cmd` on the {WORKLOADS['launches']!r} loop, {duration:g} s per run:\n")
+    print("| run | events | events/s | tracer CPU-s after attach | summaries CPU-s | share of the tracer | load |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for i in range(runs):
+        tmp = Path(tempfile.mkdtemp(prefix="ingero-bench-summaries-", dir="/var/tmp"))
+        try:
+            r = one_run(tmp, "plain", duration, 300, "launches")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        m = next((re.search(r"summaries: ([\d,]+) flushes summarised in ([0-9.]+) CPU-s", n) for n in r["notes"]
+                  if n.startswith("summaries:")), None)
+        if m is None:
+            raise SystemExit(f"the trace printed no summaries line: {r['notes']}")
+        cpu = float(m[2])
+        print(f"| {i + 1} | {r['events']:,} | {r['events'] / r['wall_s']:,.0f} | {r['tracer_cpu_s']:.2f} | {cpu:.3f} | "
+              f"{cpu / r['tracer_cpu_s']:.1%} | {r['load']} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,11 @@ class TraceHook:
       takes its launch probes over here);
     - ``on_start(sess)`` once the session row exists, before the loop; returns
       lines for the start-up output (or None);
-    - ``on_flush(sess, recs, flush_s)`` after each batch is committed (``recs``:
-      the stored records, in storage order);
+    - ``flush_rows(sess, recs)`` before each batch is stored (``recs``: the
+      records about to be, in storage order): rows derived from them, as
+      (table, Arrow table) pairs that are appended in the batch's own
+      transaction, so a crash leaves both or neither;
+    - ``on_flush(sess, recs, flush_s)`` after each batch is committed;
     - ``write_second(sess)`` once a second inside the second's one transaction
       (appends only: one commit for the second's rows);
     - ``every_second(sess)`` once a second, outside any transaction (may
@@ -45,6 +48,9 @@ class TraceHook:
 
     def on_start(self, sess: Any) -> list[str] | None:
         return None
+
+    def flush_rows(self, sess: Any, recs: "np.ndarray") -> list[tuple[str, Any]]:
+        return []
 
     def on_flush(self, sess: Any, recs: "np.ndarray", flush_s: float) -> None:
         pass

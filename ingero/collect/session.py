@@ -194,6 +194,7 @@ class TraceSession:
         self.nameless: dict[int, int | None] = {}
         self.identities: dict[int, tuple[str, str | None]] = {}  # pid -> (name, cmdline) last stored
         self.notes: list[str] = []
+        self.derived_cpu_s = 0.0  # CPU spent storing the hooks' flush_rows (its makers count their own)
         self.runtime_notes: list[str] = []  # stripped runtimes linked in (sessions.notes)
         self.stacks: Any = None
         self.stack_failures = 0  # flushes stored without stacks because resolving them failed
@@ -254,6 +255,7 @@ class TraceSession:
             stack_ids = self._resolve_stacks(recs)
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
                                     stream_ops=self.stream_ops, comm=comm)
+        derived = [rows for hook in self.opts.hooks for rows in hook.flush_rows(self, recs)]
         # the table may hold views of pending_buf: the rest moves down only after the append
         rest = self.pending_rows - n
         self.pending_rows = 0
@@ -263,12 +265,16 @@ class TraceSession:
                 added = self.store.append("events", table)
                 if rank_rows:
                     self.store.append("ranks", pa.Table.from_pylist(rank_rows))
+                c0 = time.thread_time()
+                for name, rows in derived:
+                    self.store.append(name, rows)
+                self.derived_cpu_s += time.thread_time() - c0
                 self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
                                           **self._counter_fields())
         except STORAGE_ERRORS as exc:  # the disk or the file; anything else is a bug and keeps its traceback
             self.drops_user += n + rest
             raise write_error(exc, self.store.path) from None
-        del table
+        del table, derived
         if rest:
             opaque = self.pending_buf.view(_OPAQUE)
             opaque[:rest] = opaque[n : n + rest].copy()

@@ -1,8 +1,10 @@
 """Explain on the per-second summaries against explain on the raw events, on every demo trace.
 
 The summaries are written as the tracer writes them: flush by flush, each
-flush holding the rows that ended (were emitted) in it, so a second spans
-several flushes and off-CPU intervals arrive after their second.  Chains must
+flush holding the records of the rows that ended (were emitted) in it, so a
+second spans several flushes and off-CPU intervals arrive after their second,
+summarised by record_summaries (and, for the slow runs, checked row for row
+against the SQL that defines the metrics).  Chains must
 be identical (rule, severity, processes, culprits, evidence windows) and every
 number within what the histogram quantiles allow: each quantile within
 summaries.QUANTILE_REL_ERROR (4.4%) of the exact one, a ratio of two within
@@ -13,15 +15,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from ingero.analyze import summaries, windows
+from ingero.analyze import record_summaries, summaries, windows
 from ingero.analyze.context import Options, resolve
 from ingero.analyze.explain import explain
+from ingero.collect import decode
 from ingero.demo import scenarios
 from ingero.store.db import Store
 
 import replays
+import test_record_summaries
 
 START_NS = 1_763_800_000 * 10**9 + 123_456_789  # not on a whole second
 FLUSH_NS = 700_000_000  # flushes not aligned with seconds either
@@ -32,18 +37,33 @@ def _store(name: str, policy: str, fixed: bool) -> Store:
     return replays.write(Store.memory(), name, 20, policy, fixed=fixed, start_ns=START_NS, label="summaries")
 
 
-def write_as_tracer(store: Store, session_id: int = 1) -> int:
-    """Summaries written flush by flush, each flush the rows emitted (ended) in it: flushes made."""
+def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False) -> int:
+    """Summaries written as the tracer writes them, flush by flush, each flush the records of the
+    rows emitted (ended) in it, summarised by record_summaries: flushes made.  ``check_rows``: each
+    flush also summarised by the SQL that defines the metrics, and the rows compared at the end."""
     con = store.con
-    lo, hi = con.execute("SELECT min(timestamp + coalesce(duration_ns, 0)), max(timestamp + coalesce(duration_ns, 0)) "
-                         "FROM events").fetchone()
+    offset = START_NS - 10**12
+    end = "timestamp + coalesce(duration_ns, 0)"
+    recs = replays.records_of(con, "true", {}, offset, order_by=end)
+    ends = (recs["ts_ns"] + recs["duration_ns"]).astype(np.int64) + offset
+    if check_rows:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE flushed AS SELECT *, ({end} - $lo) // {FLUSH_NS} AS flush "
+                    "FROM events", {"lo": int(ends[0])})
+        for table, like in (("sql_windows", "windows"), ("sql_late", "window_late_waits")):
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM {like} LIMIT 0")
+    summariser = record_summaries.Summariser(session_id, offset)
     flushes = 0
-    for f0 in range(lo, hi + 1, FLUSH_NS):
-        con.execute("CREATE OR REPLACE TEMP TABLE batch AS SELECT * FROM events "
-                    "WHERE timestamp + coalesce(duration_ns, 0) >= $a AND timestamp + coalesce(duration_ns, 0) < $b",
-                    {"a": f0, "b": f0 + FLUSH_NS})
-        summaries.summarise(con, "batch", session_id=session_id)
+    for k, f0 in enumerate(range(int(ends[0]), int(ends[-1]) + 1, FLUSH_NS)):
+        a, b = np.searchsorted(ends, [f0, f0 + FLUSH_NS])
+        batch = decode.storage_order(recs[a:b])
+        store.append("windows", summariser.windows(batch))
+        store.append("window_late_waits", summariser.late_waits(batch))
+        if check_rows:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE batch AS SELECT * EXCLUDE (flush) FROM flushed WHERE flush = {k}")
+            summaries.summarise(con, "batch", session_id=session_id, target="sql_windows", late_target="sql_late")
         flushes += 1
+    if check_rows:
+        test_record_summaries.assert_same_rows(con)
     return flushes
 
 
@@ -85,7 +105,7 @@ def test_summaries_explain_like_raw_events(name, policy, fixed):
     assert not summaries.has_summaries(store.con, 1)
     fly = explain(store.con, Options())
     raw = explain(store.con, Options(), source="events")
-    assert write_as_tracer(store) > 20
+    assert write_as_tracer(store, check_rows=not fixed) > 20
     assert summaries.has_summaries(store.con, 1)
     stored = explain(store.con, Options())
     _same(raw, stored)
@@ -143,43 +163,3 @@ def test_quantile_bound():
         est = dict(con.execute(summaries.hist_quantile_sql("h", "g", q)).fetchall())
         for g, x in exact.items():
             assert abs(est[g] - x) <= summaries.QUANTILE_REL_ERROR * x + 1e-9, (q, g, x, est[g])
-
-
-def _summary_rows(con, table: str) -> list:
-    return sorted(con.execute(
-        f"SELECT start_ns, pid, tid, op, kind, in_call, queued, other_pid, sum(events_n), sum(duration_ns), "
-        f"sum(overflow_ns), sum(runq_ns), sum(bytes), sum(small_copy_n), max(max_duration_ns), min(first_ns), "
-        f"max(last_ns) FROM {table} GROUP BY ALL").fetchall(), key=repr)
-
-
-@pytest.mark.parametrize("break_tail", [False, True], ids=["table-tail", "arrow"])
-def test_hook_writes_per_flush_what_the_fallback_makes(break_tail):
-    """The trace's hook, flush by flush (read back from the table's last rows, or from the flush's
-    Arrow table when those are not the flush's), against the on-the-fly summaries of the same rows."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from bench.bench_ingest import _realistic
-    from ingero.collect import decode
-    from ingero.commands.summaries_hook import SummaryHook
-
-    store = Store.memory()
-    offset = 1_700_000_000 * 10**9
-    recs = _realistic(60_000)
-    sess = SimpleNamespace(session_id=1, offset_ns=offset, stream_ops=decode.REGISTER_STREAM_OPS, store=store)
-    hook = SummaryHook()
-    for i in range(0, len(recs), 7_000):
-        batch = decode.storage_order(recs[i : i + 7_000])
-        store.append("events", decode.events_table(batch, session_id=1, offset_ns=offset))
-        if break_tail:  # another writer's row after the flush: the tail is no longer the flush's
-            store.con.execute("INSERT INTO events (session_id, timestamp, pid, op) VALUES (2, 1, 1, 'proc_exit')")
-        hook.on_flush(sess, batch, 0.0)
-    assert (hook.from_table, hook.from_arrow) == ((0, 9) if break_tail else (9, 0))
-    summaries.on_the_fly(store.con, "events", 1, summaries.ALL_T0, summaries.ALL_T1)
-    assert _summary_rows(store.con, "windows") == _summary_rows(store.con, summaries.TEMP_WINDOWS)
-    n = store.con.execute("SELECT sum(events_n) FROM windows").fetchone()[0]
-    assert n == len(recs) and np.all(recs["op"] < 255)
-    late = "SELECT list_sort(list((start_ns, tid, preempted_ns, since_call_ns))) FROM "
-    assert store.con.execute(late + "window_late_waits").fetchone() == store.con.execute(
-        late + summaries.TEMP_LATE).fetchone()

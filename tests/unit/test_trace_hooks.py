@@ -70,6 +70,32 @@ def test_hooks_hear_every_flush_and_second_in_order(sess, monkeypatch) -> None:
     assert sess.store.con.execute("SELECT count(*) FROM system_metrics").fetchone()[0] == 1
 
 
+def test_derived_rows_are_stored_in_the_batchs_transaction(sess) -> None:
+    """flush_rows' rows land with the batch: when appending them fails, neither is stored (one commit)."""
+    import pyarrow as pa
+
+    class Derive(TraceHook):
+        def __init__(self, table: str) -> None:
+            self.table = table
+
+        def flush_rows(self, sess, recs):
+            return [(self.table, pa.table({"session_id": [sess.session_id], "start_ns": [int(len(recs))]}))]
+
+    sess.opts.hooks.append(Derive("window_late_waits"))
+    sess.reader.queue = records(7)
+    sess.poll()
+    sess.flush()
+    con = sess.store.con
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 7
+    assert con.execute("SELECT start_ns FROM window_late_waits").fetchall() == [(7,)]
+    sess.opts.hooks[-1] = Derive("no_such_table")
+    sess.reader.queue = records(5)
+    sess.poll()
+    with pytest.raises(ValueError, match="unknown table no_such_table"):
+        sess.flush()
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 7  # rolled back with the batch
+
+
 def test_sampler_hook_writes_the_host_rows_of_the_second(sess) -> None:
     hook = SamplerHook()
     lines = hook.on_start(sess)

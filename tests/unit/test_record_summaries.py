@@ -1,0 +1,196 @@
+"""The tracer's summaries (record_summaries, numpy over each flush's records) against the SQL that defines them.
+
+summaries.SUMMARY_SQL and LATE_SUMMARY_SQL define a window's metrics; the
+tracer computes them from the records instead, inside each flush's
+transaction.  Both must give the same rows: on the realistic mix, with
+records in any order, when every hash collides, on hand-made edge cases;
+test_summaries.py holds them to the same rows on every demo trace, and
+explain on the stored summaries to explain on the raw events.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bench.bench_ingest import _realistic
+from ingero.analyze import record_summaries, summaries
+from ingero.analyze.explain import explain
+from ingero.analyze.context import Options
+from ingero.collect import decode
+from ingero.collect.records import EVENT_DTYPE, CallFlag, Kind, Op
+from ingero.commands.summaries_hook import SummaryHook
+from ingero.store.db import Store
+
+OFFSET = 1_700_000_000 * 10**9
+WINDOW_COLS = ("start_ns, pid, tid, op::VARCHAR, kind::VARCHAR, in_call::VARCHAR, queued, other_pid, events_n, "
+                "first_ns, last_ns, duration_ns, overflow_ns, runq_ns, bytes, small_copy_n, max_duration_ns, "
+                "duration_hist_bucket, duration_hist_n, duration_hist_sum_ns")
+
+
+def _both_ways(store: Store, flushes: list[np.ndarray], offset_ns: int, order=decode.storage_order) -> None:
+    """Each flush stored, then summarised by the tracer's numpy (into windows) and by the SQL (into sql_*)."""
+    con = store.con
+    summariser = record_summaries.Summariser(1, offset_ns)
+    for recs in flushes:
+        recs = order(recs)
+        store.append("events", decode.events_table(recs, session_id=1, offset_ns=offset_ns))
+        store.append("windows", summariser.windows(recs))
+        store.append("window_late_waits", summariser.late_waits(recs))
+        summarise_sql(con, len(recs))
+
+
+def summarise_sql(con, n: int) -> None:
+    """The SQL's summaries of the last ``n`` rows stored, added to sql_windows and sql_late (TEMP)."""
+    for table, like in (("sql_windows", "windows"), ("sql_late", "window_late_waits")):
+        con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {table} AS SELECT * FROM {like} LIMIT 0")
+    con.execute("CREATE OR REPLACE TEMP TABLE batch AS SELECT * FROM events WHERE rowid >= "
+                "(SELECT count(*) FROM events) - $n", {"n": n})
+    summaries.summarise(con, "batch", session_id=1, target="sql_windows", late_target="sql_late", stored="events")
+
+
+def _rows(con, table: str, cols: str) -> list:
+    return sorted(con.execute(f"SELECT {cols} FROM {table}").fetchall(), key=repr)
+
+
+def assert_same_rows(con) -> None:
+    """The tracer's summaries (windows, window_late_waits) are the SQL's (sql_windows, sql_late), row for row."""
+    numpy, sql = _rows(con, "windows", WINDOW_COLS), _rows(con, "sql_windows", WINDOW_COLS)
+    assert len(sql) == len(numpy) and sql == numpy
+    late = "start_ns, pid, tid, preempted_ns, since_call_ns"
+    assert _rows(con, "window_late_waits", late) == _rows(con, "sql_late", late)
+
+
+def _realistic_flushes(n: int = 60_000, size: int = 7_000) -> list[np.ndarray]:
+    recs = _realistic(n)
+    return [recs[i : i + size] for i in range(0, n, size)]
+
+
+def test_realistic_mix_in_storage_order_and_in_any_order():
+    for order in (decode.storage_order, lambda r: r[np.random.default_rng(len(r)).permutation(len(r))]):
+        store = Store.memory()
+        _both_ways(store, _realistic_flushes(), OFFSET, order)
+        assert_same_rows(store.con)
+
+
+def test_colliding_hashes_still_give_exact_rows(monkeypatch):
+    """Every key hashes alike: the exact keys alone split the rows (a collision costs rows, never truth)."""
+    for c in ("_C1", "_C2", "_C3", "_C4"):
+        monkeypatch.setattr(record_summaries, c, np.uint64(0))
+    store = Store.memory()
+    _both_ways(store, _realistic_flushes(20_000, 5_000), OFFSET, lambda r: r[::-1].copy())
+    con = store.con
+    # the same totals per key, and per key and bucket; rows may be split where the hash no longer orders them
+    keys = "start_ns, pid, tid, op::VARCHAR, kind::VARCHAR, in_call::VARCHAR, queued, other_pid"
+    totals = (f"SELECT {keys}, sum(events_n), sum(duration_ns), sum(overflow_ns), sum(runq_ns), sum(bytes), "
+              "sum(small_copy_n), max(max_duration_ns), min(first_ns), max(last_ns) FROM {} GROUP BY ALL")
+    hists = (f"SELECT {keys}, b, sum(n), sum(s) FROM (SELECT *, unnest(duration_hist_bucket) AS b, "
+             "unnest(duration_hist_n) AS n, unnest(duration_hist_sum_ns) AS s FROM {}) GROUP BY ALL")
+    for q in (totals, hists):
+        assert _rows(con, f"({q.format('windows')})", "*") == _rows(con, f"({q.format('sql_windows')})", "*")
+    assert con.execute("SELECT count(*) FROM windows").fetchone()[0] > con.execute(
+        "SELECT count(*) FROM sql_windows").fetchone()[0]  # the hash no longer brings a row's records together
+
+
+def _rec(op: Op, ts: int, dur: int, *, tid: int = 7, kind: Kind = Kind.NONE, arg: int = 0, other: int = 0,
+         call_op: int = 0, flags: int = 0) -> np.ndarray:
+    r = np.zeros(1, dtype=EVENT_DTYPE)
+    r["ts_ns"], r["duration_ns"], r["op"], r["kind"], r["arg"] = ts, dur, int(op), int(kind), arg
+    r["pid"], r["tid"], r["other_pid"], r["call_op"], r["call_flags"], r["stack_id"] = 5, tid, other, call_op, flags, -1
+    return r
+
+
+def test_hand_made_rows():
+    """Block I/O per process; a zero-duration call's bucket; queued NULL before any call; who preempted."""
+    sync = int(Op.CUDA_STREAM_SYNC)
+    seen, queued = int(CallFlag.SEEN), int(CallFlag.SEEN | CallFlag.QUEUED)
+    recs = np.concatenate([
+        _rec(Op.BLOCK_IO, 10, 500, tid=1, kind=Kind.READ, arg=4096, other=8),
+        _rec(Op.BLOCK_IO, 20, 700, tid=2, kind=Kind.READ, arg=512, other=8),
+        _rec(Op.CUDA_MEMCPY, 30, 0, kind=Kind.D2H, arg=4),
+        _rec(Op.CUDA_MEMCPY, 40, 1 << 20, kind=Kind.D2H, arg=4),
+        _rec(Op.SCHED_SWITCH, 50, 900, kind=Kind.PREEMPTED, arg=33, other=99, flags=int(CallFlag.QUEUED)),
+        _rec(Op.SCHED_SWITCH, 60, 900, kind=Kind.SLEEP, other=98, call_op=sync, flags=queued),
+        _rec(Op.SCHED_SWITCH, 70, 2 * 10**9, kind=Kind.SLEEP, other=97, call_op=sync, flags=queued),
+        _rec(Op.PAGE_FAULT, 80, 5, call_op=sync, flags=seen),
+        _rec(Op.PROC_EXIT, 90, 0),
+    ])
+    rows = record_summaries.windows(recs, session_id=3, offset_ns=OFFSET).to_pylist()
+    by = {(r["op"], r["tid"], r["kind"], r["other_pid"]): r for r in rows}
+    bio = by[("block_io", None, "read", None)]
+    assert (bio["events_n"], bio["bytes"], bio["small_copy_n"], bio["duration_hist_n"]) == (2, 4608, 1, [1, 1])
+    copy = by[("cudaMemcpy", 7, "D2H", None)]
+    assert copy["duration_hist_bucket"] == [-1, 320] and copy["duration_hist_sum_ns"] == [0, 1 << 20]
+    pre = by[("sched_switch", 7, "preempted", 99)]
+    assert (pre["queued"], pre["in_call"], pre["runq_ns"], pre["overflow_ns"]) == (None, None, 33, 0)
+    sleep = by[("sched_switch", 7, "sleep", None)]  # who ran next is no key of a sleep: one row
+    assert (sleep["events_n"], sleep["queued"], sleep["in_call"]) == (2, True, "cudaStreamSync")
+    assert sleep["overflow_ns"] == 2 * 10**9 - (10**9 - 70)
+    fault = by[("page_fault", 7, None, None)]
+    assert (fault["in_call"], fault["queued"], fault["duration_hist_n"]) == ("cudaStreamSync", None, None)
+    assert by[("proc_exit", 7, None, None)]["duration_ns"] is None
+    assert {r["session_id"] for r in rows} == {3} and sum(r["events_n"] for r in rows) == len(recs)
+
+
+def test_late_waits_pair_a_sync_with_intervals_of_earlier_flushes():
+    sync = int(Op.CUDA_STREAM_SYNC)
+    s = record_summaries.Summariser(1, OFFSET)
+    pre = dict(kind=Kind.PREEMPTED, call_op=sync, flags=int(CallFlag.SEEN))
+    # flush 1: two preemptions inside a sync still running; another thread's, never returned
+    f1 = np.concatenate([_rec(Op.SCHED_SWITCH, 1_000, 100, **pre), _rec(Op.SCHED_SWITCH, 150_000, 30_000, **pre),
+                         _rec(Op.SCHED_SWITCH, 1_000, 100, tid=8, **pre)])
+    assert s.late_waits(f1).num_rows == 0
+    # flush 2: the sync returns 20 us after the second ended: that one was late, the first was not
+    late = s.late_waits(_rec(Op.CUDA_STREAM_SYNC, 500, 199_500)).to_pylist()
+    assert late == [{"session_id": 1, "start_ns": OFFSET, "pid": 5, "tid": 7, "preempted_ns": 30_000,
+                     "since_call_ns": 179_500}]
+    # paired intervals are gone; tid 8's waits for its sync
+    assert sorted(s._pending[:, 1].tolist()) == [8]
+
+
+def test_pending_intervals_are_bounded(monkeypatch):
+    monkeypatch.setattr(record_summaries, "MAX_PENDING", 100)
+    s = record_summaries.Summariser(1, OFFSET)
+    pre = dict(kind=Kind.PREEMPTED, call_op=int(Op.CUDA_STREAM_SYNC), flags=int(CallFlag.SEEN))
+    for i in range(5):
+        s.late_waits(np.concatenate([_rec(Op.SCHED_SWITCH, i * 10**6 + k * 10, 5, tid=k, **pre) for k in range(60)]))
+    assert len(s._pending) == 100 and s._pending[:, 2].min() == OFFSET + 3 * 10**6 + 20 * 10  # the newest kept
+
+
+def _hooked_flushes(store: Store, hook: SummaryHook, n: int = 30_000) -> None:
+    """TraceSession.flush's order: the hook's rows, then the batch and them in one transaction."""
+    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET, store=store, notes=[])
+    for batch in _realistic_flushes(n, 7_000):
+        batch = decode.storage_order(batch)
+        derived = hook.flush_rows(sess, batch)
+        with store.transaction():
+            store.append("events", decode.events_table(batch, session_id=1, offset_ns=OFFSET))
+            for name, rows in derived:
+                store.append(name, rows)
+    return sess
+
+
+def test_the_hook_writes_what_explain_reads():
+    store = Store.memory()
+    _hooked_flushes(store, SummaryHook())
+    assert store.con.execute("SELECT sum(events_n) FROM windows").fetchone()[0] == 30_000
+    assert summaries.has_summaries(store.con, 1)
+
+
+def test_a_failing_summary_costs_no_rows_and_explain_reads_the_events(monkeypatch):
+    hook = SummaryHook()
+    store = Store.memory()
+    assert store.begin_session(command="test", targets="") == 1
+    _hooked_flushes(store, hook, 14_000)  # two flushes summarised
+    assert summaries.has_summaries(store.con, 1)
+    monkeypatch.setattr(record_summaries.Summariser, "windows", lambda self, recs: 1 / 0)
+    sess = _hooked_flushes(store, hook, 14_000)
+    assert store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 28_000
+    assert not summaries.has_summaries(store.con, 1)  # every summary gone: explain summarises the events
+    assert hook.failed == "ZeroDivisionError: division by zero"
+    assert sess.notes == ["summaries: failed (ZeroDivisionError: division by zero); "
+                          "explain summarises this session's events instead"]
+    fallback, raw = explain(store.con, Options()), explain(store.con, Options(), source="events")
+    assert fallback.analysed == raw.analysed and fallback.analysed.events == 28_000
