@@ -66,6 +66,7 @@ _PREEMPTION = _U(int(Op.SCHED_SWITCH) | int(Kind.PREEMPTED) << 8)  # (attributes
 _BYTES_OPS = np.zeros(256, dtype=bool)  # ops whose arg is the bytes column
 _BYTES_OPS[[int(o) for o in ops.BYTES_OPS]] = True
 _SYNC = np.array([OP_NAME_TABLE[c] in ops.SYNC_OPS for c in range(256)])
+_SYNC_CODES = np.flatnonzero(_SYNC).tolist()
 # the stored names, as collect/decode.py's columns (a kind without one: NULL)
 _OP_DICT = pa.array([str(x) for x in OP_NAME_TABLE], type=pa.string())
 _KIND_DICT = pa.array([x or "" for x in KIND_NAME_TABLE], type=pa.string())
@@ -119,18 +120,18 @@ _CHUNK = 8192  # records per pass of the keys: ~450 KB of records stay in cache 
 
 def _keys(records: np.ndarray, offset_ns: int) -> tuple[np.ndarray, ...]:
     """Per record, its row's exact group keys: pid | tid, the attribute bits (op, kind, call
-    state), other_pid, second; and what is summed: timestamp, duration, arg."""
+    state), other_pid, second; what is summed: timestamp, duration, arg; and its op byte."""
     n = len(records)
     words = np.ascontiguousarray(records).view(np.uint64).reshape(n, _W)
     pt, attr, other = (np.empty(n, dtype=np.uint64) for _ in range(3))
     ts, sec, dur, arg = (np.empty(n, dtype=np.int64) for _ in range(4))
     m = min(n, _CHUNK)
-    t, op = np.empty(m, dtype=np.uint64), np.empty(m, dtype=np.uint8)
+    t, op = np.empty(m, dtype=np.uint64), np.empty(n, dtype=np.uint8)
     off, sh32, q = np.int64(offset_ns), _U(32), _U(1)
     for a in range(0, n, _CHUNK):
         w = words[a : a + _CHUNK]
         k = len(w)
-        tk, ok = t[:k], op[:k]
+        tk, ok = t[:k], op[a : a + k]
         w6 = w[:, 6]
         np.right_shift(w6, sh32, out=tk)
         np.copyto(ok, tk, casting="unsafe")  # the op byte
@@ -151,7 +152,7 @@ def _keys(records: np.ndarray, offset_ns: int) -> tuple[np.ndarray, ...]:
         np.floor_divide(ts[a : a + k], NS, out=sec[a : a + k])
         dur[a : a + k] = w[:, 1].view(np.int64)
         arg[a : a + k] = w[:, 2].view(np.int64)
-    return pt, attr, other, sec, ts, dur, arg
+    return pt, attr, other, sec, ts, dur, arg, op
 
 
 def _buckets(dur: np.ndarray) -> np.ndarray:
@@ -165,10 +166,14 @@ def _buckets(dur: np.ndarray) -> np.ndarray:
 
 def windows(records: np.ndarray, *, session_id: int, offset_ns: int) -> pa.Table:
     """The ``windows`` rows of ``records`` (EVENT_DTYPE, any order): summaries.SUMMARY_SQL's rows."""
-    n = len(records)
-    if n == 0:
+    if len(records) == 0:
         return WINDOWS_SCHEMA.empty_table()
-    pt, attr, other, sec, ts, dur, arg = _keys(records, offset_ns)
+    return _windows(_keys(records, offset_ns), session_id)
+
+
+def _windows(keys: tuple[np.ndarray, ...], session_id: int) -> pa.Table:
+    pt, attr, other, sec, ts, dur, arg, _ = keys
+    n = len(pt)
     # 1. runs of records of one row, in the order given: storage order makes them long
     starts = _runs(pt, attr, other, sec)
     seg_n = np.diff(np.append(starts, n))
@@ -275,6 +280,18 @@ def _histograms(starts: np.ndarray, order: np.ndarray, rows: np.ndarray, calls: 
             "duration_hist_sum_ns": _lists(offsets, np.add.reduceat(d, b0), no_hist)}
 
 
+def _of_ops(records: np.ndarray, op: np.ndarray, codes: list[int]) -> np.ndarray:
+    """The records of ops ``codes`` (``op``: their op bytes).  In storage order (grouped by op)
+    they are slices, found by bisection; in any other order, a gather of the records as opaque
+    items (~10x faster than indexing the structured array)."""
+    if len(op) < 2 or (op[1:] >= op[:-1]).all():
+        parts = [records[slice(*np.searchsorted(op, [c, c + 1]))] for c in codes]
+        parts = [p for p in parts if len(p)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else records[:0]
+    raw = np.ascontiguousarray(records).view(np.dtype((np.void, EVENT_DTYPE.itemsize)))
+    return np.take(raw, np.flatnonzero(np.isin(op, codes))).view(EVENT_DTYPE)
+
+
 class Summariser:
     """Summaries of a trace's flushes, in order: ``windows`` rows, and the late waits, which
     need the preempted-in-sync intervals of earlier flushes (kept here, per thread)."""
@@ -284,22 +301,30 @@ class Summariser:
         # preempted intervals inside a sync, not yet paired: pid, tid, start, end (ns)
         self._pending = np.zeros((0, 4), dtype=np.int64)
 
+    def rows(self, records: np.ndarray) -> tuple[pa.Table, pa.Table]:
+        """This flush's ``windows`` and ``window_late_waits`` rows."""
+        if len(records) == 0:
+            return WINDOWS_SCHEMA.empty_table(), LATE_SCHEMA.empty_table()
+        keys = _keys(records, self.offset_ns)
+        return _windows(keys, self.session_id), self._late_waits(records, keys[-1])
+
     def windows(self, records: np.ndarray) -> pa.Table:
         return windows(records, session_id=self.session_id, offset_ns=self.offset_ns)
 
     def late_waits(self, records: np.ndarray) -> pa.Table:
         """summaries.LATE_SUMMARY_SQL's rows for this flush: each preempted interval (of this flush or
         an earlier one) inside a sync of this flush, ending within LATE_EPS_NS of its return."""
-        op = np.ascontiguousarray(records["op"])
-        switches = np.flatnonzero(op == int(Op.SCHED_SWITCH))  # (a slice of storage order: cheap to pick)
-        sw = records[switches]
+        return self._late_waits(records, np.ascontiguousarray(records["op"]))
+
+    def _late_waits(self, records: np.ndarray, op: np.ndarray) -> pa.Table:
+        sw = _of_ops(records, op, [int(Op.SCHED_SWITCH)])
         new = sw[(sw["kind"] == int(Kind.PREEMPTED)) & _SYNC[sw["call_op"]]]
         if len(new):
             a = new["ts_ns"].view(np.int64) + np.int64(self.offset_ns)
             rows = np.stack([new["pid"].astype(np.int64), new["tid"].astype(np.int64), a,
                              a + new["duration_ns"].view(np.int64)], axis=1)
             self._pending = np.concatenate([self._pending, rows])[-MAX_PENDING:]
-        syncs = records[_SYNC[op]]
+        syncs = _of_ops(records, op, _SYNC_CODES)
         if not len(syncs) or not len(self._pending):
             return LATE_SCHEMA.empty_table()
         s_tid = syncs["tid"].astype(np.int64)
@@ -308,8 +333,10 @@ class Summariser:
         p = self._pending
         keep = np.ones(len(p), dtype=bool)
         out = []
-        for tid in np.unique(s_tid):
+        for tid in np.unique(p[:, 1]):  # the threads with intervals waiting for their sync
             mine = s_tid == tid
+            if not mine.any():
+                continue
             t0, t1 = s0[mine], s1[mine]
             o = np.argsort(t0, kind="stable")
             t0, t1 = t0[o], t1[o]

@@ -44,8 +44,8 @@ class SummaryHook(TraceHook):
             self.summariser = Summariser(sess.session_id, sess.offset_ns)
         c0 = time.thread_time()
         try:
-            rows = [(summaries.WINDOWS_TABLE, self.summariser.windows(recs)),
-                    (summaries.LATE_TABLE, self.summariser.late_waits(recs))]
+            windows, late = self.summariser.rows(recs)
+            rows = [(summaries.WINDOWS_TABLE, windows), (summaries.LATE_TABLE, late)]
             self.flushes += 1
             self.cpu_s += time.thread_time() - c0
             return rows

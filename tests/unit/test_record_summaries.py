@@ -185,7 +185,7 @@ def test_a_failing_summary_costs_no_rows_and_explain_reads_the_events(monkeypatc
     assert store.begin_session(command="test", targets="") == 1
     _hooked_flushes(store, hook, 14_000)  # two flushes summarised
     assert summaries.has_summaries(store.con, 1)
-    monkeypatch.setattr(record_summaries.Summariser, "windows", lambda self, recs: 1 / 0)
+    monkeypatch.setattr(record_summaries.Summariser, "rows", lambda self, recs: 1 / 0)
     sess = _hooked_flushes(store, hook, 14_000)
     assert store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 28_000
     assert not summaries.has_summaries(store.con, 1)  # every summary gone: explain summarises the events
