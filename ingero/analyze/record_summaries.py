@@ -171,6 +171,21 @@ def windows(records: np.ndarray, *, session_id: int, offset_ns: int) -> pa.Table
     return _windows(_keys(records, offset_ns), session_id)
 
 
+def _overflow(ts: np.ndarray, dur: np.ndarray, sec: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per run, the summed parts of its records past the end of their second (one second per
+    run): only the few runs whose latest end is past it have any, and only theirs are summed."""
+    end = ts + dur
+    past = np.flatnonzero(np.maximum.reduceat(end, starts) > (sec[starts] + 1) * NS)
+    if len(past) > 64:  # many (a host of sleeping threads): every record at once
+        return np.add.reduceat(np.maximum(end - (sec + 1) * NS, 0), starts)
+    out = np.zeros(len(starts), dtype=np.int64)
+    stops = np.append(starts[1:], len(ts))
+    for r in past.tolist():
+        a, b = starts[r], stops[r]
+        out[r] = np.maximum(end[a:b] - (sec[a] + 1) * NS, 0).sum()
+    return out
+
+
 def _windows(keys: tuple[np.ndarray, ...], session_id: int) -> pa.Table:
     pt, attr, other, sec, ts, dur, arg, _ = keys
     n = len(pt)
@@ -183,8 +198,8 @@ def _windows(keys: tuple[np.ndarray, ...], session_id: int) -> pa.Table:
         "first": np.minimum.reduceat(ts, starts),
         "last": np.maximum.reduceat(ts, starts),
         "arg": np.add.reduceat(arg, starts),  # bytes (copies ...) or run-queue waits (switches)
-        "small": np.add.reduceat((arg <= SMALL_COPY_BYTES).astype(np.int64), starts),
-        "over": np.add.reduceat(np.maximum(dur - ((sec + 1) * NS - ts), 0), starts),
+        "small": np.add.reduceat(arg <= SMALL_COPY_BYTES, starts, dtype=np.int64),
+        "over": _overflow(ts, dur, sec, starts),
     }
     k_pt, k_attr, k_other, k_sec = pt[starts], attr[starts], other[starts], sec[starts]
     # 2. the runs of one row brought together: sorted by a hash of the key, then index

@@ -75,6 +75,28 @@ def test_realistic_mix_in_storage_order_and_in_any_order():
         assert_same_rows(store.con)
 
 
+@pytest.mark.parametrize("crossing", [3, 200], ids=["few", "many"])
+def test_intervals_past_their_second_few_or_many(crossing):
+    """overflow_ns: a few runs reaching past their second are summed one by one, many all at once."""
+    ns = record_summaries.NS
+    runs = 300
+    starts = np.arange(runs) * 4  # 4 records a run, each run in second 7 or 8
+    sec = np.repeat(np.arange(runs) % 2 + 7, 4)
+    ts = sec * ns + np.tile([100, 200, 300, 400], runs)
+    dur = np.full(runs * 4, 1_000)
+    dur[starts[:crossing] + 3] = ns  # the last record of the first runs ends in the next second
+    got = record_summaries._overflow(ts, dur, sec, starts)
+    assert np.array_equal(got, np.add.reduceat(np.maximum(ts + dur - (sec + 1) * ns, 0), starts))
+    assert (got > 0).sum() == crossing and got[0] == 400
+    # and end to end, against the SQL: the realistic mix with ~0.16 s intervals, many crossing
+    flushes = _realistic_flushes(30_000, 7_000)
+    for f in flushes:
+        f["duration_ns"] *= np.uint64(20_000 if crossing > 64 else 1)
+    store = Store.memory()
+    _both_ways(store, flushes, OFFSET)
+    assert_same_rows(store.con)
+
+
 def test_colliding_hashes_still_give_exact_rows(monkeypatch):
     """Every key hashes alike: the exact keys alone split the rows (a collision costs rows, never truth)."""
     for c in ("_C1", "_C2", "_C3", "_C4"):
