@@ -62,6 +62,7 @@ _ATTR_MASK[_CAT == FAULT] = _OP_BITS | _CALL_OP_BITS
 _ATTR_MASK[_CAT == SWITCH] = _OP_BITS | _KIND_BITS | _CALL_OP_BITS | _SEEN | _QUEUED
 _PT_MASK = np.full(256, ~_U(0), dtype=np.uint64)
 _PT_MASK[int(Op.BLOCK_IO)] = _U(0xFFFFFFFF)
+_SWITCH, _BLOCK_IO = int(Op.SCHED_SWITCH), int(Op.BLOCK_IO)
 _PREEMPTION = _U(int(Op.SCHED_SWITCH) | int(Kind.PREEMPTED) << 8)  # (attributes >> 32) & 0xFFFF of one
 _BYTES_OPS = np.zeros(256, dtype=bool)  # ops whose arg is the bytes column
 _BYTES_OPS[[int(o) for o in ops.BYTES_OPS]] = True
@@ -123,7 +124,7 @@ def _keys(records: np.ndarray, offset_ns: int) -> tuple[np.ndarray, ...]:
     state), other_pid, second; what is summed: timestamp, duration, arg; and its op byte."""
     n = len(records)
     words = np.ascontiguousarray(records).view(np.uint64).reshape(n, _W)
-    pt, attr, other = (np.empty(n, dtype=np.uint64) for _ in range(3))
+    pt, attr, other = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)
     ts, sec, dur, arg = (np.empty(n, dtype=np.int64) for _ in range(4))
     m = min(n, _CHUNK)
     t, op = np.empty(m, dtype=np.uint64), np.empty(n, dtype=np.uint8)
@@ -137,17 +138,22 @@ def _keys(records: np.ndarray, offset_ns: int) -> tuple[np.ndarray, ...]:
         np.copyto(ok, tk, casting="unsafe")  # the op byte
         at = attr[a : a + k]
         np.bitwise_and(w6, np.take(_ATTR_MASK, ok), out=at)
-        # queued is NULL for a thread that has made no traced call: its QUEUED bit means nothing
-        np.left_shift(at, q, out=tk)
-        tk |= ~_QUEUED
-        at &= tk
-        np.bitwise_and(w[:, 4], np.take(_PT_MASK, ok), out=pt[a : a + k])
-        # who took the CPU: a key of preemptions only (op and kind, bits 32-47 of the attributes)
-        np.right_shift(at, sh32, out=tk)
-        tk &= _U(0xFFFF)
-        o = other[a : a + k]
-        np.bitwise_and(w[:, 5], _U(0xFFFFFFFF), out=o)
-        o *= tk == _PREEMPTION
+        lo, hi = int(ok.min()), int(ok.max())  # in storage order a chunk holds one op or a few
+        if lo <= _SWITCH <= hi:
+            # queued is NULL for a thread that has made no traced call: its QUEUED bit means nothing
+            np.left_shift(at, q, out=tk)
+            tk |= ~_QUEUED
+            at &= tk
+            # who took the CPU: a key of preemptions only (op and kind, bits 32-47 of the attributes)
+            np.right_shift(at, sh32, out=tk)
+            tk &= _U(0xFFFF)
+            o = other[a : a + k]
+            np.bitwise_and(w[:, 5], _U(0xFFFFFFFF), out=o)
+            o *= tk == _PREEMPTION
+        if lo <= _BLOCK_IO <= hi:
+            np.bitwise_and(w[:, 4], np.take(_PT_MASK, ok), out=pt[a : a + k])
+        else:
+            pt[a : a + k] = w[:, 4]
         np.add(w[:, 0].view(np.int64), off, out=ts[a : a + k])
         np.floor_divide(ts[a : a + k], NS, out=sec[a : a + k])
         dur[a : a + k] = w[:, 1].view(np.int64)
