@@ -73,6 +73,7 @@ _OP_DICT = pa.array([str(x) for x in OP_NAME_TABLE], type=pa.string())
 _KIND_DICT = pa.array([x or "" for x in KIND_NAME_TABLE], type=pa.string())
 _KIND_NULL = np.array([x is None for x in KIND_NAME_TABLE])
 
+_DENSE_CELLS = 1 << 21  # (call row, bucket) cells counted densely at most; more: sorted
 _BUCKET_BITS = 11  # bucket + 1 in [0, 16 * 64 + 1): 0 for a zero duration (bucket -1)
 _C1, _C2, _C3, _C4 = (_U(0x9E3779B97F4A7C15), _U(0xC2B2AE3D27D4EB4F), _U(0x165667B19E3779F9),
                       _U(0xD6E8FEB86659FD93))
@@ -282,23 +283,41 @@ def _histograms(starts: np.ndarray, order: np.ndarray, rows: np.ndarray, calls: 
     lens = ends[call_runs] - starts[call_runs]
     # the call records, run by run
     rec = np.repeat(starts[call_runs] - np.cumsum(np.append(0, lens[:-1])), lens) + np.arange(lens.sum())
-    row = np.repeat(row_of_run[call_runs], lens).astype(np.uint64)
+    row = np.repeat(row_of_run[call_runs], lens)
     d = dur[rec]
-    idx_bits = max(1, (len(d) - 1).bit_length())
-    ckey = (row << _U(_BUCKET_BITS)) | _buckets(d)
-    ckey <<= _U(idx_bits)
-    ckey |= np.arange(len(d), dtype=np.uint64)
-    ckey.sort()
-    d = d[(ckey & _U((1 << idx_bits) - 1)).astype(np.intp)]
-    ckey >>= _U(idx_bits)
-    b0 = _runs(ckey)
-    hist_row = (ckey[b0] >> _U(_BUCKET_BITS)).astype(np.int64)
+    b = _buckets(d).astype(np.int64)
+    bmin = int(b.min())
+    width = int(b.max()) - bmin + 1
+    dense = np.cumsum(calls) - 1  # the call rows, numbered 0..
+    ncall = int(calls.sum())
+    if ncall * width <= _DENSE_CELLS and int(d.max()) * len(d) < 1 << 53:
+        # one cell per (call row, bucket): counts and sums by bincount, in (row, bucket) order; the
+        # sums in float64 are exact below 2^53 ns (every cell's is, checked above)
+        cell = dense[row] * width + (b - bmin)
+        n = np.bincount(cell, minlength=ncall * width)
+        cells = np.flatnonzero(n)
+        bucket = (cells % width + bmin - 1).astype(np.int16)
+        counts = n[cells].astype(np.int32)
+        sums = np.bincount(cell, weights=d, minlength=ncall * width)[cells].astype(np.int64)
+        per_row = np.zeros(nrows, dtype=np.int64)
+        per_row[calls] = np.bincount(cells // width, minlength=ncall)
+    else:  # a wide spread of rows and buckets: a sort of (row, bucket, index) keys
+        idx_bits = max(1, (len(d) - 1).bit_length())
+        ckey = (row.astype(np.uint64) << _U(_BUCKET_BITS)) | b.astype(np.uint64)
+        ckey <<= _U(idx_bits)
+        ckey |= np.arange(len(d), dtype=np.uint64)
+        ckey.sort()
+        d = d[(ckey & _U((1 << idx_bits) - 1)).astype(np.intp)]
+        ckey >>= _U(idx_bits)
+        b0 = _runs(ckey)
+        per_row = np.bincount((ckey[b0] >> _U(_BUCKET_BITS)).astype(np.int64), minlength=nrows)
+        bucket = (ckey[b0] & _U((1 << _BUCKET_BITS) - 1)).astype(np.int16) - 1
+        counts = np.diff(np.append(b0, len(ckey))).astype(np.int32)
+        sums = np.add.reduceat(d, b0)
     offsets = np.zeros(nrows + 1, dtype=np.int32)
-    np.cumsum(np.bincount(hist_row, minlength=nrows), out=offsets[1:])
-    bucket = (ckey[b0] & _U((1 << _BUCKET_BITS) - 1)).astype(np.int16) - 1
-    counts = np.diff(np.append(b0, len(ckey))).astype(np.int32)
+    np.cumsum(per_row, out=offsets[1:])
     return {"duration_hist_bucket": _lists(offsets, bucket, no_hist), "duration_hist_n": _lists(offsets, counts, no_hist),
-            "duration_hist_sum_ns": _lists(offsets, np.add.reduceat(d, b0), no_hist)}
+            "duration_hist_sum_ns": _lists(offsets, sums, no_hist)}
 
 
 def _of_ops(records: np.ndarray, op: np.ndarray, codes: list[int]) -> np.ndarray:

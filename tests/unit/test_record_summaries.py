@@ -68,7 +68,10 @@ def _realistic_flushes(n: int = 60_000, size: int = 7_000) -> list[np.ndarray]:
     return [recs[i : i + size] for i in range(0, n, size)]
 
 
-def test_realistic_mix_in_storage_order_and_in_any_order():
+@pytest.mark.parametrize("cells", ["dense", "sorted"])
+def test_realistic_mix_in_storage_order_and_in_any_order(cells, monkeypatch):
+    if cells == "sorted":  # the histograms' other path: (row, bucket) keys sorted instead of counted
+        monkeypatch.setattr(record_summaries, "_DENSE_CELLS", 0)
     for order in (decode.storage_order, lambda r: r[np.random.default_rng(len(r)).permutation(len(r))]):
         store = Store.memory()
         _both_ways(store, _realistic_flushes(), OFFSET, order)
