@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,6 +229,7 @@ class Store:
     path: Path
     read_only: bool
     _old_umask: int | None = None  # a writable open tightens the umask until close()
+    _columns: dict[str, list[str]] = field(default_factory=dict)  # table -> its columns, in order
 
     # -- opening -------------------------------------------------------------
 
@@ -388,6 +389,15 @@ class Store:
             return 0
         if table not in TABLES:
             raise ValueError(f"unknown table {table}")
+        if table not in self._columns:
+            self._columns[table] = [r[0] for r in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = $t AND schema_name = 'main' "
+                "ORDER BY column_index", {"t": table}).fetchall()]
+        if batch.schema.names == self._columns[table]:
+            # the table's own column order: inserted as it stands, without registering a view or
+            # binding by name (~1.5 ms less a statement; the per-flush summaries are a few hundred rows)
+            self.con.from_arrow(batch).insert_into(table)
+            return batch.num_rows
         self.con.register("_ingero_batch", batch)
         try:
             self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _ingero_batch")
