@@ -56,7 +56,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
@@ -202,11 +201,12 @@ _OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else
                                else _DRAIN if op in DEVICE_SYNC_OPS else _WAIT for op in DEVICE_OPS])
 _OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
 _OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
-# ing_dev_seq and ing_dev_seg are Arrow tables registered on the connection (views), not
-# copies: the readers after infer (steps.py, rules/host_bound.py, WIN_SQL) read a few
-# thousand of their rows, and copying 100,000 sequence rows into a temp table cost ~0.045
-# CPU-s (DuckDB appends ~20 ns a value here), a sixth of `explain --since 120s` on a day's store.
-SEQ_VIEW, SEG_VIEW, STEPS_VIEW, IV_VIEW = "ing_dev_seq", "ing_dev_seg", "ing_dev_steps", "ing_dev_iv"
+# ing_dev_seq, ing_dev_steps (the segments closed by a drain) and ing_dev_iv are Arrow tables
+# registered on the connection (views), not copies: their readers after infer (steps.py,
+# rules/host_bound.py) read a few thousand rows, and copying 100,000 sequence rows into a temp
+# table cost ~0.045 CPU-s (DuckDB appends ~20 ns a value here), a sixth of `explain --since
+# 120s` on a day's store.  The segments and windows are numpy over the sorted sequence.
+SEQ_VIEW, STEPS_VIEW, IV_VIEW = "ing_dev_seq", "ing_dev_steps", "ing_dev_iv"
 
 
 @dataclass
@@ -234,7 +234,41 @@ class _Sequence:
     table: pa.Table | None = None
 
 
-# ing_dev_seg: one row per segment (pid, w, seg), the columns its readers use (WIN_SQL, steps.py
+@dataclass
+class _Segments:
+    """One row per segment of the analysed calls (see _segment_table), in (pid, w, seg) order; NULL
+    doubles are NaN, NULL integers have a has_ mask."""
+
+    pid: np.ndarray
+    w: np.ndarray
+    seg: np.ndarray
+    n: np.ndarray
+    s1: np.ndarray
+    has_s1: np.ndarray
+    r_call: np.ndarray
+    has_r_call: np.ndarray
+    raw_wait: np.ndarray
+    r: np.ndarray
+    has_r: np.ndarray
+    k: np.ndarray
+    k_done: np.ndarray
+    bp_n: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    point: np.ndarray
+    pstart: np.ndarray  # the process' span (the same on each of its segments) ...
+    pend: np.ndarray
+    subs: np.ndarray  # ... its submissions, and its back-pressure launches
+    pid_bp_n: np.ndarray
+
+    def steps(self) -> pa.Table:
+        """ing_dev_steps (steps.py): the segments closed by a drain."""
+        m = self.has_r_call
+        return pa.table({"pid": pa.array(self.pid[m], pa.int32()), "w": self.w[m], "seg": self.seg[m],
+                         "n": self.n[m], "r_call": self.r_call[m], "s1": pa.array(self.s1[m], mask=~self.has_s1[m])})
+
+
+# The segments: one row per (pid, w, seg), the columns their readers use (_window_rows, steps.py
 # through ing_dev_steps):
 #   n        submissions in it (launches, async copies, synchronous copies' starts)
 #   s1       the first one's start
@@ -244,13 +278,13 @@ class _Sequence:
 #   k, k_done the per-kernel time that fits before r, before the drain's start (below)
 #   bp_n     back-pressure launches in it
 #   low, high, point: the device's busy time in it, surely / at most / most likely
-#                    (point NULL: the host did not wait, WIN_SQL fills it in)
+#                    (point NULL: the host did not wait, _window_rows fills it in)
 # The segments are contiguous runs of the sorted sequence (seg counts the drains before a row
 # in its process and window; a drain's return row is the last of its segment), so each column
 # is one reduction over the runs.  As SQL (a GROUP BY, a join back for k, a temp table) it cost
 # ~0.05 CPU-s over 100,000 rows; ~0.005 here.  Integer columns stay exact; k and point are the
 # same double operations the SQL did (integer `/` is double division in DuckDB).
-def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> pa.Table:
+def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
     n_rows = len(seq.pid)
     first = np.ones(n_rows, bool)
     first[1:] = (seq.pid[1:] != seq.pid[:-1]) | (seq.w[1:] != seq.w[:-1]) | (seq.seg[1:] != seq.seg[:-1])
@@ -336,22 +370,14 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> pa.Table:
     point = np.where(bp_n > 0, high.astype(np.float64),
                      np.minimum(high, np.maximum(low, fit)))
     has_point = (bp_n > 0) | waited
-    return pa.table({
-        "pid": pa.array(pid[keep], pa.int32()),
-        "w": pa.array(w[keep], pa.int64()),
-        "seg": pa.array(seg[keep], pa.int64()),
-        "n": pa.array(n[keep], pa.int64()),
-        "s1": pa.array(s1[keep], mask=~has_sub[keep]),
-        "r_call": pa.array(r_call[keep], mask=~has_r_call[keep]),
-        "raw_wait": pa.array(raw_wait[keep], pa.int64()),
-        "r": pa.array(r[keep], mask=~has_r[keep]),
-        "k": pa.array(k[keep], mask=np.isnan(k[keep])),
-        "k_done": pa.array(k_done[keep], mask=np.isnan(k_done[keep])),
-        "bp_n": pa.array(bp_n[keep], pa.int64()),
-        "low": pa.array(low[keep], pa.int64()),
-        "high": pa.array(high[keep], pa.int64()),
-        "point": pa.array(point[keep], mask=~has_point[keep]),
-    })
+    p_subs = np.add.reduceat(sub.astype(np.int64), first_of_pid) if n_rows else n
+    p_bp_n = np.add.reduceat(seq.bp.astype(np.int64), first_of_pid) if n_rows else n
+    return _Segments(
+        pid=pid[keep], w=w[keep], seg=seg[keep], n=n[keep], s1=s1[keep], has_s1=has_sub[keep],
+        r_call=r_call[keep], has_r_call=has_r_call[keep], raw_wait=raw_wait[keep], r=r[keep], has_r=has_r[keep],
+        k=k[keep], k_done=k_done[keep], bp_n=bp_n[keep], low=low[keep], high=high[keep],
+        point=np.where(has_point, point, np.nan)[keep],
+        pstart=pstart[keep], pend=pend[keep], subs=p_subs[pid_i][keep], pid_bp_n=p_bp_n[pid_i][keep])
 
 
 def _min_or_nan(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -362,35 +388,42 @@ def _min_or_nan(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.where(np.isinf(least), np.nan, least)
 
 
-# Segments the host did not wait on take the per-submission device time of
-# the process' waited segments; the rest, the middle of their bounds.
-WIN_SQL = """
-WITH kk AS (
-    SELECT pid, sum(point) / sum(n) AS k FROM ing_dev_seg
-    WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
-), f AS (
-    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
-           -- least() skips NULLs: the learned k, capped by what fits before the drain's start
-           -- and its return
-           coalesce(s.point, CASE WHEN coalesce(kk.k, s.k, s.k_done) IS NOT NULL
-                                       THEN least(s.high, greatest(s.low, s.n * least(kk.k, s.k, s.k_done)))
-                                  ELSE (s.low + s.high) / 2 END) AS point
-    FROM ing_dev_seg s LEFT JOIN kk USING (pid)
-), span AS (
-    SELECT pid, coalesce($span_a, min(t) FILTER (role <> 'cpu')) AS pstart,
-           coalesce($span_b, max(e) FILTER (role <> 'cpu')) AS pend,
-           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS subs,
-           count(*) FILTER (bp) AS bp_n
-    FROM ing_dev_seq GROUP BY pid
-)
-SELECT f.pid, f.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
-       count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min),
-       any_value(span.pstart), any_value(span.pend), any_value(span.subs), any_value(span.bp_n),
-       -- the window's last segment was not closed by a drain: work may run on into the next
-       arg_max(r IS NULL, seg)
-FROM f JOIN span USING (pid)
-GROUP BY f.pid, f.w ORDER BY f.pid, f.w
-"""
+def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
+    """Per process and window (in that order): (pid, w, low, point, high, drains, waited drains,
+    pstart, pend, submissions, back-pressure launches of the process, whether the window's last
+    segment was left open), the busy times in ns summed over the window's segments.
+
+    Segments the host did not wait on (point NaN) take the per-submission device time of the
+    process' waited segments, capped by what fits before their drain's start and return (k,
+    k_done); without any, the middle of their bounds.  (Was SQL over the segment table, ~0.016
+    CPU-s for 14,000 segments; the same double operations here, summed in the segments' order.)"""
+    if not len(sg.pid):
+        return []
+    pid_first = np.ones(len(sg.pid), bool)
+    pid_first[1:] = sg.pid[1:] != sg.pid[:-1]
+    pid_starts = np.flatnonzero(pid_first)
+    pid_group = np.cumsum(pid_first) - 1
+    learn = ~np.isnan(sg.point) & (sg.n > 0) & (sg.bp_n == 0)
+    learned_n = np.add.reduceat(np.where(learn, sg.n, 0), pid_starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kk = np.where(learned_n > 0, np.add.reduceat(np.where(learn, sg.point, 0.0), pid_starts) / learned_n, np.nan)
+    # least() skips NULLs (fmin skips NaN): the learned k, capped by k and k_done
+    k = np.fmin(np.fmin(kk[pid_group], sg.k), sg.k_done)
+    point = np.where(~np.isnan(sg.point), sg.point,
+                     np.where(~np.isnan(k), np.minimum(sg.high, np.maximum(sg.low, sg.n * k)),
+                              (sg.low + sg.high) / 2))
+    first = np.ones(len(sg.pid), bool)
+    first[1:] = pid_first[1:] | (sg.w[1:] != sg.w[:-1])
+    starts = np.flatnonzero(first)
+    last = np.append(starts[1:], len(sg.pid)) - 1  # (segments in seg order: the last is the latest)
+    waited = sg.has_r & (sg.raw_wait - (sg.r_call - sg.r) > wait_min)
+    cols = (sg.pid[starts], sg.w[starts], np.add.reduceat(sg.low, starts),
+            np.rint(np.add.reduceat(point, starts)).astype(np.int64),  # (::BIGINT rounds half to even)
+            np.add.reduceat(sg.high, starts), np.add.reduceat(sg.has_r.astype(np.int64), starts),
+            np.add.reduceat(waited.astype(np.int64), starts), sg.pstart[starts], sg.pend[starts],
+            sg.subs[starts], sg.pid_bp_n[starts], ~sg.has_r[last])
+    return list(zip(*(c.tolist() for c in cols)))
+
 
 COUNT_SQL = "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE cat IN ('launch', 'sync', 'copy')"
 
@@ -418,15 +451,15 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     # sampled slice is slowed by the launch probes' traps (bench_budget: ~0.6 ms a step there)
     seg = _segments(con, windows_iv, _queries(events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
                     p, seg_params, t)
-    con.register(STEPS_VIEW, seg.filter(pc.is_valid(seg["r_call"])).select(["pid", "w", "seg", "n", "r_call", "s1"]))
+    con.register(STEPS_VIEW, seg.steps())
     if ivs is not None:
         # a sampled trace: the device only where every submission was seen (the attached slices);
         # each call belongs to the slice it falls in (an ASOF join on the slices' starts)
-        _segments(con, ivs, _queries(events, w="iv.w", iv_join=f"ASOF JOIN {IV_VIEW} iv ON timestamp >= iv.a",
-                                     iv_where="AND timestamp < iv.b"), p, seg_params, t)
+        seg = _segments(con, ivs, _queries(events, w="iv.w", iv_join=f"ASOF JOIN {IV_VIEW} iv ON timestamp >= iv.a",
+                                           iv_where="AND timestamp < iv.b"), p, seg_params, t)
     else:
         ivs = windows_iv
-    rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
+    rows = _window_rows(seg, t.wait_min_ns)
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:
         by_pid.setdefault(int(row[0]), []).append(row)
@@ -458,15 +491,13 @@ def _queries(events: str, **where: str) -> tuple[str, str]:
     return CALLS_SQL.format(**where), CPU_SQL.format(events=events, **where)
 
 
-def _segments(con, ivs: pa.Table, queries: tuple[str, str], p: dict, seg_params: dict, t: Thresholds) -> pa.Table:
-    """ing_dev_seq and ing_dev_seg over the intervals ``ivs`` (ing_dev_iv, read by the ASOF join of
-    a sampled trace's queries); returns ing_dev_seg."""
+def _segments(con, ivs: pa.Table, queries: tuple[str, str], p: dict, seg_params: dict, t: Thresholds) -> _Segments:
+    """ing_dev_seq (registered) and the segments over the intervals ``ivs`` (ing_dev_iv, read by
+    the ASOF join of a sampled trace's queries)."""
     con.register(IV_VIEW, ivs)  # (intervals come in time order, one per w from 0)
     seq = _sequence(con, *queries, p, t)
-    seg = _segment_table(seq, ivs, seg_params)
     con.register(SEQ_VIEW, seq.table)
-    con.register(SEG_VIEW, seg)
-    return seg
+    return _segment_table(seq, ivs, seg_params)
 
 
 def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Sequence:
@@ -484,8 +515,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     # a long median); per process and op: the no-wait cost, the shortest call up to the cap
     pids, p_i = np.unique(pid, return_inverse=True)
     stream, has_stream = _ints(calls["stream"])
-    used = np.unique(np.stack([p_i[has_stream], stream[has_stream]]), axis=1) if has_stream.any() else [[]]
-    streams = np.bincount(np.asarray(used[0], dtype=np.int64), minlength=len(pids))
+    streams = _distinct_per(p_i[has_stream], stream[has_stream], len(pids))
     big = np.iinfo(np.int64).max
     launch_min = np.full(len(pids), big)
     np.minimum.at(launch_min, p_i[launch & has_d], d[launch & has_d])
@@ -565,7 +595,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
         "pid": pa.array(row_pid, pa.int32()),
         "tid": pa.array(tid_row[order].astype(np.int32), mask=~rows(has_tid, waits_has_tid)[order]),
         "w": pa.array(w, pa.int64()),
-        "op": pa.array(_OP_NAMES[rows(op_i, np.full(n_waits, _SCHED_SWITCH))[order]], pa.string()),
+        "op": _names(rows(op_i, np.full(n_waits, _SCHED_SWITCH))[order], _OP_NAMES),
         "pos": pa.array(pos, mask=~has_pos),
         "t": pa.array(seq.t),
         "e": pa.array(e_row, mask=~has_e_row),
@@ -573,13 +603,19 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
         "wait": pa.array(seq.wait),
         "cpu": pa.array(cpu, mask=~has_cpu),
         "guess": pa.array(guess, mask=~has_guess),
-        "role": pa.array(np.array(ROLES, dtype=object)[row_role], pa.string()),
+        "role": _names(row_role, ROLES),
         "dr": pa.array(dr, pa.int32()),
         "seg": pa.array(seg, pa.int64()),
         "csub": pa.array(csub, pa.int64()),
         "bp": pa.array(seq.bp, mask=row_long_null & around),  # NULL AND true is NULL
     })
     return seq
+
+
+def _names(index: np.ndarray, names) -> pa.DictionaryArray:
+    """Strings by their index in ``names``, dictionary-encoded: DuckDB reads them as VARCHAR, and
+    building 100,000 Python strings into an Arrow string column took ~6 ms a column."""
+    return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int8)), pa.array(list(names), pa.string()))
 
 
 def _arrow(con, sql: str, p: dict) -> pa.Table:
@@ -592,6 +628,16 @@ def _ints(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else np.ones(len(column), bool)
     values = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
     return values.astype(np.int64, copy=False), valid
+
+
+def _distinct_per(group: np.ndarray, values: np.ndarray, groups: int) -> np.ndarray:
+    """The number of distinct values in each group (0..groups-1).  (np.unique over the pairs,
+    axis=1, took ~80 ms for 100,000 calls on several streams.)"""
+    order = np.lexsort((values, group))
+    g, v = group[order], values[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+    return np.bincount(g[new], minlength=groups)
 
 
 def _running_sum(x: np.ndarray, first: np.ndarray) -> np.ndarray:
