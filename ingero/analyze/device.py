@@ -46,8 +46,9 @@ still cut from every drain (syncs and copies are never sampled): the
 The calls are selected by SQL over the events table; their sequence
 (ing_dev_seq: sorted per process and window, numbered by segment) is built in
 numpy from the analysed calls (at most ``max_exact_calls`` and their CPU
-waits), and the segments and windows are SQL again.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
-reads ing_cuda for the call count).
+waits), and so are the segments and windows (reductions over its runs).
+``infer(ctx)`` needs ``windows.build(ctx)`` first (it reads ing_cuda for the
+call count).
 """
 
 from __future__ import annotations
