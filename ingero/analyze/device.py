@@ -46,8 +46,9 @@ still cut from every drain (syncs and copies are never sampled): the
 The calls are selected by SQL over the events table; their sequence
 (ing_dev_seq: sorted per process and window, numbered by segment) is built in
 numpy from the analysed calls (at most ``max_exact_calls`` and their CPU
-waits), and the segments and windows are SQL again.  ``infer(ctx)`` needs ``windows.build(ctx)`` first (it
-reads ing_cuda for the call count).
+waits), and so are the segments and windows (reductions over its runs).
+``infer(ctx)`` needs ``windows.build(ctx)`` first (it reads ing_cuda for the
+call count).
 """
 
 from __future__ import annotations
@@ -201,100 +202,229 @@ _OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else
                                else _DRAIN if op in DEVICE_SYNC_OPS else _WAIT for op in DEVICE_OPS])
 _OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
 _OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
-# (no casts: seg and csub were HUGEINT sums in SQL, the same values as BIGINT here; casting
-# 100,000 rows in the copy cost ~15 ms)
-SEQ_FROM_ARROW_SQL = "CREATE OR REPLACE TEMP TABLE ing_dev_seq AS SELECT * FROM ing_dev_seq_in"
+# ing_dev_seq, ing_dev_steps (the segments closed by a drain) and ing_dev_iv are Arrow tables
+# registered on the connection (views), not copies: their readers after infer (steps.py,
+# rules/host_bound.py) read a few thousand rows, and copying 100,000 sequence rows into a temp
+# table cost ~0.045 CPU-s (DuckDB appends ~20 ns a value here), a sixth of `explain --since
+# 120s` on a day's store.  The segments and windows are numpy over the sorted sequence.
+SEQ_VIEW, STEPS_VIEW, IV_VIEW = "ing_dev_seq", "ing_dev_steps", "ing_dev_iv"
 
 
-# Per segment: its submissions, the drain that closed it, the waits in it.
-SEG_SQL = """
-CREATE OR REPLACE TEMP TABLE ing_dev_seg AS
-WITH s AS (
-    SELECT pid, w, seg,
-           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS n,
-           max(csub) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS cmax,
-           min(t) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS s1,
-           max(e) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS en,
-           max(pos) FILTER (dr = 1) AS r_call,
-           max(t) FILTER (dr = 1) AS drain_t,
-           coalesce(max(wait) FILTER (dr = 1), 0) AS raw_wait,
-           -- surely busy: the drain's wait less every CPU wait inside the segment's syncs
-           greatest(0, coalesce(max(wait) FILTER (dr = 1), 0) - coalesce(sum(cpu), 0)) AS drain_wait,
-           arg_max(e, pos) FILTER (role = 'cpu') AS cpu_end,
-           arg_max(guess, pos) FILTER (role = 'cpu') AS cpu_guess,
-           coalesce(sum(wait) FILTER (role = 'wait'), 0) AS other_wait,
-           count(*) FILTER (bp) AS bp_n,
-           -- the host sat in these launches beyond a normal launch: the queue was full
-           coalesce(sum(d) FILTER (bp), 0) AS bp_ns
-    FROM ing_dev_seq GROUP BY ALL
-), s2 AS (
-    -- the likely end of the device's work: the drain's return, or, when the host got the
-    -- CPU back only just before returning, the guess of the last off-CPU row inside it
-    SELECT *, CASE WHEN cpu_end > drain_t AND r_call - cpu_end <= $tail THEN least(r_call, cpu_guess)
-                   ELSE r_call END AS r
-    FROM s
-), q AS (
-    -- one queue of equal kernels k that ended at r: each submission i of n started no
-    -- earlier than its call returned (e_i), so the n - i + 1 from it on fit in r - e_i:
-    -- k = min over i of (r - e_i) / (n - i + 1); i = 1 is r - s1 spread evenly, i = n the
-    -- last kernel alone, a middle i the run after the host stalled (preempted, blocked)
-    SELECT d.pid, d.w, d.seg, min((s2.r - d.e) / (s2.cmax - d.csub + 1)) AS k,
-           -- a drain that did not wait found the work done when it started: the kernels
-           -- from i on ran between submission i's call and the drain's start
-           min((s2.drain_t - d.t) / (s2.cmax - d.csub + 1)) AS k_done
-    FROM ing_dev_seq d JOIN s2 USING (pid, w, seg)
-    WHERE d.dr = 0 AND d.role IN ('submit', 'copy') AND s2.r IS NOT NULL
-    GROUP BY ALL
-), span AS (
-    SELECT pid, coalesce($span_a, min(t)) AS pstart, coalesce($span_b, max(e)) AS pend
-    FROM ing_dev_seq WHERE role <> 'cpu' GROUP BY pid
-), b AS (
-    SELECT s2.*, q.k, q.k_done, span.pstart, span.pend,
-           -- the first segment of an interval may hold work queued before it
-           CASE WHEN seg = 0 THEN greatest(iv.a, pstart) ELSE s1 END AS a,
-           coalesce(r_call, least(iv.b, $t1, pend)) AS z
-    FROM s2 JOIN span USING (pid) JOIN ing_dev_iv iv USING (w) LEFT JOIN q USING (pid, w, seg)
-), h AS (
-    SELECT *, CASE WHEN n = 0 AND seg > 0 THEN 0 ELSE greatest(0, z - a) END AS high FROM b
-)
-SELECT *, least(high, drain_wait + other_wait + bp_ns) AS low,
-       CASE WHEN bp_n > 0 THEN high
-            WHEN r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min
-                 THEN least(high, greatest(least(high, drain_wait + other_wait + bp_ns),
-                                           least(r - a, n * greatest(0, coalesce(k, 0)))))
-       END AS point
-FROM h
-"""
+@dataclass
+class _Sequence:
+    """ing_dev_seq's rows as numpy (sorted: each process and window's rows in time order), for
+    the segments; ``table``: the same rows as the Arrow table registered as ing_dev_seq."""
 
-# Segments the host did not wait on take the per-submission device time of
-# the process' waited segments; the rest, the middle of their bounds.
-WIN_SQL = """
-WITH kk AS (
-    SELECT pid, sum(point) / sum(n) AS k FROM ing_dev_seg
-    WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
-), f AS (
-    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
-           -- least() skips NULLs: the learned k, capped by what fits before the drain's start
-           -- and its return
-           coalesce(s.point, CASE WHEN coalesce(kk.k, s.k, s.k_done) IS NOT NULL
-                                       THEN least(s.high, greatest(s.low, s.n * least(kk.k, s.k, s.k_done)))
-                                  ELSE (s.low + s.high) / 2 END) AS point
-    FROM ing_dev_seg s LEFT JOIN kk USING (pid)
-), span AS (
-    SELECT pid, coalesce($span_a, min(t) FILTER (role <> 'cpu')) AS pstart,
-           coalesce($span_b, max(e) FILTER (role <> 'cpu')) AS pend,
-           count(*) FILTER (dr = 0 AND role IN ('submit', 'copy')) AS subs,
-           count(*) FILTER (bp) AS bp_n
-    FROM ing_dev_seq GROUP BY pid
-)
-SELECT f.pid, f.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
-       count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min),
-       any_value(span.pstart), any_value(span.pend), any_value(span.subs), any_value(span.bp_n),
-       -- the window's last segment was not closed by a drain: work may run on into the next
-       arg_max(r IS NULL, seg)
-FROM f JOIN span USING (pid)
-GROUP BY f.pid, f.w ORDER BY f.pid, f.w
-"""
+    pid: np.ndarray
+    w: np.ndarray
+    seg: np.ndarray
+    dr: np.ndarray
+    role: np.ndarray  # index in ROLES
+    pos: np.ndarray
+    has_pos: np.ndarray
+    t: np.ndarray
+    e: np.ndarray
+    has_e: np.ndarray
+    d: np.ndarray  # (NULL only where bp is not true: bp reads d)
+    wait: np.ndarray
+    cpu: np.ndarray  # (0 where NULL: only summed)
+    guess: np.ndarray
+    has_guess: np.ndarray
+    csub: np.ndarray
+    bp: np.ndarray  # true (NULL counted as false, as FILTER (bp) does)
+    table: pa.Table | None = None
+
+
+@dataclass
+class _Segments:
+    """One row per segment of the analysed calls (see _segment_table), in (pid, w, seg) order; NULL
+    doubles are NaN, NULL integers have a has_ mask."""
+
+    pid: np.ndarray
+    w: np.ndarray
+    seg: np.ndarray
+    n: np.ndarray
+    s1: np.ndarray
+    has_s1: np.ndarray
+    r_call: np.ndarray
+    has_r_call: np.ndarray
+    raw_wait: np.ndarray
+    r: np.ndarray
+    has_r: np.ndarray
+    k: np.ndarray
+    k_done: np.ndarray
+    bp_n: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    point: np.ndarray
+    pstart: np.ndarray  # the process' span (the same on each of its segments) ...
+    pend: np.ndarray
+    subs: np.ndarray  # ... its submissions, and its back-pressure launches
+    pid_bp_n: np.ndarray
+
+    def steps(self) -> pa.Table:
+        """ing_dev_steps (steps.py): the segments closed by a drain."""
+        m = self.has_r_call
+        return pa.table({"pid": pa.array(self.pid[m], pa.int32()), "w": self.w[m], "seg": self.seg[m],
+                         "n": self.n[m], "r_call": self.r_call[m], "s1": pa.array(self.s1[m], mask=~self.has_s1[m])})
+
+
+# The segments: one row per (pid, w, seg), the columns their readers use (_window_rows, steps.py
+# through ing_dev_steps):
+#   n        submissions in it (launches, async copies, synchronous copies' starts)
+#   s1       the first one's start
+#   r_call   the return of the drain that closed it (NULL: no drain closed it in the window)
+#   raw_wait that drain's wait (0 without one)
+#   r        the likely end of the device's work (below)
+#   k, k_done the per-kernel time that fits before r, before the drain's start (below)
+#   bp_n     back-pressure launches in it
+#   low, high, point: the device's busy time in it, surely / at most / most likely
+#                    (point NULL: the host did not wait, _window_rows fills it in)
+# The segments are contiguous runs of the sorted sequence (seg counts the drains before a row
+# in its process and window; a drain's return row is the last of its segment), so each column
+# is one reduction over the runs.  As SQL (a GROUP BY, a join back for k, a temp table) it cost
+# ~0.05 CPU-s over 100,000 rows; ~0.005 here.  Integer columns stay exact; k and point are the
+# same double operations the SQL did (integer `/` is double division in DuckDB).
+def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
+    n_rows = len(seq.pid)
+    first = np.ones(n_rows, bool)
+    first[1:] = (seq.pid[1:] != seq.pid[:-1]) | (seq.w[1:] != seq.w[:-1]) | (seq.seg[1:] != seq.seg[:-1])
+    starts = np.flatnonzero(first)
+    group = np.cumsum(first) - 1
+    big = np.iinfo(np.int64).max
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(mask.astype(np.int64), starts) if n_rows else np.zeros(0, np.int64)
+
+    def total(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(np.where(mask, values, 0), starts) if n_rows else np.zeros(0, np.int64)
+
+    def last(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per segment: the index of its last row in ``mask`` (the latest: rows are in time
+        order, as arg_max(x, pos) picks), and whether there is one."""
+        at = np.maximum.reduceat(np.where(mask, np.arange(n_rows), -1), starts) if n_rows else np.zeros(0, np.int64)
+        return np.maximum(at, 0), at >= 0
+
+    sub = (seq.dr == 0) & ((seq.role == _SUBMIT) | (seq.role == _COPY))
+    n = count(sub)
+    has_sub = n > 0
+    cmax = np.maximum.reduceat(np.where(sub, seq.csub, -1), starts) if n_rows else n
+    s1 = np.minimum.reduceat(np.where(sub, seq.t, big), starts) if n_rows else n
+    # the drain that closed the segment (at most one: its return row ends the segment)
+    di, has_drain = last(seq.dr == 1)
+    has_r_call = has_drain & seq.has_pos[di]
+    r_call = seq.pos[di]
+    drain_t = seq.t[di]
+    raw_wait = np.where(has_drain, seq.wait[di], 0)
+    # surely busy: the drain's wait less every CPU wait inside the segment's syncs
+    drain_wait = np.maximum(0, raw_wait - total(seq.cpu, seq.role == _CPU))
+    cpu_rows = seq.role == _CPU
+    ce, has_cpu_end = last(cpu_rows & seq.has_e)
+    cg, has_cpu_guess = last(cpu_rows & seq.has_guess)
+    cpu_end, cpu_guess = seq.e[ce], seq.guess[cg]
+    other_wait = total(seq.wait, seq.role == _WAIT)
+    bp_n = count(seq.bp)
+    # the host sat in these launches beyond a normal launch: the queue was full
+    bp_ns = total(seq.d, seq.bp)
+    # the likely end of the device's work: the drain's return, or, when the host got the CPU
+    # back only just before returning, the guess of the last off-CPU row inside it
+    near = has_r_call & has_cpu_end & has_drain & (cpu_end > drain_t) & (r_call - cpu_end <= p["tail"])
+    r = np.where(near & has_cpu_guess, np.minimum(r_call, cpu_guess), r_call)
+    has_r = has_r_call
+    # one queue of equal kernels k that ended at r: each submission i of n started no earlier
+    # than its call returned (e_i), so the n - i + 1 from it on fit in r - e_i:
+    # k = min over i of (r - e_i) / (n - i + 1); i = 1 is r - s1 spread evenly, i = n the last
+    # kernel alone, a middle i the run after the host stalled (preempted, blocked).  A drain
+    # that did not wait found the work done when it started: the kernels from i on ran between
+    # submission i's call and the drain's start (k_done).
+    left = np.where(sub, cmax[group] - seq.csub + 1, 1).astype(np.float64)  # (1 on rows not divided)
+    k_rows = sub & has_r[group]
+    k = _min_or_nan(np.where(k_rows & seq.has_e, (r[group] - seq.e) / left, np.inf), starts)
+    k_done = _min_or_nan(np.where(k_rows, (drain_t[group] - seq.t) / left, np.inf), starts)
+    # the process' span: its device calls' first start and last return, or the span asked for
+    pid, w, seg = seq.pid[starts], seq.w[starts], seq.seg[starts]
+    calls = ~cpu_rows
+    pids, first_of_pid = np.unique(seq.pid, return_index=True)
+    pid_i = np.searchsorted(pids, pid)
+    has_calls = np.add.reduceat(calls.astype(np.int64), first_of_pid) > 0 if n_rows else np.zeros(0, bool)
+    p_min_t = np.minimum.reduceat(np.where(calls, seq.t, big), first_of_pid) if n_rows else n
+    ends = calls & seq.has_e
+    p_max_e = np.maximum.reduceat(np.where(ends, seq.e, -big), first_of_pid) if n_rows else n
+    p_has_e = np.add.reduceat(ends.astype(np.int64), first_of_pid) > 0 if n_rows else np.zeros(0, bool)
+    pstart = p_min_t[pid_i] if p["span_a"] is None else np.full(len(pid), p["span_a"])
+    pend = p_max_e[pid_i] if p["span_b"] is None else np.full(len(pid), p["span_b"])
+    has_pend = p_has_e[pid_i] if p["span_b"] is None else np.ones(len(pid), bool)
+    # each segment's interval (ivs: w numbered from 0); a process without device calls has no span
+    iv_w = ivs.column("w").to_numpy()
+    iv_i = np.minimum(np.searchsorted(iv_w, w), max(len(iv_w) - 1, 0))
+    keep = has_calls[pid_i] & (iv_w[iv_i] == w) if len(iv_w) else np.zeros(len(w), bool)
+    iv_a, iv_b = ivs.column("a").to_numpy()[iv_i], ivs.column("b").to_numpy()[iv_i]
+    # the first segment of an interval may hold work queued before it
+    a = np.where(seg == 0, np.maximum(iv_a, pstart), s1)
+    has_a = (seg == 0) | has_sub
+    z = np.where(has_r_call, r_call, np.minimum(np.minimum(iv_b, p["t1"]), np.where(has_pend, pend, big)))
+    high = np.where((~has_sub & (seg > 0)) | ~has_a, 0, np.maximum(0, z - a))
+    low = np.minimum(high, drain_wait + other_wait + bp_ns)
+    # least() skips NULLs: a segment without submissions has no a, and n * k is 0 there
+    fit = np.minimum(np.where(has_a, r - a, np.inf), n * np.maximum(0.0, np.nan_to_num(k, nan=0.0)))
+    waited = has_r & (raw_wait - (r_call - r) > p["wait_min"])
+    point = np.where(bp_n > 0, high.astype(np.float64),
+                     np.minimum(high, np.maximum(low, fit)))
+    has_point = (bp_n > 0) | waited
+    p_subs = np.add.reduceat(sub.astype(np.int64), first_of_pid) if n_rows else n
+    p_bp_n = np.add.reduceat(seq.bp.astype(np.int64), first_of_pid) if n_rows else n
+    return _Segments(
+        pid=pid[keep], w=w[keep], seg=seg[keep], n=n[keep], s1=s1[keep], has_s1=has_sub[keep],
+        r_call=r_call[keep], has_r_call=has_r_call[keep], raw_wait=raw_wait[keep], r=r[keep], has_r=has_r[keep],
+        k=k[keep], k_done=k_done[keep], bp_n=bp_n[keep], low=low[keep], high=high[keep],
+        point=np.where(has_point, point, np.nan)[keep],
+        pstart=pstart[keep], pend=pend[keep], subs=p_subs[pid_i][keep], pid_bp_n=p_bp_n[pid_i][keep])
+
+
+def _min_or_nan(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per run from each of ``starts``: the least value, NaN where every value is inf (none)."""
+    if not len(values):
+        return np.zeros(0)
+    least = np.minimum.reduceat(values, starts)
+    return np.where(np.isinf(least), np.nan, least)
+
+
+def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
+    """Per process and window (in that order): (pid, w, low, point, high, drains, waited drains,
+    pstart, pend, submissions, back-pressure launches of the process, whether the window's last
+    segment was left open), the busy times in ns summed over the window's segments.
+
+    Segments the host did not wait on (point NaN) take the per-submission device time of the
+    process' waited segments, capped by what fits before their drain's start and return (k,
+    k_done); without any, the middle of their bounds.  (Was SQL over the segment table, ~0.016
+    CPU-s for 14,000 segments; the same double operations here, summed in the segments' order.)"""
+    if not len(sg.pid):
+        return []
+    pid_first = np.ones(len(sg.pid), bool)
+    pid_first[1:] = sg.pid[1:] != sg.pid[:-1]
+    pid_starts = np.flatnonzero(pid_first)
+    pid_group = np.cumsum(pid_first) - 1
+    learn = ~np.isnan(sg.point) & (sg.n > 0) & (sg.bp_n == 0)
+    learned_n = np.add.reduceat(np.where(learn, sg.n, 0), pid_starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kk = np.where(learned_n > 0, np.add.reduceat(np.where(learn, sg.point, 0.0), pid_starts) / learned_n, np.nan)
+    # least() skips NULLs (fmin skips NaN): the learned k, capped by k and k_done
+    k = np.fmin(np.fmin(kk[pid_group], sg.k), sg.k_done)
+    point = np.where(~np.isnan(sg.point), sg.point,
+                     np.where(~np.isnan(k), np.minimum(sg.high, np.maximum(sg.low, sg.n * k)),
+                              (sg.low + sg.high) / 2))
+    first = np.ones(len(sg.pid), bool)
+    first[1:] = pid_first[1:] | (sg.w[1:] != sg.w[:-1])
+    starts = np.flatnonzero(first)
+    last = np.append(starts[1:], len(sg.pid)) - 1  # (segments in seg order: the last is the latest)
+    waited = sg.has_r & (sg.raw_wait - (sg.r_call - sg.r) > wait_min)
+    cols = (sg.pid[starts], sg.w[starts], np.add.reduceat(sg.low, starts),
+            np.rint(np.add.reduceat(point, starts)).astype(np.int64),  # (::BIGINT rounds half to even)
+            np.add.reduceat(sg.high, starts), np.add.reduceat(sg.has_r.astype(np.int64), starts),
+            np.add.reduceat(waited.astype(np.int64), starts), sg.pstart[starts], sg.pend[starts],
+            sg.subs[starts], sg.pid_bp_n[starts], ~sg.has_r[last])
+    return list(zip(*(c.tolist() for c in cols)))
+
 
 COUNT_SQL = "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE cat IN ('launch', 'sync', 'copy')"
 
@@ -318,20 +448,19 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     events = events_relation(con, ctx.session_id)
     windows_iv = window_intervals(ctx, slice_ns)
     ivs = attached_intervals(ctx, windows_iv)
-    _segments(con, windows_iv, _queries(events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
-              p, seg_params, t)
     # steps are timed on every drain: syncs and copies are never sampled, and a step in a
     # sampled slice is slowed by the launch probes' traps (bench_budget: ~0.6 ms a step there)
-    con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_steps AS "
-                "SELECT pid, w, seg, n, r_call, s1 FROM ing_dev_seg WHERE r_call IS NOT NULL")
+    seg = _segments(con, windows_iv, _queries(events, w="(timestamp - $t0) // $wns", iv_join="", iv_where=""),
+                    p, seg_params, t)
+    con.register(STEPS_VIEW, seg.steps())
     if ivs is not None:
         # a sampled trace: the device only where every submission was seen (the attached slices);
         # each call belongs to the slice it falls in (an ASOF join on the slices' starts)
-        _segments(con, ivs, _queries(events, w="iv.w", iv_join="ASOF JOIN ing_dev_iv iv ON timestamp >= iv.a",
-                                     iv_where="AND timestamp < iv.b"), p, seg_params, t)
+        seg = _segments(con, ivs, _queries(events, w="iv.w", iv_join=f"ASOF JOIN {IV_VIEW} iv ON timestamp >= iv.a",
+                                           iv_where="AND timestamp < iv.b"), p, seg_params, t)
     else:
         ivs = windows_iv
-    rows = con.execute(WIN_SQL, {"wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b}).fetchall()
+    rows = _window_rows(seg, t.wait_min_ns)
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:
         by_pid.setdefault(int(row[0]), []).append(row)
@@ -363,18 +492,16 @@ def _queries(events: str, **where: str) -> tuple[str, str]:
     return CALLS_SQL.format(**where), CPU_SQL.format(events=events, **where)
 
 
-def _segments(con, ivs: pa.Table, queries: tuple[str, str], p: dict, seg_params: dict, t: Thresholds) -> None:
-    """ing_dev_seq and ing_dev_seg over the intervals ``ivs`` (ing_dev_iv)."""
-    con.register("ing_dev_iv_in", ivs)
-    try:
-        con.execute("CREATE OR REPLACE TEMP TABLE ing_dev_iv AS SELECT * FROM ing_dev_iv_in ORDER BY a")
-    finally:
-        con.unregister("ing_dev_iv_in")
-    _sequence(con, *queries, p, t)
-    con.execute(SEG_SQL, seg_params)
+def _segments(con, ivs: pa.Table, queries: tuple[str, str], p: dict, seg_params: dict, t: Thresholds) -> _Segments:
+    """ing_dev_seq (registered) and the segments over the intervals ``ivs`` (ing_dev_iv, read by
+    the ASOF join of a sampled trace's queries)."""
+    con.register(IV_VIEW, ivs)  # (intervals come in time order, one per w from 0)
+    seq = _sequence(con, *queries, p, t)
+    con.register(SEQ_VIEW, seq.table)
+    return _segment_table(seq, ivs, seg_params)
 
 
-def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> None:
+def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Sequence:
     """ing_dev_seq (SEQ_COLUMNS above) from the calls (CALLS_SQL) and the CPU waits (CPU_SQL).
 
     NULLs as the SQL had them: a call without a duration has no return (e, and pos of its
@@ -389,8 +516,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> None
     # a long median); per process and op: the no-wait cost, the shortest call up to the cap
     pids, p_i = np.unique(pid, return_inverse=True)
     stream, has_stream = _ints(calls["stream"])
-    used = np.unique(np.stack([p_i[has_stream], stream[has_stream]]), axis=1) if has_stream.any() else [[]]
-    streams = np.bincount(np.asarray(used[0], dtype=np.int64), minlength=len(pids))
+    streams = _distinct_per(p_i[has_stream], stream[has_stream], len(pids))
     big = np.iinfo(np.int64).max
     launch_min = np.full(len(pids), big)
     np.minimum.at(launch_min, p_i[launch & has_d], d[launch & has_d])
@@ -449,39 +575,48 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> None
     around = np.zeros(len(order), bool)
     around[1:-1] = row_long[:-2] & row_long[2:]
     around &= ~first & ~last
-    ends = np.concatenate([np.zeros(n_starts, np.int64), wait[at[n_starts:]], np.zeros(n_waits, np.int64)])
+    wait_row = np.concatenate([np.zeros(n_starts, np.int64), wait[at[n_starts:]], np.zeros(n_waits, np.int64)])
     w_cpu, w_has_cpu = _ints(waits["cpu"])
     w_guess, w_has_guess = _ints(waits["guess"])
 
     def column(call_values: np.ndarray, call_valid: np.ndarray, wait_values: np.ndarray,
-               wait_valid: np.ndarray) -> pa.Array:
-        return pa.array(rows(call_values, wait_values)[order], mask=~rows(call_valid, wait_valid)[order])
+               wait_valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' values and where they are not NULL, sorted."""
+        return rows(call_values, wait_values)[order], rows(call_valid, wait_valid)[order]
 
-    table = pa.table({
+    e_row, has_e_row = column(e, has_e, *_ints(waits["e"]))
+    d_row, has_d_row = column(d, has_d, *_ints(waits["d"]))
+    no_call = np.zeros(len(at), np.int64)
+    cpu, has_cpu = column(no_call, np.ones(len(at), bool), w_cpu, w_has_cpu)  # 0 on call rows, as the SQL had it
+    guess, has_guess = column(no_call, np.zeros(len(at), bool), w_guess, w_has_guess)
+    seq = _Sequence(pid=row_pid, w=w, seg=seg, dr=dr, role=row_role, pos=pos, has_pos=has_pos, t=t_row[order],
+                    e=e_row, has_e=has_e_row, d=d_row, wait=wait_row[order], cpu=cpu, guess=guess,
+                    has_guess=has_guess, csub=csub, bp=row_long & around)
+    seq.table = pa.table({
         "pid": pa.array(row_pid, pa.int32()),
         "tid": pa.array(tid_row[order].astype(np.int32), mask=~rows(has_tid, waits_has_tid)[order]),
         "w": pa.array(w, pa.int64()),
-        "op": pa.array(_OP_NAMES[rows(op_i, np.full(n_waits, _SCHED_SWITCH))[order]], pa.string()),
+        "op": _names(rows(op_i, np.full(n_waits, _SCHED_SWITCH))[order], _OP_NAMES),
         "pos": pa.array(pos, mask=~has_pos),
-        "t": pa.array(t_row[order]),
-        "e": column(e, has_e, *_ints(waits["e"])),
-        "d": column(d, has_d, *_ints(waits["d"])),
-        "wait": pa.array(ends[order]),
-        "cpu": pa.array(np.concatenate([np.zeros(len(at), np.int64), w_cpu])[order],
-                        mask=~np.concatenate([np.ones(len(at), bool), w_has_cpu])[order]),
-        "guess": pa.array(np.concatenate([np.zeros(len(at), np.int64), w_guess])[order],
-                          mask=~np.concatenate([np.zeros(len(at), bool), w_has_guess])[order]),
-        "role": pa.array(np.array(ROLES, dtype=object)[row_role], pa.string()),
+        "t": pa.array(seq.t),
+        "e": pa.array(e_row, mask=~has_e_row),
+        "d": pa.array(d_row, mask=~has_d_row),
+        "wait": pa.array(seq.wait),
+        "cpu": pa.array(cpu, mask=~has_cpu),
+        "guess": pa.array(guess, mask=~has_guess),
+        "role": _names(row_role, ROLES),
         "dr": pa.array(dr, pa.int32()),
         "seg": pa.array(seg, pa.int64()),
         "csub": pa.array(csub, pa.int64()),
-        "bp": pa.array(row_long & around, mask=row_long_null & around),  # NULL AND true is NULL
+        "bp": pa.array(seq.bp, mask=row_long_null & around),  # NULL AND true is NULL
     })
-    con.register("ing_dev_seq_in", table)
-    try:
-        con.execute(SEQ_FROM_ARROW_SQL)
-    finally:
-        con.unregister("ing_dev_seq_in")
+    return seq
+
+
+def _names(index: np.ndarray, names) -> pa.DictionaryArray:
+    """Strings by their index in ``names``, dictionary-encoded: DuckDB reads them as VARCHAR, and
+    building 100,000 Python strings into an Arrow string column took ~6 ms a column."""
+    return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int8)), pa.array(list(names), pa.string()))
 
 
 def _arrow(con, sql: str, p: dict) -> pa.Table:
@@ -494,6 +629,16 @@ def _ints(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else np.ones(len(column), bool)
     values = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
     return values.astype(np.int64, copy=False), valid
+
+
+def _distinct_per(group: np.ndarray, values: np.ndarray, groups: int) -> np.ndarray:
+    """The number of distinct values in each group (0..groups-1).  (np.unique over the pairs,
+    axis=1, took ~80 ms for 100,000 calls on several streams.)"""
+    order = np.lexsort((values, group))
+    g, v = group[order], values[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+    return np.bincount(g[new], minlength=groups)
 
 
 def _running_sum(x: np.ndarray, first: np.ndarray) -> np.ndarray:

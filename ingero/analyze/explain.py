@@ -33,6 +33,14 @@ SELECT count(DISTINCT pid) FROM (SELECT pid FROM ing_sched UNION ALL SELECT pid 
 WHERE pid NOT IN (SELECT pid FROM ing_loop)
 """
 
+# The processes of the window tables: the rules name them (the loop, the threads that took its
+# CPU, block-I/O issuers, fault-heavy processes, helpers).
+NAMED_PIDS_SQL = """
+SELECT pid FROM (SELECT pid FROM ing_loop UNION SELECT other_pid FROM ing_preempt UNION SELECT pid FROM ing_pcpu
+                 UNION SELECT pid FROM ing_bio UNION SELECT pid FROM ing_faults UNION SELECT pid FROM ing_sched)
+WHERE pid IS NOT NULL
+"""
+
 SYSTEM_SQL = """
 SELECT avg(cpu_pct), avg(mem_pct), avg(load1), max(ncpu), max(swap_used_bytes), avg(iowait_pct)
 FROM ing_sys
@@ -101,9 +109,16 @@ def _explainers_first(chains: list[Chain], explains) -> None:
 def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "summaries") -> Report:
     """``source``: what the window tables are built from (windows.build): the per-second
     summaries (the default), or the raw events (the reference the tests compare with)."""
+    with procs.read_once(con):
+        return _explain(con, opts, source)
+
+
+def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Report:
     ctx = context.resolve(con, opts, align=True)
     windows.build(ctx, source)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
+    # every process the rules may name, in one query (the rules' lookups then find them read)
+    procs.lookup(con, [int(r[0]) for r in con.execute(NAMED_PIDS_SQL).fetchall()])
     device, steps = activity.resolve(ctx)
     chains: list[Chain] = []
     rules = registry()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import duckdb
@@ -116,6 +119,9 @@ def name_as_of_cuda_calls(con: duckdb.DuckDBPyConnection, params: dict) -> None:
 
     ``params``: the window parameters (t0, t1, wns) of the range ing_cuda was built over."""
     con.execute(AS_OF_SQL, {k: params[k] for k in ("t0", "t1", "wns")})
+    once = _read_once(con)
+    if once is not None:
+        once.tables, once.names = None, {}  # (read again with ing_asof)
 
 
 # duckdb_columns() lists every column of every table (the window tables
@@ -125,12 +131,63 @@ def name_as_of_cuda_calls(con: duckdb.DuckDBPyConnection, params: dict) -> None:
 # daemon runs explain in).
 HAS_TABLE_SQL = "SELECT count(*) FROM duckdb_tables() WHERE table_name = $table"
 HAS_COLUMN_SQL = "SELECT count(*) FROM pragma_table_info($table) WHERE name = $column"
+TABLES_SQL = "SELECT DISTINCT table_name FROM duckdb_tables()"
+COLUMNS_SQL = "SELECT name FROM pragma_table_info($table)"
+
+
+class _ReadOnce:
+    """What one explain reads once on its connection: the tables, the columns of each table asked
+    about, and each pid's name (as of its CUDA calls: ``lookup`` without ``at_ns``)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self.con = con
+        self.tables: set[str] | None = None
+        self.columns: dict[str, set[str]] = {}
+        self.names: dict[int, Proc] = {}
+
+    def has_table(self, table: str) -> bool:
+        if self.tables is None:
+            self.tables = {r[0] for r in self.con.execute(TABLES_SQL).fetchall()}
+        return table in self.tables
+
+    def has_column(self, table: str, column: str) -> bool:
+        if table not in self.columns:
+            self.columns[table] = {r[0] for r in self.con.execute(COLUMNS_SQL, {"table": table}).fetchall()}
+        return column in self.columns[table]
+
+
+# One explain asks ~17 times whether a table or column exists (each name lookup: ing_asof,
+# process_history, process_names.ppid; rules degrading on older schemas), ~1 ms a probe, and
+# looks names up ~3 times, ~8 ms a query however few the pids: ~0.035 CPU-s of `explain --since
+# 120s`.  Within ``read_once(con)`` (one explain) the catalog is read once: nothing explain reads
+# is created or altered meanwhile but its own ing_asof, and name_as_of_cuda_calls, which creates
+# it, forgets the read.  A pid's name does not depend on the other pids of the query, so names
+# are kept (explain asks for those of every process in its window tables at once).  (A context
+# variable: a daemon runs explains in several threads.)
+_READ_ONCE: ContextVar[_ReadOnce | None] = ContextVar("ingero_read_once", default=None)
+
+
+@contextmanager
+def read_once(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    token = _READ_ONCE.set(_ReadOnce(con))
+    try:
+        yield
+    finally:
+        _READ_ONCE.reset(token)
+
+
+def _read_once(con: duckdb.DuckDBPyConnection) -> _ReadOnce | None:
+    once = _READ_ONCE.get()
+    return once if once is not None and once.con is con else None
 
 
 def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
     """Older databases lack newer columns/tables: rules degrade instead of failing."""
     if not has_table(con, table):
         return False
+    once = _read_once(con)
+    if once is not None:
+        return once.has_column(table, column)
     return bool(con.execute(HAS_COLUMN_SQL, {"table": table, "column": column}).fetchone()[0])
 
 
@@ -140,6 +197,16 @@ def lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None = 
     pids = sorted({int(p) for p in pids})
     if not pids:
         return {}
+    once = _read_once(con) if at_ns is None else None
+    if once is None:
+        return _lookup(con, pids, at_ns)
+    missing = [p for p in pids if p not in once.names]
+    if missing:
+        once.names.update(_lookup(con, missing, None))
+    return {p: once.names[p] for p in pids if p in once.names}
+
+
+def _lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None) -> dict[int, Proc]:
     params: dict = {"pids": pids}
     if at_ns is not None:
         at, params["at"] = "$at", int(at_ns)
@@ -162,4 +229,7 @@ def lookup(con: duckdb.DuckDBPyConnection, pids: list[int], at_ns: int | None = 
 
 
 def has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    once = _read_once(con)
+    if once is not None:
+        return once.has_table(table)
     return bool(con.execute(HAS_TABLE_SQL, {"table": table}).fetchone()[0])

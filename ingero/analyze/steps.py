@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from ingero.analyze.context import Context
 from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
 
@@ -146,17 +148,20 @@ ORDER BY w.w
 """
 
 
-def _matches(a: int, b: int, tol: float) -> bool:
-    return abs(a - b) <= max(1, tol * max(a, b))
+def _matches(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:
+    """Counts that differ by at most ``tol`` of the larger (and always by 1)."""
+    return np.abs(a - b) <= np.maximum(1, tol * np.maximum(a, b))
 
 
 def period(counts: list[int], t: Thresholds = T) -> int | None:
     """The smallest p under which the segments' submission counts repeat, or None."""
     if len(counts) < t.min_segments:
         return None
+    # (numpy: a 120 s range has ~14,000 segments, 8 periods tried; ~0.03 CPU-s in Python)
+    c = np.asarray(counts, dtype=np.int64)
     for p in range(1, min(t.max_period, len(counts) // 3) + 1):
         pairs = len(counts) - p
-        same = sum(_matches(counts[i], counts[i + p], t.count_tolerance) for i in range(pairs))
+        same = int(np.count_nonzero(_matches(c[:-p], c[p:], t.count_tolerance)))
         # a period > 1 must be more than a repeat of a smaller one (which was tried first)
         if same >= t.min_match * pairs:
             return p
@@ -172,29 +177,29 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
 def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None:
     """Steps of ``act``'s process (device.infer must have run on ``ctx``), or None without a rhythm."""
     con = ctx.con
-    rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchall()
-    by_w: dict[int, list[tuple]] = {}
-    for r in rows:
-        by_w.setdefault(int(r[0]), []).append(r)
-    counts = [int(r[2]) for r in rows]
+    # (numpy over the segments: ~14,000 in a 120 s range, ~0.02 CPU-s as Python tuples)
+    rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchnumpy()
+    w, counts, r = (np.asarray(rows[c], dtype=np.int64) for c in ("w", "n", "r_call"))
+    s1 = np.ma.asarray(rows["s1"])
     p = period(counts, t)
     if p is None:
         return None
+    # each segment's place in its window
+    first = np.ones(len(w), bool)
+    first[1:] = w[1:] != w[:-1]
+    starts = np.flatnonzero(first)
+    place = np.arange(len(w)) - np.repeat(starts, np.diff(np.append(starts, len(w))))
     # phase: the boundary drain is the one followed by the longest host gap (next s1 - r)
-    gaps = [0.0] * p
-    for segs in by_w.values():
-        for i in range(len(segs) - 1):
-            if segs[i + 1][4] is not None:
-                gaps[i % p] += segs[i + 1][4] - segs[i][3]
-    phase = max(range(p), key=lambda k: gaps[k])
-    durations: list[float] = []
-    step_windows: set[int] = set()
-    for w, segs in by_w.items():
-        ends = [segs[i][3] for i in range(phase, len(segs), p)]
-        for a, b in zip(ends, ends[1:]):
-            durations.append((b - a) / 1e6)
-        if len(ends) > 1:
-            step_windows.add(w)
+    follows = ~first[1:] & ~np.ma.getmaskarray(s1)[1:]
+    gaps = np.zeros(p, np.int64)
+    np.add.at(gaps, place[:-1][follows] % p, s1.filled(0)[1:][follows] - r[:-1][follows])
+    phase = int(np.argmax(gaps))  # (the first of equal gaps)
+    # every p-th drain from the phase on closes a step; steps within a window are timed
+    ends = (place >= phase) & ((place - phase) % p == 0)
+    end_w, end_r = w[ends], r[ends]
+    same = end_w[1:] == end_w[:-1]
+    durations = ((end_r[1:] - end_r[:-1])[same] / 1e6).tolist()
+    step_windows = set(end_w[1:][same].tolist())
     if not durations:
         return None
     durations.sort()

@@ -105,3 +105,10 @@ def test_the_count_is_exact_when_the_calls_are_sampled(cap):
     st = steps.detect(ctx, act)
     assert st.count == 3000
     assert st.median_ms == pytest.approx((8 + 50 + 1000 + NOWAIT + 300) / 1000, abs=0.002)
+
+
+def test_period_matches_within_the_tolerance():
+    # 10% of the larger count, and always 1: 10 vs 11 match, 10 vs 12 do not, 1 vs 2 do
+    assert steps.period([10, 11] * 6) == 1
+    assert steps.period([10, 12] * 6) == 2
+    assert steps.period([1, 2, 1, 2, 1, 2, 2]) == 1
