@@ -113,18 +113,9 @@ CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
 NCCL_OPS = frozenset(o for o in Op if 80 <= o < 96)
 # Collectives and point-to-point transfers: the rows whose entry time ranks
 # are compared by (events.bytes = count x datatype size, events.comm, stream).
-NCCL_TRANSFER_OPS = frozenset(
-    OP_NAMES[o]
-    for o in (
-        Op.NCCL_ALL_REDUCE,
-        Op.NCCL_REDUCE_SCATTER,
-        Op.NCCL_ALL_GATHER,
-        Op.NCCL_BROADCAST,
-        Op.NCCL_REDUCE,
-        Op.NCCL_SEND,
-        Op.NCCL_RECV,
-    )
-)
+NCCL_TRANSFERS = (Op.NCCL_ALL_REDUCE, Op.NCCL_REDUCE_SCATTER, Op.NCCL_ALL_GATHER, Op.NCCL_BROADCAST, Op.NCCL_REDUCE,
+                  Op.NCCL_SEND, Op.NCCL_RECV)
+NCCL_TRANSFER_OPS = frozenset(OP_NAMES[o] for o in NCCL_TRANSFERS)
 # Ops whose arg is a byte count: events.bytes (collect/decode.py), summed in the summaries.
 BYTES_OPS = frozenset(
     {
@@ -136,13 +127,7 @@ BYTES_OPS = frozenset(
         Op.CU_MEMCPY,
         Op.CU_MEMCPY_ASYNC,
         Op.CU_MEM_ALLOC,
-        Op.NCCL_ALL_REDUCE,
-        Op.NCCL_REDUCE_SCATTER,
-        Op.NCCL_ALL_GATHER,
-        Op.NCCL_BROADCAST,
-        Op.NCCL_REDUCE,
-        Op.NCCL_SEND,
-        Op.NCCL_RECV,
+        *NCCL_TRANSFERS,
         Op.BLOCK_IO,
         Op.BENCH,
     }
