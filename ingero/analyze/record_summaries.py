@@ -73,7 +73,7 @@ _OP_DICT = pa.array([str(x) for x in OP_NAME_TABLE], type=pa.string())
 _KIND_DICT = pa.array([x or "" for x in KIND_NAME_TABLE], type=pa.string())
 _KIND_NULL = np.array([x is None for x in KIND_NAME_TABLE])
 
-_DENSE_CELLS = 1 << 21  # (call row, bucket) cells counted densely at most; more: sorted
+_DENSE_CELLS = 1 << 18  # (call row, bucket) cells counted densely at most (2 MB a count): more are sorted
 _BUCKET_BITS = 11  # bucket + 1 in [0, 16 * 64 + 1): 0 for a zero duration (bucket -1)
 _C1, _C2, _C3, _C4 = (_U(0x9E3779B97F4A7C15), _U(0xC2B2AE3D27D4EB4F), _U(0x165667B19E3779F9),
                       _U(0xD6E8FEB86659FD93))
