@@ -2,20 +2,21 @@
 
 ``summaries.py`` defines a window's metrics in SQL and summarises stored rows
 with it (an imported session, one recorded before schema 11).  The tracer
-summarises each flush from its records instead, in numpy, inside the flush's
-own transaction: the same rows for ~0.04 us per event, where the SQL over the
-stored batch cost ~0.3 us (DuckDB's hash aggregation alone is 40 ns a row,
-against a flush of ~0.8 us per event), and a fixed ~39 ms per flush that made
-a daemon's 10 k events/s cost 4% of a core (docs/benchmarks.md).
+summarises each flush from its records instead, in numpy, before the flush's
+transaction, which then stores them with the rows: 60-90 ns per event on
+bench_ingest's mix, where the SQL over the stored batch cost ~300 and a fixed
+~39 ms per flush (docs/benchmarks.md, "The summaries from the records").
 ``tests/unit/test_record_summaries.py`` holds the two to the same rows.
 
-One sort.  Each record gets a 64-bit key: a hash of its row's group keys
-(process and thread, second, op and the attributes its kind of row groups by),
-then, for a CUDA call, its histogram bucket, then its index.  Sorted, a row's
-records are contiguous, and a call row's buckets are the runs inside it.  A
-row ends where the hash or any exact key changes: two groups whose hashes
-collide interleave and become several rows, which sum like one (every column
-adds up; readers sum() a second's rows, which several flushes write anyway).
+How.  Storage order (collect/decode.py) groups a flush by op, process, thread
+and the attributes a summary row groups by, so a row's records lie in one run
+or a few: the runs of records of one exact key, in the order given, are
+summed first.  The runs are then sorted by a hash of their key, and a row ends
+where the hash or any exact key changes: two keys whose hashes collide become
+several rows, which sum like one (every column adds up; readers sum() a
+second's rows, which several flushes write anyway).  A call row's histogram is
+counted per (row, bucket) cell, or sorted when the cells would be many.  Any
+record order gives the same rows; storage order only makes them cheap.
 
 The late waits (a preemption inside a sync that delayed its return) pair a
 sync with the off-CPU intervals it contains, which arrive in the same flush or
@@ -51,7 +52,7 @@ assert EVENT_DTYPE.itemsize == 56 and [EVENT_DTYPE.fields[f][1] for f in (
     0, 8, 16, 32, 36, 40, 50, 51, 52, 53], "record_summaries reads the records as words"
 _W = 7
 _U = np.uint64
-_OP_BITS, _KIND_BITS, _CALL_OP_BITS, _FLAG_BITS = _U(0xFF << 32), _U(0xFF << 40), _U(0xFF << 16), _U(0xFF << 24)
+_OP_BITS, _KIND_BITS, _CALL_OP_BITS = _U(0xFF << 32), _U(0xFF << 40), _U(0xFF << 16)
 _SEEN, _QUEUED = _U(int(CallFlag.SEEN) << 24), _U(int(CallFlag.QUEUED) << 24)
 # Per op: the bits of word 6 its row groups by, and of word 4 (block I/O: per process, no thread).
 _ATTR_MASK = np.zeros(256, dtype=np.uint64)
@@ -347,9 +348,6 @@ class Summariser:
             return WINDOWS_SCHEMA.empty_table(), LATE_SCHEMA.empty_table()
         keys = _keys(records, self.offset_ns)
         return _windows(keys, self.session_id), self._late_waits(records, keys[-1])
-
-    def windows(self, records: np.ndarray) -> pa.Table:
-        return windows(records, session_id=self.session_id, offset_ns=self.offset_ns)
 
     def late_waits(self, records: np.ndarray) -> pa.Table:
         """summaries.LATE_SUMMARY_SQL's rows for this flush: each preempted interval (of this flush or

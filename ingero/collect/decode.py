@@ -30,7 +30,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from ingero.ops import BYTES_OPS
+from ingero.ops import BYTES_OPS, NCCL_TRANSFERS
 from ingero.collect.records import (
     EVENT_DTYPE,
     KIND_NAME_TABLE,
@@ -42,10 +42,7 @@ from ingero.collect.records import (
 
 # NCCL's transfers: their stream is always read (a register or a stack slot;
 # a few calls per step, so the read costs nothing that shows).
-NCCL_STREAM_OPS = frozenset(
-    {Op.NCCL_ALL_REDUCE, Op.NCCL_REDUCE_SCATTER, Op.NCCL_ALL_GATHER, Op.NCCL_BROADCAST, Op.NCCL_REDUCE,
-     Op.NCCL_SEND, Op.NCCL_RECV}
-)
+NCCL_STREAM_OPS = frozenset(NCCL_TRANSFERS)
 # Ops whose stream the probes always read: a register argument (free), or NCCL's.
 REGISTER_STREAM_OPS = frozenset(
     {

@@ -31,24 +31,25 @@ WINDOW_COLS = ("start_ns, pid, tid, op::VARCHAR, kind::VARCHAR, in_call::VARCHAR
 
 
 def _both_ways(store: Store, flushes: list[np.ndarray], offset_ns: int, order=decode.storage_order) -> None:
-    """Each flush stored, then summarised by the tracer's numpy (into windows) and by the SQL (into sql_*)."""
-    con = store.con
+    """Each flush stored, then summarised as the tracer does (Summariser.rows, into windows) and by
+    the SQL (into sql_*)."""
     summariser = record_summaries.Summariser(1, offset_ns)
     for recs in flushes:
         recs = order(recs)
         store.append("events", decode.events_table(recs, session_id=1, offset_ns=offset_ns))
-        store.append("windows", summariser.windows(recs))
-        store.append("window_late_waits", summariser.late_waits(recs))
-        summarise_sql(con, len(recs))
+        for table, rows in zip(("windows", "window_late_waits"), summariser.rows(recs)):
+            store.append(table, rows)
+        summarise_sql(store.con, "SELECT * FROM events WHERE rowid >= (SELECT count(*) FROM events) - $n",
+                      {"n": len(recs)})
 
 
-def summarise_sql(con, n: int) -> None:
-    """The SQL's summaries of the last ``n`` rows stored, added to sql_windows and sql_late (TEMP)."""
+def summarise_sql(con, batch: str, params: dict, session_id: int = 1) -> None:
+    """The SQL's summaries of the rows ``batch`` selects, added to sql_windows and sql_late (TEMP)."""
     for table, like in (("sql_windows", "windows"), ("sql_late", "window_late_waits")):
         con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {table} AS SELECT * FROM {like} LIMIT 0")
-    con.execute("CREATE OR REPLACE TEMP TABLE batch AS SELECT * FROM events WHERE rowid >= "
-                "(SELECT count(*) FROM events) - $n", {"n": n})
-    summaries.summarise(con, "batch", session_id=1, target="sql_windows", late_target="sql_late", stored="events")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE batch AS {batch}", params)
+    summaries.summarise(con, "batch", session_id=session_id, target="sql_windows", late_target="sql_late",
+                        stored="events")
 
 
 def _rows(con, table: str, cols: str) -> list:

@@ -49,18 +49,15 @@ def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False)
     if check_rows:
         con.execute(f"CREATE OR REPLACE TEMP TABLE flushed AS SELECT *, ({end} - $lo) // {FLUSH_NS} AS flush "
                     "FROM events", {"lo": int(ends[0])})
-        for table, like in (("sql_windows", "windows"), ("sql_late", "window_late_waits")):
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM {like} LIMIT 0")
     summariser = record_summaries.Summariser(session_id, offset)
     flushes = 0
     for k, f0 in enumerate(range(int(ends[0]), int(ends[-1]) + 1, FLUSH_NS)):
         a, b = np.searchsorted(ends, [f0, f0 + FLUSH_NS])
-        batch = decode.storage_order(recs[a:b])
-        store.append("windows", summariser.windows(batch))
-        store.append("window_late_waits", summariser.late_waits(batch))
+        for table, rows in zip(("windows", "window_late_waits"), summariser.rows(decode.storage_order(recs[a:b]))):
+            store.append(table, rows)
         if check_rows:
-            con.execute(f"CREATE OR REPLACE TEMP TABLE batch AS SELECT * EXCLUDE (flush) FROM flushed WHERE flush = {k}")
-            summaries.summarise(con, "batch", session_id=session_id, target="sql_windows", late_target="sql_late")
+            test_record_summaries.summarise_sql(con, "SELECT * EXCLUDE (flush) FROM flushed WHERE flush = $k",
+                                                {"k": k}, session_id)
         flushes += 1
     if check_rows:
         test_record_summaries.assert_same_rows(con)
