@@ -22,6 +22,7 @@ tracer's whole CPU after attach: the share of the real tracer, within one run.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import statistics
@@ -40,6 +41,7 @@ from ingero.store.db import Store
 
 NS = 1_000_000_000
 OFFSET_NS = 1_700_000_000 * NS
+MAX_EVENTS = 20_000_000
 
 
 def _cpu_s() -> float:
@@ -84,13 +86,30 @@ def main() -> None:
     ap.add_argument("--live", type=int, default=0, metavar="N", help="also N runs of the real tracer (root)")
     ap.add_argument("--live-duration", type=float, default=20, help="seconds of workload per live run")
     args = ap.parse_args()
+    # one line and exit 2 for what cannot be run (a NaN fails every comparison: checked as "not ok")
+    if not args.rounds >= 1:
+        ap.error(f"--rounds must be at least 1, not {args.rounds}")
+    if not (math.isfinite(args.seconds) and args.seconds > 0):
+        ap.error(f"--seconds must be a positive number, not {args.seconds}")
+    if not args.live >= 0:
+        ap.error(f"--live must be 0 or more, not {args.live}")
+    if not (math.isfinite(args.live_duration) and args.live_duration > 0):
+        ap.error(f"--live-duration must be a positive number, not {args.live_duration}")
+    try:
+        rates = [int(float(r)) for r in args.rates.split(",")]
+    except (ValueError, OverflowError):
+        ap.error(f"--rates must be numbers separated by commas, not {args.rates!r}")
+    if not all(r >= 1 for r in rates):
+        ap.error(f"--rates must each be at least 1, not {args.rates!r}")
+    if max(rates) * args.seconds > MAX_EVENTS:  # 56 bytes a record, held twice
+        ap.error(f"--rates x --seconds is at most {MAX_EVENTS:,} events a round, not {max(rates) * args.seconds:,.0f}")
     print(f"summaries hook cost per flushed event ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start, "
           f"{args.rounds} interleaved rounds, CPU seconds of the writer)\n")
     print("| events/s | events | flush µs/event | with hook µs/event | hook µs/event | hook share of flush CPU |")
     print("|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="ingero-sum-", dir="/var/tmp") as d:
         tmp = Path(d)
-        for rate in (int(float(r)) for r in args.rates.split(",")):
+        for rate in rates:
             n = int(rate * args.seconds)
             recs = _realistic(n)
             # the realistic mix's timestamps run at ~500 k/s: respace them to the rate
