@@ -30,6 +30,8 @@ class TraceHook:
       records about to be, in storage order): rows derived from them, as
       (table, Arrow table) pairs that are appended in the batch's own
       transaction, so a crash leaves both or neither;
+    - ``session_fields(sess)`` right after: columns of the session row to set
+      in that same transaction (store.update_session's names);
     - ``on_flush(sess, recs, flush_s)`` after each batch is committed;
     - ``write_second(sess)`` once a second inside the second's one transaction
       (appends only: one commit for the second's rows);
@@ -51,6 +53,9 @@ class TraceHook:
 
     def flush_rows(self, sess: Any, recs: "np.ndarray") -> list[tuple[str, Any]]:
         return []
+
+    def session_fields(self, sess: Any) -> dict[str, Any]:
+        return {}
 
     def on_flush(self, sess: Any, recs: "np.ndarray", flush_s: float) -> None:
         pass

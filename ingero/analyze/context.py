@@ -136,12 +136,6 @@ def whole_seconds_ns(seconds: float) -> int:
     return max(1, round(seconds)) * NS
 
 
-# The range's first and last rows: from the per-second summaries when the tracer
-# wrote them (a few rows a second), else from the events (a scan of the session).
-SUMMARY_SPAN_SQL = "SELECT min(first_ns), max(last_ns) FROM windows WHERE session_id = $sid"
-EVENTS_SPAN_SQL = "SELECT min(timestamp), max(timestamp) FROM events WHERE session_id = $sid"
-
-
 def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = False) -> Context:
     """Pick the session and time range; raise IngeroError when there is nothing to explain.
 
@@ -162,8 +156,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
     started, ended, heartbeat, ncpu = srow["started_ns"], srow["ended_ns"], srow["heartbeat_ns"], srow["ncpu"]
     from ingero.analyze import summaries  # (it imports nothing of analyze back)
 
-    span_sql = SUMMARY_SPAN_SQL if summaries.has_summaries(con, sid) else EVENTS_SPAN_SQL
-    data = con.execute(span_sql, {"sid": sid}).fetchone()
+    data = summaries.session_span(con, sid)  # the range's first and last rows
     first = data[0] if data and data[0] is not None else started
     last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
     end = int(opts.to_ns) if opts.to_ns is not None else int(last) + 1

@@ -532,10 +532,7 @@ def build(ctx: Context, source: str = "summaries") -> None:
         run(FAULTS_SQL.format(events=events), *base, *cats)
         run(BIO_SQL, "sid", "t0", "t1", "wns")
     else:
-        if summaries.has_summaries(con, ctx.session_id):
-            w, late = summaries.WINDOWS_TABLE, summaries.LATE_TABLE
-        else:
-            w, late = summaries.on_the_fly(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
+        w, late = summaries.relations(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
         q99 = summaries.hist_quantile_sql("h", "tid, w, op, kind", 0.99)
         run(S_SYNC_HIST_SQL.format(w=w), *base, "sync_ops")
         run(S_CUDA_SQL.format(w=w, q99=q99), *base, *cats, "host_ops")

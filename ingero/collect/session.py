@@ -256,6 +256,7 @@ class TraceSession:
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
                                     stream_ops=self.stream_ops, comm=comm)
         derived = [rows for hook in self.opts.hooks for rows in hook.flush_rows(self, recs)]
+        fields = {k: v for hook in self.opts.hooks for k, v in hook.session_fields(self).items()}
         # the table may hold views of pending_buf: the rest moves down only after the append
         rest = self.pending_rows - n
         self.pending_rows = 0
@@ -270,7 +271,7 @@ class TraceSession:
                     self.store.append(name, rows)
                 self.derived_cpu_s += time.thread_time() - c0
                 self.store.update_session(self.session_id, events=self.events + added, heartbeat_ns=time.time_ns(),
-                                          **self._counter_fields())
+                                          **self._counter_fields(), **fields)
         except STORAGE_ERRORS as exc:  # the disk or the file; anything else is a bug and keeps its traceback
             self.drops_user += n + rest
             raise write_error(exc, self.store.path) from None

@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from ingero import __version__
+from ingero.analyze import summaries
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.procs import has_table
@@ -30,6 +31,7 @@ from ingero.export.selection import Selection, reader
 from ingero.fleet import schema
 from ingero.fleet.facts import ClockState, NodeFacts
 from ingero.store.db import named_params
+from ingero.store.derive import events_relation
 
 NS = 1_000_000_000
 WINDOW_S = 1.0  # per-second summaries, as the store's own
@@ -51,7 +53,7 @@ LOOP_SUMS_SQL = "SELECT sum(wall_ns), sum(cpu_wait_ns), sum(ops_n), sum(launch_n
 LOOP_EDGES_SQL = """
 SELECT $t0 + min(w) * $wns, $t0 + max(w) * $wns FROM ing_win WHERE pid = $pid AND (launch_n > 0 OR sync_n > 0)
 """
-SUMMARIES_SQL = "SELECT * FROM windows WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
+SUMMARIES_SQL = "SELECT * FROM {w} WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
 RANKS_SQL = "SELECT * FROM ranks WHERE session_id = $sid AND seen_ns >= $t0 AND seen_ns < $t1 ORDER BY seen_ns"
 SPAN_SQL = """
 SELECT min(timestamp), max(timestamp) FROM events
@@ -113,7 +115,11 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     else:
         tables["windows"], tables["chains"], loop_pids, loop, edges = [], [], [], (None,) * 5, (None, None)
     # the store's per-second summaries (schema 11), when this store has them
-    summ = _arrow(con, SUMMARIES_SQL, {"sid": session_id, "t0": t0, "t1": t1}) if has_table(con, "windows") else None
+    summ = None
+    if has_table(con, "windows") and summaries.has_summaries(con, session_id):
+        # the seconds the tracer has not written yet (summaries.pending_from) made from the events
+        w, _ = summaries.relations(con, events_relation(con, session_id), session_id, t0, t1)
+        summ = _arrow(con, SUMMARIES_SQL.format(w=w), {"sid": session_id, "t0": t0, "t1": t1})
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
     sel = Selection(session_id, t0, t1, (), Options(session=session_id))
     params = sel.params()

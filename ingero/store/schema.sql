@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     device_properties VARCHAR,       -- imported: the trace's deviceProperties (JSON text: name, memory, SMs per GPU)
     import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
     clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
-    notes VARCHAR                    -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
+    notes VARCHAR,                   -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
+    summaries_pending_ns BIGINT      -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries.py); NULL: every stored event is in windows (schema 13)
 );
 
 -- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
@@ -275,13 +276,16 @@ CREATE TABLE IF NOT EXISTS ranks (
 );
 
 -- ---- Per-second summaries (schema 11): what explain reads instead of raw events.
--- One row per (session, second, process, thread, op and its keys) written by
--- the tracer once per flush for the rows that flush stored; a second that
+-- One row per (session, second, process, thread, op and its keys) made by
+-- the tracer at each flush for the rows that flush stored; a second that
 -- spans two flushes (or receives a late row: an off-CPU interval is stored
 -- when it ends, a call when it returns) has several rows with the same keys,
 -- and every column adds up: read them with sum() (the histogram by bucket).
 -- A session without rows here (imported, recorded before schema 11) is
 -- summarised on the fly by explain, with the same SQL (analyze/summaries.py).
+-- The tracer writes the rows of a few flushes at once (schema 13): the seconds from
+-- sessions.summaries_pending_ns on may be incomplete here (a tracer still running,
+-- or killed), and readers summarise them from events instead.
 -- Durations are binned on a fixed log scale, 16 buckets per power of two:
 -- bucket b holds durations d with floor(16 * log2(d)) = b (bucket -1: d <= 0),
 -- with their count and sum; a quantile over merged rows, read as the mean of the

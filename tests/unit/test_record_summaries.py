@@ -21,6 +21,7 @@ from ingero.analyze.explain import explain
 from ingero.analyze.context import Options
 from ingero.collect import decode
 from ingero.collect.records import EVENT_DTYPE, CallFlag, Kind, Op
+from ingero.commands import summaries_hook
 from ingero.commands.summaries_hook import SummaryHook
 from ingero.store.db import Store
 
@@ -185,38 +186,86 @@ def test_pending_intervals_are_bounded(monkeypatch):
     assert len(s._pending) == 100 and s._pending[:, 2].min() == OFFSET + 3 * 10**6 + 20 * 10  # the newest kept
 
 
-def _hooked_flushes(store: Store, hook: SummaryHook, n: int = 30_000) -> None:
-    """TraceSession.flush's order: the hook's rows, then the batch and them in one transaction."""
-    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET, store=store, notes=[])
+def _hooked_flushes(store: Store, hook: SummaryHook, n: int = 30_000, end: bool = False) -> SimpleNamespace:
+    """TraceSession.flush's order: the hook's rows and session fields, then the batch, them and
+    the session row in one transaction; ``end``: the trace's end (on_end) after the last."""
+    sess = SimpleNamespace(session_id=1, offset_ns=OFFSET, store=store, notes=[], derived_cpu_s=0.0)
+    has_row = store.con.execute("SELECT count(*) FROM sessions WHERE session_id = 1").fetchone()[0]
     for batch in _realistic_flushes(n, 7_000):
         batch = decode.storage_order(batch)
         derived = hook.flush_rows(sess, batch)
+        fields = hook.session_fields(sess)
         with store.transaction():
             store.append("events", decode.events_table(batch, session_id=1, offset_ns=OFFSET))
             for name, rows in derived:
                 store.append(name, rows)
+            if has_row and fields:
+                store.update_session(1, **fields)
+    if end:
+        hook.on_end(sess)
     return sess
+
+
+def _summarised(con) -> int:
+    return con.execute("SELECT coalesce(sum(events_n), 0) FROM windows").fetchone()[0]
 
 
 def test_the_hook_writes_what_explain_reads():
     store = Store.memory()
-    _hooked_flushes(store, SummaryHook())
-    assert store.con.execute("SELECT sum(events_n) FROM windows").fetchone()[0] == 30_000
-    assert summaries.has_summaries(store.con, 1)
+    assert store.begin_session(command="test", targets="") == 1
+    sess = _hooked_flushes(store, SummaryHook(), end=True)  # 5 flushes: 4 written together, then the end's
+    assert _summarised(store.con) == 30_000
+    assert summaries.pending_from(store.con, 1) is None
+    assert sess.notes[0].startswith("summaries: 5 flushes summarised in ") and sess.notes[0].endswith("; 2 writes)")
+
+
+def test_rows_held_by_the_tracer_are_marked_and_read_from_the_events():
+    """Killed after its 7th flush: the windows rows of flushes 5-7 were held, not written.  The
+    session row marks their first second, from which readers summarise the events."""
+    store = Store.memory()
+    assert store.begin_session(command="test", targets="") == 1
+    hook = SummaryHook()
+    flushes = _realistic_flushes(49_000, 7_000)
+    _hooked_flushes(store, hook, 49_000)  # (no on_end: the tracer was killed)
+    assert _summarised(store.con) == 28_000  # 4 flushes written
+    first_held = min(int(decode.events_table(f, session_id=1, offset_ns=OFFSET)["timestamp"].to_numpy().min())
+                     for f in flushes[4:]) // 10**9 * 10**9
+    assert summaries.pending_from(store.con, 1) == first_held
+    assert summaries.session_span(store.con, 1) == tuple(store.con.execute(
+        "SELECT min(timestamp), max(timestamp) FROM events").fetchone())
+    assert explain(store.con, Options()).analysed.events == 49_000  # (test_summaries: explain on demo traces)
+    # the trace's end writes what was held and clears the mark
+    hook.on_end(SimpleNamespace(session_id=1, store=store, notes=[], derived_cpu_s=0.0))
+    assert _summarised(store.con) == 49_000 and summaries.pending_from(store.con, 1) is None
+
+
+def test_rows_are_written_every_few_flushes_and_when_old(monkeypatch):
+    store = Store.memory()
+    assert store.begin_session(command="test", targets="") == 1
+    hook = SummaryHook()
+    sess = _hooked_flushes(store, hook, 21_000)  # 3 flushes: held
+    assert _summarised(store.con) == 0 and hook.writes == 0
+    hook.every_second(sess)  # not old yet
+    assert _summarised(store.con) == 0
+    monkeypatch.setattr(summaries_hook, "WRITE_AFTER_S", 0.0)
+    hook.every_second(sess)  # old: written in their own transaction, the mark cleared
+    assert _summarised(store.con) == 21_000 and hook.writes == 1
+    assert summaries.pending_from(store.con, 1) is None
 
 
 def test_a_failing_summary_costs_no_rows_and_explain_reads_the_events(monkeypatch):
     hook = SummaryHook()
     store = Store.memory()
     assert store.begin_session(command="test", targets="") == 1
-    _hooked_flushes(store, hook, 14_000)  # two flushes summarised
-    assert summaries.has_summaries(store.con, 1)
+    _hooked_flushes(store, hook, 35_000)  # five flushes summarised: four written, one held
+    assert summaries.has_summaries(store.con, 1) and summaries.pending_from(store.con, 1) is not None
     monkeypatch.setattr(record_summaries.Summariser, "rows", lambda self, recs: 1 / 0)
     sess = _hooked_flushes(store, hook, 14_000)
-    assert store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 28_000
+    assert store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 49_000
+    assert hook._held == [] and summaries.pending_from(store.con, 1) is None
     assert not summaries.has_summaries(store.con, 1)  # every summary gone: explain summarises the events
     assert hook.failed == "ZeroDivisionError: division by zero"
     assert sess.notes == ["summaries: failed (ZeroDivisionError: division by zero); "
                           "explain summarises this session's events instead"]
     fallback, raw = explain(store.con, Options()), explain(store.con, Options(), source="events")
-    assert fallback.analysed == raw.analysed and fallback.analysed.events == 28_000
+    assert fallback.analysed == raw.analysed and fallback.analysed.events == 49_000

@@ -37,10 +37,12 @@ def _store(name: str, policy: str, fixed: bool) -> Store:
     return replays.write(Store.memory(), name, 20, policy, fixed=fixed, start_ns=START_NS, label="summaries")
 
 
-def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False) -> int:
+def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False, held: int = 0) -> int:
     """Summaries written as the tracer writes them, flush by flush, each flush the records of the
     rows emitted (ended) in it, summarised by record_summaries: flushes made.  ``check_rows``: each
-    flush also summarised by the SQL that defines the metrics, and the rows compared at the end."""
+    flush also summarised by the SQL that defines the metrics, and the rows compared at the end.
+    ``held``: the windows rows of the last ``held`` flushes are not written (a tracer killed
+    before writing what it held): the session row marks their first second."""
     con = store.con
     offset = START_NS - 10**12
     end = "timestamp + coalesce(duration_ns, 0)"
@@ -50,17 +52,25 @@ def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False)
         con.execute(f"CREATE OR REPLACE TEMP TABLE flushed AS SELECT *, ({end} - $lo) // {FLUSH_NS} AS flush "
                     "FROM events", {"lo": int(ends[0])})
     summariser = record_summaries.Summariser(session_id, offset)
-    flushes = 0
-    for k, f0 in enumerate(range(int(ends[0]), int(ends[-1]) + 1, FLUSH_NS)):
+    flushes, pending = 0, None
+    starts = list(range(int(ends[0]), int(ends[-1]) + 1, FLUSH_NS))
+    for k, f0 in enumerate(starts):
         a, b = np.searchsorted(ends, [f0, f0 + FLUSH_NS])
-        for table, rows in zip(("windows", "window_late_waits"), summariser.rows(decode.storage_order(recs[a:b]))):
-            store.append(table, rows)
+        windows_rows, late = summariser.rows(decode.storage_order(recs[a:b]))
+        store.append("window_late_waits", late)
+        if k < len(starts) - held:
+            store.append("windows", windows_rows)
+        elif windows_rows.num_rows:
+            first = int(np.min(windows_rows["start_ns"].to_numpy()))
+            pending = first if pending is None else min(pending, first)
         if check_rows:
             test_record_summaries.summarise_sql(con, "SELECT * EXCLUDE (flush) FROM flushed WHERE flush = $k",
                                                 {"k": k}, session_id)
         flushes += 1
     if check_rows:
         test_record_summaries.assert_same_rows(con)
+    if held:
+        store.update_session(session_id, summaries_pending_ns=pending)
     return flushes
 
 
@@ -109,6 +119,21 @@ def test_summaries_explain_like_raw_events(name, policy, fixed):
     _same(fly, stored)
     if not fixed and scenarios.get(name).expected_rule:
         assert stored.chains[0].rule_id == scenarios.get(name).expected_rule
+
+
+@pytest.mark.parametrize("name", ["cpu-contention", "io-stall", "sync-heavy"])
+def test_seconds_the_tracer_still_held_are_read_from_the_events(name):
+    """A tracer killed with the windows rows of its last flushes held (or one still running):
+    explain over the session, and over its last seconds only, is explain on the raw events."""
+    store = _store(name, "block", False)
+    write_as_tracer(store, held=5)  # 3.5 s of flushes
+    pending = summaries.pending_from(store.con, 1)
+    last = store.con.execute("SELECT max(timestamp) FROM events").fetchone()[0]
+    assert pending is not None and last - pending < 5 * 10**9
+    assert summaries.session_span(store.con, 1) == tuple(store.con.execute(
+        "SELECT min(timestamp), max(timestamp) FROM events").fetchone())
+    for opts in (Options(), Options(since_s=10), Options(since_s=2)):  # pending inside, and before, the range
+        _same(explain(store.con, opts, source="events"), explain(store.con, opts))
 
 
 def _tables(con) -> dict[str, list]:
@@ -160,3 +185,18 @@ def test_quantile_bound():
         est = dict(con.execute(summaries.hist_quantile_sql("h", "g", q)).fetchall())
         for g, x in exact.items():
             assert abs(est[g] - x) <= summaries.QUANTILE_REL_ERROR * x + 1e-9, (q, g, x, est[g])
+
+
+def test_a_fleet_segment_publishes_the_seconds_still_held_from_the_events():
+    from ingero.fleet import segment
+    from ingero.fleet.facts import ClockState, NodeFacts
+
+    store = _store("cpu-contention", "spin", False)
+    write_as_tracer(store, held=5)
+    first, last = store.con.execute("SELECT min(timestamp), max(timestamp) FROM events").fetchone()
+    t0 = first // 10**9 * 10**9
+    seg = segment.build(store.con, 1, t0, -(-(last + 1 - t0) // 10**9) * 10**9,
+                        facts=NodeFacts("node", "6.1", 2, 0), clock=ClockState(0, "none", False, None, None),
+                        drops=(0, 0), rows_per_file=1 << 20)
+    published = sum(t.column("events_n").to_numpy().sum() for t in seg.tables["summaries"])
+    assert published == store.con.execute("SELECT count(*) FROM events").fetchone()[0]

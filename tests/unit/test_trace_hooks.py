@@ -96,6 +96,33 @@ def test_derived_rows_are_stored_in_the_batchs_transaction(sess) -> None:
     assert con.execute("SELECT count(*) FROM events").fetchone()[0] == 7  # rolled back with the batch
 
 
+def test_session_fields_are_set_in_the_batchs_transaction(sess) -> None:
+    class Mark(TraceHook):
+        def __init__(self, table: str) -> None:
+            self.table = table
+
+        def flush_rows(self, sess, recs):
+            return [(self.table, pa.table({"session_id": [sess.session_id], "start_ns": [0]}))]
+
+        def session_fields(self, sess):
+            return {"summaries_pending_ns": 7 * 10**9}
+
+    import pyarrow as pa
+
+    sess.opts.hooks.append(Mark("no_such_table"))
+    sess.reader.queue = records(5)
+    sess.poll()
+    with pytest.raises(ValueError, match="unknown table no_such_table"):
+        sess.flush()
+    row = "SELECT summaries_pending_ns FROM sessions WHERE session_id = $s"
+    assert sess.store.con.execute(row, {"s": sess.session_id}).fetchone() == (None,)  # rolled back with the batch
+    sess.opts.hooks[-1] = Mark("window_late_waits")
+    sess.reader.queue = records(5)
+    sess.poll()
+    sess.flush()
+    assert sess.store.con.execute(row, {"s": sess.session_id}).fetchone() == (7 * 10**9,)
+
+
 def test_sampler_hook_writes_the_host_rows_of_the_second(sess) -> None:
     hook = SamplerHook()
     lines = hook.on_start(sess)
