@@ -156,7 +156,9 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
     started, ended, heartbeat, ncpu = srow["started_ns"], srow["ended_ns"], srow["heartbeat_ns"], srow["ncpu"]
     from ingero.analyze import summaries  # (it imports nothing of analyze back)
 
-    data = summaries.session_span(con, sid)  # the range's first and last rows
+    # the range's first and last rows (the seconds the tracer had not written summaries of yet:
+    # from the events)
+    data = summaries.session_span(con, sid, pending=srow.get("summaries_pending_ns"))
     first = data[0] if data and data[0] is not None else started
     last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
     end = int(opts.to_ns) if opts.to_ns is not None else int(last) + 1

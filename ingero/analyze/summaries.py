@@ -35,9 +35,12 @@ syncs of the batch, against the intervals already stored.
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 
 from ingero import ops
+from ingero.store.sessions import latest_session
 
 NS = 1_000_000_000
 # Histogram resolution: buckets per power of two.  A bucket's mean is within a
@@ -185,31 +188,32 @@ def on_the_fly(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0:
     return TEMP_WINDOWS, TEMP_LATE
 
 
-PENDING_SQL = "SELECT summaries_pending_ns FROM sessions WHERE session_id = $sid"
-_HAS_PENDING_SQL = ("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'sessions' "
-                    "AND column_name = 'summaries_pending_ns'")
-
-
 def pending_from(con: duckdb.DuckDBPyConnection, session_id: int) -> int | None:
     """The first second whose ``windows`` rows the session's tracer still held at its last flush
-    (schema 13: it writes them every few flushes), or None when every stored event is in them."""
-    if not con.execute(_HAS_PENDING_SQL).fetchone()[0]:
-        return None
-    row = con.execute(PENDING_SQL, {"sid": session_id}).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
+    (schema 13: it writes them every few flushes), or None when every stored event is in them.
+    (The whole row: a file older than schema 13 opened read-only has no such column.)"""
+    row = latest_session(con, "session_id = $sid", {"sid": session_id}) or {}
+    pending = row.get("summaries_pending_ns")
+    return None if pending is None else int(pending)
 
 
-def relations(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0: int, t1: int) -> tuple[str, str]:
+_UNKNOWN: Any = object()
+
+
+def relations(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0: int, t1: int, *,
+              summarised: bool | None = None, pending: int | None = _UNKNOWN) -> tuple[str, str]:
     """The relations holding the session's windows and late-wait rows for [t0, t1) (whole seconds).
 
     The stored tables; for a session without them, TEMP summaries of ``events`` made here.
     When the tracer had not yet written the rows of its last seconds (``pending_from``: a trace
     still running, or one killed), the windows are a TEMP table of the stored rows before
     them and those seconds summarised from ``events``: stored rows of those seconds hold only
-    part of their events.  Late waits are written with their flush: stored ones are whole."""
-    if not has_summaries(con, session_id):
+    part of their events.  Late waits are written with their flush: stored ones are whole.
+    ``summarised`` and ``pending``: has_summaries and pending_from when the caller knows them."""
+    if not (has_summaries(con, session_id) if summarised is None else summarised):
         return on_the_fly(con, events, session_id, t0, t1)
-    pending = pending_from(con, session_id)
+    if pending is _UNKNOWN:
+        pending = pending_from(con, session_id)
     if pending is None or pending >= t1:
         return WINDOWS_TABLE, LATE_TABLE
     _write(con, TEMP_WINDOWS, SUMMARY_SQL.format(events=events), _params(session_id, max(t0, pending), t1), True)
@@ -227,12 +231,15 @@ _EVENTS_SPAN_SQL = ("SELECT min(timestamp), max(timestamp) FROM events "
                     "WHERE session_id = $sid AND timestamp >= $t0")
 
 
-def session_span(con: duckdb.DuckDBPyConnection, session_id: int) -> tuple[int | None, int | None]:
-    """(first, last) event timestamp of the session; (None, None) when it has none."""
-    if not has_summaries(con, session_id):
+def session_span(con: duckdb.DuckDBPyConnection, session_id: int, *, summarised: bool | None = None,
+                 pending: int | None = _UNKNOWN) -> tuple[int | None, int | None]:
+    """(first, last) event timestamp of the session; (None, None) when it has none.
+    ``summarised`` and ``pending``: has_summaries and pending_from when the caller knows them."""
+    if not (has_summaries(con, session_id) if summarised is None else summarised):
         return con.execute(_EVENTS_SPAN_SQL, {"sid": session_id, "t0": ALL_T0}).fetchone()
     first, last = con.execute(_SUMMARY_SPAN_SQL, {"sid": session_id}).fetchone()
-    pending = pending_from(con, session_id)
+    if pending is _UNKNOWN:
+        pending = pending_from(con, session_id)
     if pending is not None:
         lo, hi = con.execute(_EVENTS_SPAN_SQL, {"sid": session_id, "t0": pending}).fetchone()
         first = lo if first is None else first if lo is None else min(first, lo)
