@@ -91,6 +91,9 @@ class Context:
     # start_ns and end_ns are whole seconds (windows are sets of per-second summaries); False
     # for an explicit --from / --to off whole seconds, an exact range only raw rows can give
     aligned: bool = True
+    # the tracer stored the session's per-second summaries (summaries.has_summaries, asked once
+    # by resolve; None: not asked)
+    summarised: bool | None = None
 
     def __post_init__(self) -> None:
         if self.covered_start_ns is None:
@@ -162,7 +165,8 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
     started, ended, heartbeat, ncpu = srow["started_ns"], srow["ended_ns"], srow["heartbeat_ns"], srow["ncpu"]
     from ingero.analyze import summaries  # (it imports nothing of analyze back)
 
-    span_sql = SUMMARY_SPAN_SQL if summaries.has_summaries(con, sid) else EVENTS_SPAN_SQL
+    summarised = summaries.has_summaries(con, sid)
+    span_sql = SUMMARY_SPAN_SQL if summarised else EVENTS_SPAN_SQL
     data = con.execute(span_sql, {"sid": sid}).fetchone()
     first = data[0] if data and data[0] is not None else started
     last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
@@ -217,6 +221,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
         covered_start_ns=covered_start,
         covered_end_ns=covered_end,
         aligned=aligned,
+        summarised=summarised,
     )
 
 

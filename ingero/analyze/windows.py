@@ -547,7 +547,8 @@ def build(ctx: Context, source: str = "summaries") -> None:
         run(FAULTS_SQL.format(events=events), *base, *cats)
         run(BIO_SQL, "sid", "t0", "t1", "wns")
     else:
-        if summaries.has_summaries(con, ctx.session_id):
+        stored = ctx.summarised if ctx.summarised is not None else summaries.has_summaries(con, ctx.session_id)
+        if stored:
             w, late = summaries.WINDOWS_TABLE, summaries.LATE_TABLE
         else:
             w, late = summaries.on_the_fly(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
