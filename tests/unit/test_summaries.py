@@ -180,13 +180,17 @@ def test_hist_quantile_is_the_sql_to_the_bit():
                 "count(*)::BIGINT AS n, sum(d)::DOUBLE AS sum_ns FROM v GROUP BY ALL")
     # (a group of empty buckets only, 102: its quantile is the SQL's, inf)
     con.execute("INSERT INTO h VALUES (101, 0, 'a', 900, 0, 0.0), (102, 0, 'a', 3, 0, 5.0), (102, 0, 'a', 9, 0, 7.0)")
+    # keys too far apart to pack into one int64 (hist_quantile sorts them column by column)
+    con.execute("CREATE TABLE wide AS SELECT * REPLACE (tid::BIGINT << 55 AS tid) FROM h")
     keys = ["tid", "w", "op"]
-    hist = con.sql("SELECT * FROM h").to_arrow_table()
-    for q in (0.25, 0.5, 0.99, 1.0, 0.0, 0.35):
-        want = {r[:3]: r[3] for r in con.execute(summaries.hist_quantile_sql("h", ", ".join(keys), q)).fetchall()}
-        got = summaries.hist_quantile(hist, keys, q).to_pylist()
-        assert len(got) == len(want)
-        for r in got:
-            x, y = want[(r["tid"], r["w"], r["op"])], r["value"]
-            assert repr(x) == repr(y) if x is None or math.isnan(x) else x == y, (q, r, x)
+    for table in ("h", "wide"):
+        hist = con.sql(f"SELECT * FROM {table}").to_arrow_table()
+        for q in (0.25, 0.5, 0.99, 1.0, 0.0, 0.35):
+            sql = summaries.hist_quantile_sql(table, ", ".join(keys), q)
+            want = {r[:3]: r[3] for r in con.execute(sql).fetchall()}
+            got = summaries.hist_quantile(hist, keys, q).to_pylist()
+            assert len(got) == len(want)
+            for r in got:
+                x, y = want[(r["tid"], r["w"], r["op"])], r["value"]
+                assert repr(x) == repr(y) if x is None or math.isnan(x) else x == y, (table, q, r, x)
     assert summaries.hist_quantile(hist.slice(0, 0), keys, 0.99).num_rows == 0
