@@ -91,6 +91,12 @@ class Context:
     # start_ns and end_ns are whole seconds (windows are sets of per-second summaries); False
     # for an explicit --from / --to off whole seconds, an exact range only raw rows can give
     aligned: bool = True
+    # the tracer stored the session's per-second summaries (summaries.has_summaries, asked once
+    # by resolve; None: not asked)
+    summarised: bool | None = None
+    # with it: the first second whose summaries the tracer had not written at its last flush
+    # (sessions.summaries_pending_ns; read from the events), None when none
+    summaries_pending_ns: int | None = None
 
     def __post_init__(self) -> None:
         if self.covered_start_ns is None:
@@ -158,7 +164,9 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
 
     # the range's first and last rows (the seconds the tracer had not written summaries of yet:
     # from the events)
-    data = summaries.session_span(con, sid, pending=srow.get("summaries_pending_ns"))
+    summarised = summaries.has_summaries(con, sid)
+    pending = srow.get("summaries_pending_ns")  # (no such column before schema 13)
+    data = summaries.session_span(con, sid, summarised=summarised, pending=pending)
     first = data[0] if data and data[0] is not None else started
     last = data[1] if data and data[1] is not None else (ended or heartbeat or time.time_ns())
     end = int(opts.to_ns) if opts.to_ns is not None else int(last) + 1
@@ -212,6 +220,8 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
         covered_start_ns=covered_start,
         covered_end_ns=covered_end,
         aligned=aligned,
+        summarised=summarised,
+        summaries_pending_ns=None if pending is None else int(pending),
     )
 
 

@@ -27,6 +27,8 @@ in the next window, so shares stay exact and never exceed 100%.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from ingero import ops
 from ingero.analyze import sampling, summaries
 from ingero.analyze.context import NS as NS_PER_S
@@ -386,11 +388,24 @@ _UNNEST_HIST = ("unnest(duration_hist_bucket) AS bucket, unnest(duration_hist_n)
 # bucket rows a day on its own cost 0.36 CPU-s more).
 S_SYNC_HIST_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_sync_hist AS
-SELECT tid, w, op, kind, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
+SELECT tid, w, op, kind, bucket, sum(n)::BIGINT AS n, sum(sum_ns)::DOUBLE AS sum_ns
 FROM (SELECT tid, w, op, kind, {_UNNEST_HIST}
       FROM (SELECT tid, {_SW} AS w, op, coalesce(kind, '') AS kind, {_HIST}
             FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND list_contains($sync_ops, op)))
 GROUP BY ALL
+"""
+
+# The quantiles of the merged histograms are numpy (summaries.hist_quantile: hist_quantile_sql's
+# values to the bit), registered on the connection as views: ing_cuda's p99 of syncs per thread,
+# window, op and kind, ing_late's undisturbed wait per thread (from every sync thread's merged
+# histogram: a few hundred rows, not only the threads preempted in a sync), ing_bio's p99 per
+# window, issuer and kind.  In SQL each was two window functions over a few thousand bucket rows:
+# ~5 ms of ing_cuda's 9.4 and ing_bio's 8.0, ~2 of ing_late's 5.6, `explain --since 120s` on a
+# day's store; fetched and computed here, ~1 ms each.
+SYNC_P99, SYNC_Q25, BIO_P99 = "ing_sync_p99", "ing_sync_q25", "ing_bio_p99"
+SYNC_HIST_SQL = "SELECT tid, w, op, kind, bucket, n, sum_ns FROM ing_sync_hist"
+SYNC_TID_HIST_SQL = """
+SELECT tid, bucket, sum(n)::BIGINT AS n, sum(sum_ns)::DOUBLE AS sum_ns FROM ing_sync_hist GROUP BY ALL
 """
 
 # p99_ns for syncs only: the one ing_win reads (sync_p99_ns); merging every
@@ -414,15 +429,13 @@ WITH r AS MATERIALIZED (
            coalesce(sum(bytes), 0)::DOUBLE AS bytes, coalesce(sum(small_copy_n), 0)::BIGINT AS small_n
     FROM r WHERE NOT list_contains($launch_ops, op)
     GROUP BY ALL
-), h AS (
-    SELECT tid, w, op, kind, bucket, n, sum_ns FROM ing_sync_hist
-), q AS ({{q99}})
+)
 SELECT pid, tid, w, op, 'launch' AS cat, '' AS kind, n, dur_ns,
        NULL::DOUBLE AS p99_ns, 0::DOUBLE AS bytes, 0::BIGINT AS small_n
 FROM l
 UNION ALL
 SELECT g.pid, g.tid, g.w, g.op, {_category('g.op')} AS cat, g.kind, g.n, g.dur_ns, q.value AS p99_ns, g.bytes, g.small_n
-FROM g LEFT JOIN q ON q.tid = g.tid AND q.w = g.w AND q.op = g.op AND q.kind = g.kind
+FROM g LEFT JOIN {SYNC_P99} q ON q.tid = g.tid AND q.w = g.w AND q.op = g.op AND q.kind = g.kind
 """
 
 # The overflow past the window's end, row by row: at most one off-CPU interval of
@@ -449,20 +462,16 @@ WITH p AS (
     FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'sched_switch' AND kind = 'preempted'
       AND list_contains($sync_ops, in_call)
     GROUP BY ALL
-), h AS (
-    SELECT tid, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
-    FROM ing_sync_hist WHERE tid IN (SELECT tid FROM p)
-    GROUP BY ALL
-), q AS ({{q25}}), x AS (
+), x AS (
     SELECT pid, tid, {_SW} AS w, sum(preempted_ns)::DOUBLE AS late_hi_ns,
            sum(least(preempted_ns, greatest(0, since_call_ns - q.value)))::DOUBLE AS late_ns
-    FROM {{l}} JOIN q USING (tid)
+    FROM {{l}} JOIN {SYNC_Q25} q USING (tid)
     WHERE {_SFILTER} AND {_PID_FILTER}
     GROUP BY ALL
 )
 SELECT p.pid, p.tid, p.w, p.wait_preempt_ns, coalesce(x.late_hi_ns, 0)::DOUBLE AS late_hi_ns,
        coalesce(x.late_ns, 0)::DOUBLE AS late_ns
-FROM p JOIN q USING (tid) LEFT JOIN x USING (pid, tid, w)
+FROM p JOIN {SYNC_Q25} q USING (tid) LEFT JOIN x USING (pid, tid, w)
 """
 
 S_FAULTS_SQL = f"""
@@ -475,22 +484,28 @@ FROM (SELECT tid, {_SW} AS w, in_call, any_value(pid) AS pid, sum(events_n) AS n
 GROUP BY ALL
 """
 
+S_BIO_HIST_SQL = f"""
+SELECT w, pid, kind, bucket, sum(n)::BIGINT AS n, sum(sum_ns)::DOUBLE AS sum_ns
+FROM (SELECT w, pid, kind, {_UNNEST_HIST}
+      FROM (SELECT {_SW} AS w, pid, coalesce(kind, '') AS kind, {_HIST}
+            FROM {{w}} WHERE {_SFILTER} AND op = 'block_io'))
+GROUP BY ALL
+"""
+
 S_BIO_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_bio AS
-WITH h AS (
-    SELECT w, pid, kind, bucket, sum(n) AS n, sum(sum_ns)::DOUBLE AS sum_ns
-    FROM (SELECT w, pid, kind, {_UNNEST_HIST}
-          FROM (SELECT {_SW} AS w, pid, coalesce(kind, '') AS kind, {_HIST}
-                FROM {{w}} WHERE {_SFILTER} AND op = 'block_io'))
-    GROUP BY ALL
-), q AS ({{q99}})
 SELECT g.w, g.pid, g.kind, g.n, g.bytes, g.lat_ns, q.value AS p99_ns, g.max_ns
 FROM (SELECT {_SW} AS w, pid, coalesce(kind, '') AS kind,
              sum(events_n)::BIGINT AS n, coalesce(sum(bytes), 0)::DOUBLE AS bytes,
              sum(duration_ns)::DOUBLE AS lat_ns, max(max_duration_ns) AS max_ns
       FROM {{w}} WHERE {_SFILTER} AND op = 'block_io' GROUP BY ALL) g
-LEFT JOIN q ON q.w = g.w AND q.pid = g.pid AND q.kind = g.kind
+LEFT JOIN {BIO_P99} q ON q.w = g.w AND q.pid = g.pid AND q.kind = g.kind
 """
+
+
+def _arrow(con, sql: str, params: dict | None = None) -> pa.Table:
+    """The query's rows as Arrow (``params``: only those it names; DuckDB refuses unused ones)."""
+    return con.sql(sql, params=params).to_arrow_table()
 
 
 def build(ctx: Context, source: str = "summaries") -> None:
@@ -532,15 +547,23 @@ def build(ctx: Context, source: str = "summaries") -> None:
         run(FAULTS_SQL.format(events=events), *base, *cats)
         run(BIO_SQL, "sid", "t0", "t1", "wns")
     else:
-        w, late = summaries.relations(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
-        q99 = summaries.hist_quantile_sql("h", "tid, w, op, kind", 0.99)
+        if ctx.summarised is None:  # (a Context not made by resolve)
+            w, late = summaries.relations(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns)
+        else:
+            w, late = summaries.relations(con, events, ctx.session_id, ctx.start_ns, ctx.end_ns,
+                                          summarised=ctx.summarised, pending=ctx.summaries_pending_ns)
         run(S_SYNC_HIST_SQL.format(w=w), *base, "sync_ops")
-        run(S_CUDA_SQL.format(w=w, q99=q99), *base, *cats, "host_ops")
+        # the quantiles, in numpy over the merged histograms (summaries.hist_quantile)
+        con.register(SYNC_P99, summaries.hist_quantile(_arrow(con, SYNC_HIST_SQL), ["tid", "w", "op", "kind"], 0.99))
+        con.register(SYNC_Q25, summaries.hist_quantile(_arrow(con, SYNC_TID_HIST_SQL), ["tid"], 0.25))
+        bio = _arrow(con, S_BIO_HIST_SQL.format(w=w), {k: p[k] for k in ("sid", "t0", "t1", "wns")})
+        con.register(BIO_P99, summaries.hist_quantile(bio, ["w", "pid", "kind"], 0.99))
+        run(S_CUDA_SQL.format(w=w), *base, *cats, "host_ops")
         run(S_SCHED_SQL.format(w=w), *base, *cats)
         con.execute(PREEMPT_SQL)
-        run(S_LATE_SQL.format(w=w, l=late, q25=summaries.hist_quantile_sql("h", "tid", 0.25)), *base, "sync_ops")
+        run(S_LATE_SQL.format(w=w, l=late), *base, "sync_ops")
         run(S_FAULTS_SQL.format(w=w), *base, *cats)
-        run(S_BIO_SQL.format(w=w, q99=summaries.hist_quantile_sql("h", "w, pid, kind", 0.99)), "sid", "t0", "t1", "wns")
+        run(S_BIO_SQL.format(w=w), "sid", "t0", "t1", "wns")
     sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

@@ -41,3 +41,17 @@ def test_names_read_once_are_the_names_looked_up_one_by_one():
         assert procs.lookup(con, [pids[0], 999_999])[999_999] == procs.lookup(con, [999_999])[999_999]
     assert report.analysed.processes
     store.close()
+
+
+def test_ing_asof_is_in_the_read_once_created():
+    """explain reads the catalog before it builds ing_asof (summaries.has_summaries, in resolve):
+    name_as_of_cuda_calls adds the table to the read, so names are then looked up as of the calls."""
+    store = _store()
+    con = store.con
+    con.execute("CREATE TEMP TABLE ing_cuda (pid INTEGER, w BIGINT)")
+    con.execute("INSERT INTO ing_cuda VALUES (1, 0)")
+    with procs.read_once(con):
+        assert procs.has_table(con, "events") and not procs.has_table(con, "ing_asof")
+        procs.name_as_of_cuda_calls(con, {"t0": 0, "t1": 10**9, "wns": 10**9})
+        assert procs.has_table(con, "ing_asof") and procs.has_table(con, "events")
+    store.close()

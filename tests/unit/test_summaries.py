@@ -200,3 +200,37 @@ def test_a_fleet_segment_publishes_the_seconds_still_held_from_the_events():
                         drops=(0, 0), rows_per_file=1 << 20)
     published = sum(t.column("events_n").to_numpy().sum() for t in seg.tables["summaries"])
     assert published == store.con.execute("SELECT count(*) FROM events").fetchone()[0]
+
+
+def test_hist_quantile_is_the_sql_to_the_bit():
+    """summaries.hist_quantile (numpy, what explain runs) gives hist_quantile_sql's values
+    exactly: string and integer keys, a NULL key, one-row groups, empty buckets (and a group of
+    nothing else), q at the ends and q whose position falls on a whole rank."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SELECT setseed(0.25)")
+    con.execute("CREATE TABLE v AS SELECT (k % 7)::INTEGER AS tid, (k % 3)::BIGINT AS w, "
+                "CASE WHEN k % 11 = 0 THEN NULL ELSE ['a', 'bb', ''][k % 3 + 1] END AS op, "
+                "CASE WHEN k % 97 = 0 THEN 0 ELSE (exp(random() * 20))::BIGINT END AS d "
+                "FROM range(30000) t(k) WHERE k % 5 <> 0 OR k < 40")
+    # a one-row group (tid 100) and a bucket with no calls (tid 101: n 0)
+    con.execute("INSERT INTO v VALUES (100, 0, 'a', 1234), (101, 0, 'a', 50), (101, 0, 'a', 70)")
+    con.execute(f"CREATE TABLE h AS SELECT tid, w, op, {summaries._BUCKET.replace('duration_ns', 'd')} AS bucket, "
+                "count(*)::BIGINT AS n, sum(d)::DOUBLE AS sum_ns FROM v GROUP BY ALL")
+    # (a group of empty buckets only, 102: its quantile is the SQL's, inf)
+    con.execute("INSERT INTO h VALUES (101, 0, 'a', 900, 0, 0.0), (102, 0, 'a', 3, 0, 5.0), (102, 0, 'a', 9, 0, 7.0)")
+    # keys too far apart to pack into one int64 (hist_quantile sorts them column by column)
+    con.execute("CREATE TABLE wide AS SELECT * REPLACE (tid::BIGINT << 55 AS tid) FROM h")
+    keys = ["tid", "w", "op"]
+    for table in ("h", "wide"):
+        hist = con.sql(f"SELECT * FROM {table}").to_arrow_table()
+        for q in (0.25, 0.5, 0.99, 1.0, 0.0, 0.35):
+            sql = summaries.hist_quantile_sql(table, ", ".join(keys), q)
+            want = {r[:3]: r[3] for r in con.execute(sql).fetchall()}
+            got = summaries.hist_quantile(hist, keys, q).to_pylist()
+            assert len(got) == len(want)
+            for r in got:
+                x, y = want[(r["tid"], r["w"], r["op"])], r["value"]
+                assert repr(x) == repr(y) if x is None or math.isnan(x) else x == y, (table, q, r, x)
+    assert summaries.hist_quantile(hist.slice(0, 0), keys, 0.99).num_rows == 0
