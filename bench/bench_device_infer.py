@@ -11,9 +11,14 @@ Two tables (markdown):
    timeline counts (kernels, copies, memsets).
 2. The real GPU traces in tests/data/kineto, imported with `--calls-only`;
    the truth is the union of their device intervals (tests/unit/kineto_truth.py).
+3. With ``--demos``: every demo scenario's slow run (`ingero demo NAME
+   --no-fix`), against the simulator's own timeline of the traced loop
+   (SIMCUDA_TIMELINE: every kernel and copy, the union of their intervals over
+   the analysed span).
 
     python -m bench.bench_device_infer                      # every shape, every policy
     python -m bench.bench_device_infer --shapes inline --schedules spin,block --duration 8
+    python -m bench.bench_device_infer --demos --no-sim                # the demo scenarios only
 """
 
 from __future__ import annotations
@@ -133,16 +138,66 @@ def traces_table() -> None:
               f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {inside} | {a.drains} | {a.backpressure_launches} |")
 
 
+def timeline_busy_ns(path: Path, lo: int, hi: int, offset_ns: int) -> int:
+    """The union of the device operations of a SIMCUDA_TIMELINE file within [lo, hi) (epoch ns;
+    the file's are CLOCK_MONOTONIC, ``offset_ns`` = wall - monotonic)."""
+    rows = [ln.split() for ln in path.read_text().splitlines() if ln.strip()]
+    if not rows:
+        return 0
+    iv = sorted((max(int(a) + offset_ns, lo), min(int(b) + offset_ns, hi)) for _, a, b in rows)
+    total, cur_a, cur_b = 0, None, None
+    for a, b in iv:
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            total += 0 if cur_b is None else cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + (0 if cur_b is None else cur_b - cur_a)
+
+
+def demos_table(duration: float) -> None:
+    from ingero.collect.decode import monotonic_offset_ns  # noqa: PLC0415
+    from ingero.demo import scenarios  # noqa: PLC0415
+
+    subprocess.run(["make", "-C", str(REPO / "demos")], check=True, capture_output=True)
+    print(f"\n`ingero demo NAME --no-fix --duration {duration:g}s`, the traced loop against its own timeline:\n")
+    print("| scenario | wait policy | device busy % (timeline) | inferred % | bounds % | error (points) |")
+    print("|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="ingero-devinfer-demos-") as d:
+        for name in scenarios.names():
+            db, tl = Path(d) / f"{name}.duckdb", Path(d) / f"{name}-%p.tl"
+            proc = subprocess.run([sys.executable, "-m", "ingero", "demo", name, "--no-fix", "--keep-db", str(db),
+                                   "--duration", f"{duration:g}s", "--json"], cwd=REPO, capture_output=True, text=True,
+                                  env={**os.environ, "SIMCUDA_TIMELINE": str(tl)})
+            if proc.returncode != 0:
+                raise SystemExit(f"ingero demo {name} exited {proc.returncode}: {proc.stderr[-2000:]}")
+            act, _ = analyse(db)
+            path = Path(d) / f"{name}-{act.pid}.tl"
+            if not path.exists():
+                raise SystemExit(f"{name}: no timeline of the loop (pid {act.pid}) in {d}")
+            # (the whole span: a trace of many calls is analysed on a share of each window, span_ns)
+            span = act.end_ns - act.start_ns
+            truth = 100 * timeline_busy_ns(path, act.start_ns, act.end_ns, monotonic_offset_ns()) / span
+            print(f"| {name} | {scenarios.get(name).policy} | {truth:.1f} | {100 * act.busy_share:.1f} "
+                  f"| {100 * act.low:.1f}-{100 * act.high:.1f} | {100 * act.busy_share - truth:+.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per run")
-    ap.add_argument("--no-sim", action="store_true", help="only the real traces (no root needed)")
+    ap.add_argument("--no-sim", action="store_true", help="not the simulated shapes (the real traces need no root)")
+    ap.add_argument("--demos", action="store_true", help="also every demo scenario's slow run (root)")
+    ap.add_argument("--demo-duration", type=float, default=16.0, help="seconds per demo run")
     args = ap.parse_args()
     if not args.no_sim:
         sim_table(args.shapes.split(","), args.schedules.split(","), args.duration)
     traces_table()
+    if args.demos:
+        demos_table(args.demo_duration)
 
 
 if __name__ == "__main__":

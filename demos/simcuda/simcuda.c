@@ -73,6 +73,7 @@
  *   SIMCUDA_SCHEDULE       auto (default) | spin | yield | block
  *   SIMCUDA_DEVICE_MEM_MB  device memory for cudaMalloc (16384)
  *   SIMCUDA_QUEUE_DEPTH    pending operations before launches block (1024)
+ *   SIMCUDA_TIMELINE       write every device operation here ("%p": the pid)
  *
  * Kernel duration per launch: pass func == &simcudaTimedKernel and
  * args[0] pointing to a uint32 of microseconds; or call
@@ -81,6 +82,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -209,6 +211,7 @@ struct gate {
 	uint32_t value;
 	const volatile uint64_t *start_ns; /* CLOCK_MONOTONIC start, valid once open */
 	uint64_t dur_ns;
+	uint64_t queued_ns; /* when it was queued (SIMCUDA_TIMELINE: resident from then on) */
 };
 static struct gate gates[MAX_STREAMS][MAX_GATES];
 static unsigned n_gates[MAX_STREAMS];
@@ -276,6 +279,35 @@ static int effective_schedule(void)
 	if (schedule != cudaDeviceScheduleAuto)
 		return schedule;
 	return ACTIVE_CONTEXTS <= host_cpus ? cudaDeviceScheduleSpin : cudaDeviceScheduleYield;
+}
+
+/* SIMCUDA_TIMELINE: one line per device operation, "engine start_ns end_ns"
+ * (CLOCK_MONOTONIC; engine 0 compute, 1 copy), the device's own timeline for
+ * checking what is inferred from the calls (bench/bench_device_infer.py). */
+static FILE *timeline;
+static __thread int timeline_held; /* a staged copy's chunks: written as one operation */
+
+static void timeline_close(void)
+{
+	pthread_mutex_lock(&mu);
+	if (timeline)
+		fclose(timeline);
+	timeline = NULL;
+	pthread_mutex_unlock(&mu);
+}
+
+static void timeline_open(const char *path)
+{
+	/* "%p" in the path is the process id: each process of a run has its own file */
+	char buf[4096];
+	const char *p = strstr(path, "%p");
+	if (p && (size_t)(p - path) < sizeof(buf) - 32) {
+		snprintf(buf, sizeof(buf), "%.*s%ld%s", (int)(p - path), path, (long)getpid(), p + 2);
+		path = buf;
+	}
+	timeline = fopen(path, "w");
+	if (timeline)
+		atexit(timeline_close);
 }
 
 static _Atomic uint64_t waits_late_ns; /* sum of (return - device done) over waits that waited */
@@ -375,6 +407,9 @@ static void init(void)
 		schedule = cudaDeviceScheduleYield;
 	else if (sch && !strcmp(sch, "block"))
 		schedule = cudaDeviceScheduleBlockingSync;
+	const char *tl = getenv("SIMCUDA_TIMELINE");
+	if (tl && *tl)
+		timeline_open(tl);
 	queue = calloc(queue_depth, sizeof(*queue));
 	start_ns = now_ns();
 	stream_used[0] = 1;
@@ -414,7 +449,7 @@ static int stream_index(cudaStream_t s)
 /* Queue one operation of duration dur on engine e and stream si, starting no
  * earlier than not_before (and now); returns its end time.  Called with mu
  * held; may wait for a queue slot. */
-static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_before)
+static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_before, uint64_t queued)
 {
 	/* a full launch queue blocks the launcher until the oldest operation ends */
 	while (q_len >= queue_depth) {
@@ -435,6 +470,19 @@ static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_befo
 	if (dep > start)
 		start = dep;
 	uint64_t end = start + dur;
+	if (timeline && !timeline_held) {
+		/* gated work (a collective) occupies the device from when the stream reaches it, its
+		 * wait for the peers included, as a real NCCL kernel does: what a GPU timeline shows */
+		uint64_t shown = start;
+		if (queued) {
+			shown = queued > engine_tail[e] ? queued : engine_tail[e];
+			if (dep > shown)
+				shown = dep;
+			if (shown > start)
+				shown = start;
+		}
+		fprintf(timeline, "%d %llu %llu\n", e, (unsigned long long)shown, (unsigned long long)end);
+	}
 	engine_tail[e] = end;
 	stream_tail[si] = end;
 	if (end > all_tail)
@@ -451,7 +499,7 @@ static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_befo
 
 static uint64_t enqueue_locked(int e, int si, uint64_t dur)
 {
-	return enqueue_locked_at(e, si, dur, 0);
+	return enqueue_locked_at(e, si, dur, 0, 0);
 }
 
 static void resolve_gates(int si);
@@ -600,15 +648,27 @@ static void staged_copy(void *dst, const void *src, size_t count, int kind, int 
 	if (!bounce)
 		bounce = malloc(STAGE_CHUNK);
 	wait_until(tail_of(si));
+	/* SIMCUDA_TIMELINE: one memcpy from the first chunk's start to the last one's end,
+	 * staging included, as a GPU's timeline shows a pageable copy */
+	uint64_t first = now_ns(), end = first;
+	timeline_held = 1;
 	for (size_t off = 0; off < count; off += STAGE_CHUNK) {
 		size_t n = count - off < STAGE_CHUNK ? count - off : STAGE_CHUNK;
 		if (kind == cudaMemcpyHostToDevice) {
 			memcpy(bounce, (const unsigned char *)src + off, n);
-			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
+			wait_until(end = enqueue(ENGINE_COPY, si, dma_ns(n)));
 		} else {
-			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
+			wait_until(end = enqueue(ENGINE_COPY, si, dma_ns(n)));
 			memcpy((unsigned char *)dst + off, bounce, n);
+			end = now_ns();
 		}
+	}
+	timeline_held = 0;
+	if (timeline) {
+		pthread_mutex_lock(&mu);
+		if (timeline)
+			fprintf(timeline, "%d %llu %llu\n", ENGINE_COPY, (unsigned long long)first, (unsigned long long)end);
+		pthread_mutex_unlock(&mu);
 	}
 }
 
@@ -1209,7 +1269,7 @@ static void resolve_stream_gates(int si)
 		if (n_gates[si] && gates[si][0].word == g.word && gates[si][0].value == g.value) {
 			memmove(&gates[si][0], &gates[si][1], (n_gates[si] - 1) * sizeof(struct gate));
 			n_gates[si]--;
-			enqueue_locked_at(ENGINE_COMPUTE, si, g.dur_ns, *g.start_ns);
+			enqueue_locked_at(ENGINE_COMPUTE, si, g.dur_ns, *g.start_ns, g.queued_ns);
 		}
 		pthread_mutex_unlock(&mu);
 	}
@@ -1246,7 +1306,7 @@ EXPORT cudaError_t simcudaEnqueueGated(cudaStream_t stream, const volatile uint3
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		if (n_gates[si] < MAX_GATES) {
-			gates[si][n_gates[si]++] = (struct gate){word, value, start_ns, dur_ns};
+			gates[si][n_gates[si]++] = (struct gate){word, value, start_ns, dur_ns, now_ns()};
 			pthread_cond_signal(&queued_cv);
 			pthread_mutex_unlock(&mu);
 			return cudaSuccess;

@@ -182,3 +182,31 @@ def test_every_probed_runtime_symbol_nvidia_exports_is_exported_by_ours(simcuda)
             wanted.update(probes.variants(probe.symbol, nvidia))
     assert wanted, "no probed runtime symbol found in NVIDIA's library"
     assert sorted(wanted - ours) == []
+
+
+def test_timeline_holds_each_operation_and_a_staged_copy_as_one(simcuda, tmp_path):
+    """SIMCUDA_TIMELINE ("%p": the pid): a line per kernel and per copy, a pageable copy's 2 MiB
+    chunks written as one copy from the first chunk's start to the last one's end."""
+    code = """
+import os
+L.simcudaSetKernelUs(100)
+for _ in range(3):
+    assert L.cudaLaunchKernel(None, G, G, None, 0, None) == 0
+dev = P()
+assert L.cudaMalloc(ctypes.byref(dev), 5 << 20) == 0
+host = ctypes.create_string_buffer(5 << 20)
+assert L.cudaMemcpy(dev, host, 5 << 20, 1) == 0
+print(os.getpid())
+"""
+    import os
+
+    os.environ["SIMCUDA_TIMELINE"] = str(tmp_path / "tl-%p.txt")
+    try:
+        pid = _run(code, simcuda).strip()
+    finally:
+        del os.environ["SIMCUDA_TIMELINE"]
+    rows = [tuple(int(x) for x in ln.split()) for ln in (tmp_path / f"tl-{pid}.txt").read_text().splitlines()]
+    assert [r[0] for r in rows] == [0, 0, 0, 1]
+    assert all(b - a == 100_000 for _, a, b in rows[:3])
+    # 5 MiB at 12 GB/s in three chunks, each with 8 us of DMA set-up: at least 461 us, one line
+    assert rows[3][2] - rows[3][1] >= (5 << 20) / 12 + 3 * 8_000
