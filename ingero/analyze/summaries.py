@@ -208,6 +208,26 @@ def pending_from(con: duckdb.DuckDBPyConnection, session_id: int) -> int | None:
 _UNKNOWN: Any = object()
 
 
+def pending_sessions(con: duckdb.DuckDBPyConnection, status: str) -> list[tuple[int, int]]:
+    """(session_id, pending_from) of the sessions of ``status`` whose tracer held summaries."""
+    if not con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'sessions' "
+                       "AND column_name = 'summaries_pending_ns'").fetchone()[0]:
+        return []
+    return [(int(a), int(b)) for a, b in con.execute(
+        "SELECT session_id, summaries_pending_ns FROM sessions WHERE status = $st "
+        "AND summaries_pending_ns IS NOT NULL ORDER BY session_id", {"st": status}).fetchall()]
+
+
+def complete_pending(con: duckdb.DuckDBPyConnection, session_id: int, pending: int) -> None:
+    """Summarise the session's seconds from ``pending`` on from its events into ``windows`` (the
+    rows stored for them hold part of their events: replaced) and clear the mark.  For a session
+    whose tracer is gone (killed with rows held); in the caller's transaction."""
+    con.execute(f"DELETE FROM {WINDOWS_TABLE} WHERE session_id = $sid AND start_ns >= $t0",
+                {"sid": session_id, "t0": pending})
+    _write(con, WINDOWS_TABLE, SUMMARY_SQL.format(events="events"), _params(session_id, pending, ALL_T1), False)
+    con.execute("UPDATE sessions SET summaries_pending_ns = NULL WHERE session_id = $sid", {"sid": session_id})
+
+
 def relations(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0: int, t1: int, *,
               summarised: bool | None = None, pending: int | None = _UNKNOWN) -> tuple[str, str]:
     """The relations holding the session's windows and late-wait rows for [t0, t1) (whole seconds).

@@ -27,6 +27,8 @@ WRITE_EVERY_FLUSHES = 4
 # second by every_second), or this many are held (memory: ~200 B a row).
 WRITE_AFTER_S = 4.0
 MAX_HELD_ROWS = 100_000
+# A flush's rows of a second this much older than its newest are written with it (see flush_rows).
+OLD_ROW_S = 4.0
 
 
 class SummaryHook(TraceHook):
@@ -43,7 +45,8 @@ class SummaryHook(TraceHook):
     flush's transaction): every stored event not yet summarised in the table
     starts in a second held, so the seconds before the first one held are
     whole, and readers summarise the rest from events (summaries.relations).
-    A tracer killed before writing its rows loses nothing but that speed.
+    A tracer killed before writing its rows loses nothing but that speed, and
+    the next tracer on the file summarises those seconds into the table.
     The late waits are few and are written with their flush: complete always.
 
     A failure to summarise is a bug, but it must not cost the batch: the
@@ -65,6 +68,15 @@ class SummaryHook(TraceHook):
         self._held_since = 0.0  # monotonic time the oldest rows held were made
         self._pending_ns: int | None = None  # the first second held
 
+    def on_start(self, sess: Any) -> list[str] | None:
+        # a tracer killed with rows held left its session marked (crashed sessions are marked by
+        # now): its last seconds are summarised from its events into the table, while they are
+        # still there (retention deletes events, never summaries)
+        for sid, pending in summaries.pending_sessions(sess.store.con, "crashed"):
+            with sess.store.transaction():
+                summaries.complete_pending(sess.store.con, sid, pending)
+        return None
+
     def flush_rows(self, sess: Any, recs: np.ndarray) -> list[tuple[str, Any]]:
         if self.failed or len(recs) == 0:
             return []
@@ -75,21 +87,29 @@ class SummaryHook(TraceHook):
             windows, late = self.summariser.rows(recs)
         except Exception as exc:  # noqa: BLE001 - the rows first; the bug is said, not hidden
             self.failed = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            self._take()
+            self._drop()
             for table in (summaries.WINDOWS_TABLE, summaries.LATE_TABLE):
                 sess.store.con.execute(f"DELETE FROM {table} WHERE session_id = $sid", {"sid": sess.session_id})
             sess.notes.append(f"summaries: failed ({self.failed}); explain summarises this session's events instead")
             return []
         self.flushes += 1
+        rows = [(summaries.LATE_TABLE, late)]
         if windows.num_rows:
+            # rows of a second long before the flush's newest (an off-CPU interval stored when it
+            # ended, after a long sleep) go with the flush: held, they would set the mark back by
+            # their whole age, and readers summarise everything after the mark from the events
+            start = windows.column("start_ns").to_numpy()
+            old = start < int(start.max()) - int(OLD_ROW_S * summaries.NS)
+            if old.any():
+                rows.append((summaries.WINDOWS_TABLE, windows.filter(old)))
+                windows, start = windows.filter(~old), start[~old]
             if not self._held:
                 self._held_since = time.monotonic()
-            self._held.append(windows)
+            self._held.append(windows)  # (never empty: the newest second is not old)
             self._held_rows += windows.num_rows
-            first = int(np.min(windows.column("start_ns").to_numpy()))
+            first = int(start.min())
             self._pending_ns = first if self._pending_ns is None else min(self._pending_ns, first)
         self._held_flushes += 1
-        rows = [(summaries.LATE_TABLE, late)]
         if self._held and (self._held_flushes >= WRITE_EVERY_FLUSHES or self._held_rows >= MAX_HELD_ROWS
                            or time.monotonic() - self._held_since >= WRITE_AFTER_S):
             rows.append((summaries.WINDOWS_TABLE, self._take()))
@@ -114,11 +134,14 @@ class SummaryHook(TraceHook):
                               f"{self.writes:,} writes)")
 
     def _take(self) -> pa.Table:
-        """The rows held, as one table; none held after."""
-        rows = pa.concat_tables(self._held) if self._held else None
-        self.writes += rows is not None
-        self._held, self._held_rows, self._held_flushes, self._pending_ns = [], 0, 0, None
+        """The rows held, as one table, to be written; none held after."""
+        rows = pa.concat_tables(self._held)
+        self.writes += 1
+        self._drop()
         return rows
+
+    def _drop(self) -> None:
+        self._held, self._held_rows, self._held_flushes, self._pending_ns = [], 0, 0, None
 
     def _write_held(self, sess: Any) -> None:
         """The rows held, stored now in their own transaction with the session row's mark cleared."""

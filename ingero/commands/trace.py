@@ -122,7 +122,7 @@ def command(duration, pids, comm, cmd, cuda_libs, stack, launch_streams, ring_mb
     from ingero.sample.hook import SamplerHook
 
     # what rides on the trace, in this order: the query daemon first (metrics' diagnosis asks its
-    # socket), the samplers, the per-second summaries explain reads (written at each flush)
+    # socket), the samplers, the per-second summaries explain reads (written every few flushes)
     opts.hooks[:0] = [DaemonHook(retain_s=retain, max_db_bytes=max_db, serve=not no_serve), SamplerHook(),
                       SummaryHook()]
     from ingero.collect.budget import BudgetHook, budget_in_force

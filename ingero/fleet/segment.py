@@ -116,7 +116,9 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         tables["windows"], tables["chains"], loop_pids, loop, edges = [], [], [], (None,) * 5, (None, None)
     # the store's per-second summaries (schema 11), when this store has them
     summ = None
-    if has_table(con, "windows") and summaries.has_summaries(con, session_id):
+    if has_table(con, "windows") and (summaries.has_summaries(con, session_id)
+                                      or summaries.pending_from(con, session_id) is not None):
+        # (before the tracer's first write its rows are all held: pending, none stored)
         # the seconds the tracer has not written yet (summaries.pending_from) made from the events
         w, _ = summaries.relations(con, events_relation(con, session_id), session_id, t0, t1)
         summ = _arrow(con, SUMMARIES_SQL.format(w=w), {"sid": session_id, "t0": t0, "t1": t1})

@@ -186,6 +186,13 @@ def test_pending_intervals_are_bounded(monkeypatch):
     assert len(s._pending) == 100 and s._pending[:, 2].min() == OFFSET + 3 * 10**6 + 20 * 10  # the newest kept
 
 
+@pytest.fixture(autouse=True)
+def _writes_by_count_only(monkeypatch):
+    """The hook also writes what it holds once 4 s old: on a loaded box a test's flushes can be
+    that far apart, so the tests count writes by flushes only (one test sets the age to 0)."""
+    monkeypatch.setattr(summaries_hook, "WRITE_AFTER_S", 1e9)
+
+
 def _hooked_flushes(store: Store, hook: SummaryHook, n: int = 30_000, end: bool = False) -> SimpleNamespace:
     """TraceSession.flush's order: the hook's rows and session fields, then the batch, them and
     the session row in one transaction; ``end``: the trace's end (on_end) after the last."""
@@ -269,3 +276,54 @@ def test_a_failing_summary_costs_no_rows_and_explain_reads_the_events(monkeypatc
                           "explain summarises this session's events instead"]
     fallback, raw = explain(store.con, Options()), explain(store.con, Options(), source="events")
     assert fallback.analysed == raw.analysed and fallback.analysed.events == 49_000
+
+
+def _flush(store: Store, hook: SummaryHook, sess: SimpleNamespace, recs: np.ndarray) -> None:
+    """One TraceSession.flush: the hook's rows and session fields with the batch, one transaction."""
+    recs = decode.storage_order(recs)
+    derived, fields = hook.flush_rows(sess, recs), hook.session_fields(sess)
+    with store.transaction():
+        store.append("events", decode.events_table(recs, session_id=1, offset_ns=OFFSET))
+        for name, rows in derived:
+            store.append(name, rows)
+        store.update_session(1, **fields)
+
+
+def test_the_mark_is_the_oldest_second_held_and_a_long_late_row_is_written_at_once():
+    """An off-CPU interval is stored when it ends, in the second it began: 2.5 s back it is held
+    and moves the mark back; 100 s back it is written with its flush (held, it would put a
+    hundred seconds of events behind the mark)."""
+    store = Store.memory()
+    assert store.begin_session(command="test", targets="") == 1
+    hook, sess = SummaryHook(), SimpleNamespace(session_id=1, offset_ns=OFFSET, store=store, notes=[],
+                                                derived_cpu_s=0.0)
+    s = 200 * 10**9  # second 200 of the trace's clock
+    launches = lambda t: np.concatenate([_rec(Op.CUDA_LAUNCH_KERNEL, t + k * 1000, 500) for k in range(3)])  # noqa: E731
+    _flush(store, hook, sess, launches(s + 10 * 10**9))
+    assert summaries.pending_from(store.con, 1) == OFFSET + s + 10 * 10**9
+    _flush(store, hook, sess, np.concatenate([launches(s + 11 * 10**9),
+                                              _rec(Op.SCHED_SWITCH, s + 8_500_000_000, 2_600_000_000, kind=Kind.SLEEP)]))
+    assert summaries.pending_from(store.con, 1) == OFFSET + s + 8 * 10**9  # the oldest second held
+    assert _summarised(store.con) == 0
+    _flush(store, hook, sess, np.concatenate([launches(s + 12 * 10**9),
+                                              _rec(Op.SCHED_SWITCH, s - 100 * 10**9, 112 * 10**9, kind=Kind.SLEEP)]))
+    assert summaries.pending_from(store.con, 1) == OFFSET + s + 8 * 10**9  # not moved back 108 s
+    assert store.con.execute("SELECT start_ns, events_n FROM windows").fetchall() == [(OFFSET + s - 100 * 10**9, 1)]
+    # the fourth flush writes what was held and clears the mark
+    _flush(store, hook, sess, launches(s + 13 * 10**9))
+    assert _summarised(store.con) == 14 and summaries.pending_from(store.con, 1) is None
+
+
+def test_the_next_tracer_summarises_a_killed_tracers_held_seconds():
+    """Killed with three flushes held: the next tracer's start puts those seconds in the table from
+    the events (retention deletes events, never summaries) and clears the mark."""
+    store = Store.memory()
+    assert store.begin_session(command="test", targets="") == 1
+    _hooked_flushes(store, SummaryHook(), 49_000)  # 7 flushes: 4 written, 3 held when killed
+    store.con.execute("UPDATE sessions SET status = 'crashed' WHERE session_id = 1")
+    assert _summarised(store.con) == 28_000 and summaries.pending_from(store.con, 1) is not None
+    raw = explain(store.con, Options(), source="events")
+    assert SummaryHook().on_start(SimpleNamespace(store=store)) is None
+    assert _summarised(store.con) == 49_000 and summaries.pending_from(store.con, 1) is None
+    repaired = explain(store.con, Options())
+    assert repaired.analysed == raw.analysed and repaired.device == raw.device

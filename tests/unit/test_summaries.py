@@ -187,12 +187,14 @@ def test_quantile_bound():
             assert abs(est[g] - x) <= summaries.QUANTILE_REL_ERROR * x + 1e-9, (q, g, x, est[g])
 
 
-def test_a_fleet_segment_publishes_the_seconds_still_held_from_the_events():
+@pytest.mark.parametrize("held", [5, 10**6], ids=["last-flushes", "nothing-written-yet"])
+def test_a_fleet_segment_publishes_the_seconds_still_held_from_the_events(held):
     from ingero.fleet import segment
     from ingero.fleet.facts import ClockState, NodeFacts
 
     store = _store("cpu-contention", "spin", False)
-    write_as_tracer(store, held=5)
+    write_as_tracer(store, held=held)
+    assert summaries.has_summaries(store.con, 1) == (held == 5)
     first, last = store.con.execute("SELECT min(timestamp), max(timestamp) FROM events").fetchone()
     t0 = first // 10**9 * 10**9
     seg = segment.build(store.con, 1, t0, -(-(last + 1 - t0) // 10**9) * 10**9,
