@@ -56,11 +56,19 @@ def sched_autogroup_enabled(path: str = "/proc/sys/kernel/sched_autogroup_enable
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (a tracer that wrote a 'running' session)."""
+    """True when a process with this pid exists and has not exited (a tracer that wrote a
+    'running' session).  An exited process nobody has reaped yet (a zombie: a tracer killed
+    under a parent that does not wait, or a container's init that never does) is not alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # (no /proc: what kill said)
+    # the state follows the command name in parentheses, which may itself hold ") "
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
