@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--demos", action="store_true", help="also every demo scenario's slow run (root)")
     ap.add_argument("--demo-duration", type=float, default=16.0, help="seconds per demo run")
     args = ap.parse_args()
+    if not (math.isfinite(args.demo_duration) and args.demo_duration > 0):
+        ap.error(f"--demo-duration must be a positive number of seconds, not {args.demo_duration}")
     if not args.no_sim:
         sim_table(args.shapes.split(","), args.schedules.split(","), args.duration)
     traces_table()

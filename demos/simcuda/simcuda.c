@@ -287,6 +287,12 @@ static int effective_schedule(void)
 static FILE *timeline;
 static __thread int timeline_held; /* a staged copy's chunks: written as one operation */
 
+/* One operation's line; called with mu held. */
+static void timeline_write(int e, uint64_t start, uint64_t end)
+{
+	fprintf(timeline, "%d %llu %llu\n", e, (unsigned long long)start, (unsigned long long)end);
+}
+
 static void timeline_close(void)
 {
 	pthread_mutex_lock(&mu);
@@ -481,7 +487,7 @@ static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_befo
 			if (shown > start)
 				shown = start;
 		}
-		fprintf(timeline, "%d %llu %llu\n", e, (unsigned long long)shown, (unsigned long long)end);
+		timeline_write(e, shown, end);
 	}
 	engine_tail[e] = end;
 	stream_tail[si] = end;
@@ -658,7 +664,7 @@ static void staged_copy(void *dst, const void *src, size_t count, int kind, int 
 			memcpy(bounce, (const unsigned char *)src + off, n);
 			wait_until(end = enqueue(ENGINE_COPY, si, dma_ns(n)));
 		} else {
-			wait_until(end = enqueue(ENGINE_COPY, si, dma_ns(n)));
+			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
 			memcpy((unsigned char *)dst + off, bounce, n);
 			end = now_ns();
 		}
@@ -667,7 +673,7 @@ static void staged_copy(void *dst, const void *src, size_t count, int kind, int 
 	if (timeline) {
 		pthread_mutex_lock(&mu);
 		if (timeline)
-			fprintf(timeline, "%d %llu %llu\n", ENGINE_COPY, (unsigned long long)first, (unsigned long long)end);
+			timeline_write(ENGINE_COPY, first, end);
 		pthread_mutex_unlock(&mu);
 	}
 }

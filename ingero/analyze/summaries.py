@@ -209,10 +209,8 @@ _UNKNOWN: Any = object()
 
 
 def pending_sessions(con: duckdb.DuckDBPyConnection, status: str) -> list[tuple[int, int]]:
-    """(session_id, pending_from) of the sessions of ``status`` whose tracer held summaries."""
-    if not con.execute("SELECT count(*) FROM duckdb_columns() WHERE table_name = 'sessions' "
-                       "AND column_name = 'summaries_pending_ns'").fetchone()[0]:
-        return []
+    """(session_id, pending_from) of the sessions of ``status`` whose tracer held summaries
+    (a tracer's own store: migrated to schema 13 when it opened)."""
     return [(int(a), int(b)) for a, b in con.execute(
         "SELECT session_id, summaries_pending_ns FROM sessions WHERE status = $st "
         "AND summaries_pending_ns IS NOT NULL ORDER BY session_id", {"st": status}).fetchall()]
@@ -220,12 +218,11 @@ def pending_sessions(con: duckdb.DuckDBPyConnection, status: str) -> list[tuple[
 
 def complete_pending(con: duckdb.DuckDBPyConnection, session_id: int, pending: int) -> None:
     """Summarise the session's seconds from ``pending`` on from its events into ``windows`` (the
-    rows stored for them hold part of their events: replaced) and clear the mark.  For a session
-    whose tracer is gone (killed with rows held); in the caller's transaction."""
+    rows stored for them hold part of their events: replaced).  For a session whose tracer is
+    gone (killed with rows held); in the caller's transaction, which clears the mark."""
     con.execute(f"DELETE FROM {WINDOWS_TABLE} WHERE session_id = $sid AND start_ns >= $t0",
                 {"sid": session_id, "t0": pending})
     _write(con, WINDOWS_TABLE, SUMMARY_SQL.format(events="events"), _params(session_id, pending, ALL_T1), False)
-    con.execute("UPDATE sessions SET summaries_pending_ns = NULL WHERE session_id = $sid", {"sid": session_id})
 
 
 def relations(con: duckdb.DuckDBPyConnection, events: str, session_id: int, t0: int, t1: int, *,

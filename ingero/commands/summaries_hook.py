@@ -75,6 +75,7 @@ class SummaryHook(TraceHook):
         for sid, pending in summaries.pending_sessions(sess.store.con, "crashed"):
             with sess.store.transaction():
                 summaries.complete_pending(sess.store.con, sid, pending)
+                sess.store.update_session(sid, summaries_pending_ns=None)
         return None
 
     def flush_rows(self, sess: Any, recs: np.ndarray) -> list[tuple[str, Any]]:

@@ -116,12 +116,14 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         tables["windows"], tables["chains"], loop_pids, loop, edges = [], [], [], (None,) * 5, (None, None)
     # the store's per-second summaries (schema 11), when this store has them
     summ = None
-    if has_table(con, "windows") and (summaries.has_summaries(con, session_id)
-                                      or summaries.pending_from(con, session_id) is not None):
-        # (before the tracer's first write its rows are all held: pending, none stored)
-        # the seconds the tracer has not written yet (summaries.pending_from) made from the events
-        w, _ = summaries.relations(con, events_relation(con, session_id), session_id, t0, t1)
-        summ = _arrow(con, SUMMARIES_SQL.format(w=w), {"sid": session_id, "t0": t0, "t1": t1})
+    if has_table(con, "windows"):
+        # the seconds the tracer has not written yet (summaries.pending_from) made from the events;
+        # before its first write its rows are all held: pending, none stored
+        stored, pending = summaries.has_summaries(con, session_id), summaries.pending_from(con, session_id)
+        if stored or pending is not None:
+            w, _ = summaries.relations(con, events_relation(con, session_id), session_id, t0, t1,
+                                       summarised=stored, pending=pending)
+            summ = _arrow(con, SUMMARIES_SQL.format(w=w), {"sid": session_id, "t0": t0, "t1": t1})
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
     sel = Selection(session_id, t0, t1, (), Options(session=session_id))
     params = sel.params()
