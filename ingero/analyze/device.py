@@ -28,7 +28,9 @@ No GPU timeline is needed: the host's calls bound the device's work.
   segments (busy / n) scales the segment's submissions, at most what fits
   before the drain started (a drain that did not wait found the work done:
   k <= min over i of (t_drain - t_i) / (n - i + 1)) and before it returned
-  (the formula above); with neither, the middle of the bounds.  A segment with back-pressure ran full: busy is its
+  (the formula above); with nothing learned, those caps, at most the middle of
+  the bounds (behind host work a cap is only the launch interval: the device
+  could have kept pace); with neither, the middle of the bounds.  A segment with back-pressure ran full: busy is its
   upper bound.
 
 Segments are cut at window boundaries (a window's first segment starts at the
@@ -153,7 +155,7 @@ class DeviceActivity:
 # The device calls analysed, one row each; op_i: the op's place in DEVICE_OPS (from 1).
 CALLS_SQL = """
 SELECT pid, tid, list_position($device_ops, op)::UTINYINT AS op_i, timestamp AS t,
-       timestamp + duration_ns AS e, duration_ns AS d, stream, {w} AS w
+       timestamp + duration_ns AS e, duration_ns AS d, stream, coalesce(kind = 'H2D', false) AS h2d, {w} AS w
 FROM events {iv_join}
 WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
   AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
@@ -202,6 +204,7 @@ _OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else
                                else _DRAIN if op in DEVICE_SYNC_OPS else _WAIT for op in DEVICE_OPS])
 _OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
 _OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
+_OP_COPY = np.array([False] + [op in ASYNC_COPY_OPS + SYNC_COPY_OPS for op in DEVICE_OPS])
 # ing_dev_seq, ing_dev_steps (the segments closed by a drain) and ing_dev_iv are Arrow tables
 # registered on the connection (views), not copies: their readers after infer (steps.py,
 # rules/host_bound.py) read a few thousand rows, and copying 100,000 sequence rows into a temp
@@ -232,6 +235,7 @@ class _Sequence:
     has_guess: np.ndarray
     csub: np.ndarray
     bp: np.ndarray  # true (NULL counted as false, as FILTER (bp) does)
+    h2d: np.ndarray  # a host-to-device copy's row (async or synchronous): a step's input, a mark of its rhythm
     table: pa.Table | None = None
 
 
@@ -244,6 +248,7 @@ class _Segments:
     w: np.ndarray
     seg: np.ndarray
     n: np.ndarray
+    copies: np.ndarray  # of n, host-to-device copies
     s1: np.ndarray
     has_s1: np.ndarray
     r_call: np.ndarray
@@ -266,12 +271,14 @@ class _Segments:
         """ing_dev_steps (steps.py): the segments closed by a drain."""
         m = self.has_r_call
         return pa.table({"pid": pa.array(self.pid[m], pa.int32()), "w": self.w[m], "seg": self.seg[m],
-                         "n": self.n[m], "r_call": self.r_call[m], "s1": pa.array(self.s1[m], mask=~self.has_s1[m])})
+                         "n": self.n[m], "copies": self.copies[m], "r_call": self.r_call[m],
+                         "s1": pa.array(self.s1[m], mask=~self.has_s1[m])})
 
 
 # The segments: one row per (pid, w, seg), the columns their readers use (_window_rows, steps.py
 # through ing_dev_steps):
 #   n        submissions in it (launches, async copies, synchronous copies' starts)
+#   copies   of them, host-to-device copies (steps.py: the input copy marks where a step starts)
 #   s1       the first one's start
 #   r_call   the return of the drain that closed it (NULL: no drain closed it in the window)
 #   raw_wait that drain's wait (0 without one)
@@ -307,6 +314,7 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
 
     sub = (seq.dr == 0) & ((seq.role == _SUBMIT) | (seq.role == _COPY))
     n = count(sub)
+    copies = count(sub & seq.h2d)
     has_sub = n > 0
     cmax = np.maximum.reduceat(np.where(sub, seq.csub, -1), starts) if n_rows else n
     s1 = np.minimum.reduceat(np.where(sub, seq.t, big), starts) if n_rows else n
@@ -374,7 +382,7 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
     p_subs = np.add.reduceat(sub.astype(np.int64), first_of_pid) if n_rows else n
     p_bp_n = np.add.reduceat(seq.bp.astype(np.int64), first_of_pid) if n_rows else n
     return _Segments(
-        pid=pid[keep], w=w[keep], seg=seg[keep], n=n[keep], s1=s1[keep], has_s1=has_sub[keep],
+        pid=pid[keep], w=w[keep], seg=seg[keep], n=n[keep], copies=copies[keep], s1=s1[keep], has_s1=has_sub[keep],
         r_call=r_call[keep], has_r_call=has_r_call[keep], raw_wait=raw_wait[keep], r=r[keep], has_r=has_r[keep],
         k=k[keep], k_done=k_done[keep], bp_n=bp_n[keep], low=low[keep], high=high[keep],
         point=np.where(has_point, point, np.nan)[keep],
@@ -396,7 +404,8 @@ def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
 
     Segments the host did not wait on (point NaN) take the per-submission device time of the
     process' waited segments, capped by what fits before their drain's start and return (k,
-    k_done); without any, the middle of their bounds.  (Was SQL over the segment table, ~0.016
+    k_done); with none learned, the caps, at most the middle of their bounds; without caps, the
+    middle.  (Was SQL over the segment table, ~0.016
     CPU-s for 14,000 segments; the same double operations here, summed in the segments' order.)"""
     if not len(sg.pid):
         return []
@@ -409,10 +418,16 @@ def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
     with np.errstate(invalid="ignore", divide="ignore"):
         kk = np.where(learned_n > 0, np.add.reduceat(np.where(learn, sg.point, 0.0), pid_starts) / learned_n, np.nan)
     # least() skips NULLs (fmin skips NaN): the learned k, capped by k and k_done
-    k = np.fmin(np.fmin(kk[pid_group], sg.k), sg.k_done)
+    learned = kk[pid_group]
+    k = np.fmin(np.fmin(learned, sg.k), sg.k_done)
+    mid = (sg.low + sg.high) / 2
+    # with nothing learned, the caps say how long the kernels could have run, not how long they
+    # ran: behind a drain entered right after the last launch the cap is that kernel's few µs
+    # (the launch-bound demo: 4.9 µs for 5), but behind host work it is the launch interval (the
+    # device could have kept pace), which counts at most the middle of the bounds
+    fill = np.where(np.isnan(learned), np.fmin(sg.n * k, mid), sg.n * k)
     point = np.where(~np.isnan(sg.point), sg.point,
-                     np.where(~np.isnan(k), np.minimum(sg.high, np.maximum(sg.low, sg.n * k)),
-                              (sg.low + sg.high) / 2))
+                     np.where(~np.isnan(k), np.minimum(sg.high, np.maximum(sg.low, fill)), mid))
     first = np.ones(len(sg.pid), bool)
     first[1:] = pid_first[1:] | (sg.w[1:] != sg.w[:-1])
     starts = np.flatnonzero(first)
@@ -512,6 +527,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     op_i = calls["op_i"].to_numpy().astype(np.int64)
     d, has_d = _ints(calls["d"])
     launch = _OP_LAUNCH[op_i]
+    h2d = calls["h2d"].to_numpy(zero_copy_only=False).astype(bool)
     # per process: the streams in use, the quickest launch (a loop always in back-pressure has
     # a long median); per process and op: the no-wait cost, the shortest call up to the cap
     pids, p_i = np.unique(pid, return_inverse=True)
@@ -558,9 +574,11 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     row_pid = rows(pid, waits["pid"].to_numpy())
     t_row = rows(t_call, waits["t"].to_numpy())
     tid_row = rows(tid, waits_tid)
-    # each process and window's rows in time order (NULL last); ties in (pos, dr), which the
-    # SQL left in any order, by the call's start and thread
-    order = np.lexsort((tid_row, t_row, dr, np.where(has_pos, pos, 0), ~has_pos, w, row_pid))
+    # each process and window's rows in time order (NULL last); at one instant, by the call's
+    # start: a drain returning as a call starts (the thread's next call, on a clock of whole µs
+    # as in an imported trace) began earlier, so that call is the next segment's, never covered
+    # by the drain; a zero-length synchronous copy's start before its return; then by thread
+    order = np.lexsort((tid_row, dr, t_row, np.where(has_pos, pos, 0), ~has_pos, w, row_pid))
     row_pid, w, pos, has_pos, dr, row_role = (x[order] for x in (row_pid, w, pos, has_pos, dr, row_role))
     first = np.ones(len(order), bool)  # the first row of its process and window
     first[1:] = (row_pid[1:] != row_pid[:-1]) | (w[1:] != w[:-1])
@@ -591,7 +609,8 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     guess, has_guess = column(no_call, np.zeros(len(at), bool), w_guess, w_has_guess)
     seq = _Sequence(pid=row_pid, w=w, seg=seg, dr=dr, role=row_role, pos=pos, has_pos=has_pos, t=t_row[order],
                     e=e_row, has_e=has_e_row, d=d_row, wait=wait_row[order], cpu=cpu, guess=guess,
-                    has_guess=has_guess, csub=csub, bp=row_long & around)
+                    has_guess=has_guess, csub=csub, bp=row_long & around,
+                    h2d=rows(_OP_COPY[op_i] & h2d, np.zeros(n_waits, bool))[order])
     seq.table = pa.table({
         "pid": pa.array(row_pid, pa.int32()),
         "tid": pa.array(tid_row[order].astype(np.int32), mask=~rows(has_tid, waits_has_tid)[order]),

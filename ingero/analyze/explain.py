@@ -68,7 +68,8 @@ DEVICE_BUSY_NOT_HIGH = 0.90
 
 def _hold_to_the_device(chain: Chain, ctx: context.Context, device_side: set[str]) -> None:
     """Device busy is the effect a host-side cause must show before it is HIGH (a rule whose
-    cause is device time itself, DEVICE_SIDE, is exempt)."""
+    cause is device time itself, or whose effect is the device's measured idleness, DEVICE_SIDE,
+    is exempt)."""
     if chain.rule_id in device_side:
         return
     busy = [ctx.device_busy[p] for p in chain.pids if p in ctx.device_busy]

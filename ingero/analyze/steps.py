@@ -7,8 +7,11 @@ counts repeating with a period of p segments (p drains per step).  The
 smallest p under which the counts repeat (within a tolerance, for the
 occasional extra call) is the step; steps run from drain return to drain
 return, starting at the drain followed by the longest host gap (data loading
-and optimizer work come between steps).  No repeating pattern (or no drains,
-as in loops that never sync): no steps, and the reason says why.
+and optimizer work come between steps).  A loop with many drains a step (a
+sync after every kernel) repeats too finely for the counts: there the input
+copy, in every p-th segment, marks the step, which ends at the drain before
+it.  No repeating pattern (or no drains, as in loops that never sync): no
+steps, and the reason says why.
 
 The breakdown splits the loop thread's wall clock, over the windows that hold
 steps, into parts that add up to it, from the window tables (ing_win,
@@ -50,6 +53,15 @@ class Thresholds:
     min_match: float = 0.8
     # Fewer segments than this are no rhythm.
     min_segments: int = 6
+    # A loop that syncs after every few kernels (an .item() per kernel: 32 drains a step in the
+    # sync-heavy demo) repeats every segment, yet copies its input to the device once a step:
+    # host-to-device copies in every p-th segment (p > 1, min_match of the spacings within a
+    # window) make p the step, up to this many drains, when the host's gap before a copy's
+    # segment is at least marker_gap_factor times the mean gap before the others (the batch
+    # is fetched between steps: 200 µs against ~0 in that demo; a D2H read-back for logging
+    # every tenth step has no such gap).
+    max_marker_period: int = 1024
+    marker_gap_factor: float = 2.0
 
 
 T = Thresholds()
@@ -96,7 +108,7 @@ class Steps:
 
 
 SEGMENTS_SQL = """
-SELECT w, seg, n, r_call, s1 FROM ing_dev_steps
+SELECT w, seg, n, copies, r_call, s1 FROM ing_dev_steps
 WHERE pid = $pid
 ORDER BY w, seg
 """
@@ -168,6 +180,32 @@ def period(counts: list[int], t: Thresholds = T) -> int | None:
     return None
 
 
+def marker_period(copies: np.ndarray, w: np.ndarray, t: Thresholds = T) -> int | None:
+    """The spacing of the segments holding a host-to-device copy (within each window), when it
+    is regular and more than 1, or None."""
+    at = np.flatnonzero(copies > 0)
+    same_w = w[at[1:]] == w[at[:-1]] if len(at) > 1 else np.zeros(0, bool)
+    spacing = np.diff(at)[same_w]
+    if len(spacing) < t.min_segments:
+        return None
+    values, times = np.unique(spacing, return_counts=True)
+    p = int(values[np.argmax(times)])
+    if p <= 1 or p > t.max_marker_period or times.max() < t.min_match * len(spacing):
+        return None
+    return p
+
+
+def _gap_before_copies_dominates(copies: np.ndarray, gap: np.ndarray, has_gap: np.ndarray,
+                                 t: Thresholds = T) -> bool:
+    """The host's gap before a copy's segment (previous drain's return to its first submission)
+    is at least marker_gap_factor times the mean gap before the other segments."""
+    marked = has_gap & (copies > 0)
+    other = has_gap & (copies == 0)
+    if not marked.any() or not other.any():
+        return bool(marked.any())
+    return float(gap[marked].mean()) >= t.marker_gap_factor * max(1.0, float(gap[other].mean()))
+
+
 def _percentile(sorted_vals: list[float], q: float) -> float:
     """Nearest-rank percentile of sorted values (q in 0..100)."""
     k = max(0, min(len(sorted_vals) - 1, -(-len(sorted_vals) * q // 100) - 1))
@@ -179,23 +217,35 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
     con = ctx.con
     # (numpy over the segments: ~14,000 in a 120 s range, ~0.02 CPU-s as Python tuples)
     rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchnumpy()
-    w, counts, r = (np.asarray(rows[c], dtype=np.int64) for c in ("w", "n", "r_call"))
+    w, counts, copies, r = (np.asarray(rows[c], dtype=np.int64) for c in ("w", "n", "copies", "r_call"))
     s1 = np.ma.asarray(rows["s1"])
-    p = period(counts, t)
-    if p is None:
-        return None
-    # each segment's place in its window
     first = np.ones(len(w), bool)
     first[1:] = w[1:] != w[:-1]
-    starts = np.flatnonzero(first)
-    place = np.arange(len(w)) - np.repeat(starts, np.diff(np.append(starts, len(w))))
-    # phase: the boundary drain is the one followed by the longest host gap (next s1 - r)
-    follows = ~first[1:] & ~np.ma.getmaskarray(s1)[1:]
-    gaps = np.zeros(p, np.int64)
-    np.add.at(gaps, place[:-1][follows] % p, s1.filled(0)[1:][follows] - r[:-1][follows])
-    phase = int(np.argmax(gaps))  # (the first of equal gaps)
-    # every p-th drain from the phase on closes a step; steps within a window are timed
-    ends = (place >= phase) & ((place - phase) % p == 0)
+    # each segment's host gap before it: the previous drain's return to its first submission
+    gap = np.zeros(len(w), np.int64)
+    has_gap = np.zeros(len(w), bool)
+    has_gap[1:] = ~first[1:] & ~np.ma.getmaskarray(s1)[1:]
+    gap[1:] = np.where(has_gap[1:], s1.filled(0)[1:] - r[:-1], 0)
+    p = period(counts, t)
+    marker = marker_period(copies, w, t) if p in (None, 1) else None
+    if marker is not None and _gap_before_copies_dominates(copies, gap, has_gap, t):
+        # the drain before each input copy closes a step
+        p = marker
+        ends = np.zeros(len(w), bool)
+        ends[:-1] = (copies[1:] > 0) & ~first[1:]
+    else:
+        if p is None:
+            return None
+        # each segment's place in its window
+        starts = np.flatnonzero(first)
+        place = np.arange(len(w)) - np.repeat(starts, np.diff(np.append(starts, len(w))))
+        # phase: the boundary drain is the one followed by the longest host gap
+        follows = has_gap[1:]
+        gaps = np.zeros(p, np.int64)
+        np.add.at(gaps, place[:-1][follows] % p, gap[1:][follows])
+        phase = int(np.argmax(gaps))  # (the first of equal gaps)
+        # every p-th drain from the phase on closes a step; steps within a window are timed
+        ends = (place >= phase) & ((place - phase) % p == 0)
     end_w, end_r = w[ends], r[ends]
     same = end_w[1:] == end_w[:-1]
     durations = ((end_r[1:] - end_r[:-1])[same] / 1e6).tolist()
@@ -209,8 +259,8 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
     return Steps(
         pid=act.pid,
         tid=tid,
-        # every p-th drain closes a step; the first only opens one (steps crossing a window
-        # boundary are not timed, but counted; so are the steps outside the slices)
+        # p drains a step; the first only opens one (steps crossing a window boundary are not
+        # timed, but counted; so are the steps outside the slices)
         count=max(0, _drains(ctx, act.pid) // p - 1),
         median_ms=_percentile(durations, 50),
         p99_ms=_percentile(durations, 99),

@@ -203,13 +203,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         story="the loop calls cudaStreamSynchronize after each of 32 kernels, so the host and "
               "device take turns instead of overlapping",
         expected_rule="sync-heavy",
-        workload=(*_BASE, "--kernel-us", "300", "--kernels-per-step", "32", "--syncs-per-step", "32",
+        workload=(*_BASE, "--kernel-us", "40", "--kernels-per-step", "32", "--syncs-per-step", "32",
                   "--host-us", "200", *_LOOP),
-        fix_workload=(*_BASE, "--kernel-us", "300", "--kernels-per-step", "32", "--syncs-per-step", "1",
+        fix_workload=(*_BASE, "--kernel-us", "40", "--kernels-per-step", "32", "--syncs-per-step", "1",
                       "--host-us", "200", *_LOOP),
         fix="one sync per step: accumulate losses on the device, .item() once per log interval",
-        physics=Physics(kernels=32, kernel_us=300, syncs=32, host_us=200),
-        fix_physics=Physics(kernels=32, kernel_us=300, syncs=1, host_us=200),
+        physics=Physics(kernels=32, kernel_us=40, syncs=32, host_us=200),
+        fix_physics=Physics(kernels=32, kernel_us=40, syncs=1, host_us=200),
     ),
     Scenario(
         name="straggler",

@@ -137,6 +137,22 @@ def test_launch_bound_tiny_kernels_bounds_hold():
     assert act.high < 0.85
 
 
+@pytest.mark.parametrize("sleep", [False, True], ids=["spin", "block"])
+def test_a_call_starting_as_the_drain_returns_is_the_next_segments(sleep):
+    # the next step's copy starts on the very ns the sync returned (a clock of whole µs, as in
+    # an imported trace, makes such ties common): it is not work the sync waited for
+    hosts = []
+    for host_us in (0, 0.001):  # the tie, and 1 ns later
+        h = Host()
+        for _ in range(100):
+            step(h, kernels=20, kernel_us=30, host_us=host_us, sleep=sleep)
+        hosts.append(h)
+    tie, apart = (h.infer() for h in hosts)
+    assert tie.waited_drains == apart.waited_drains == 100
+    assert tie.busy_share == pytest.approx(apart.busy_share, abs=1e-4)
+    check(tie, hosts[0].truth(), tol=0.05)
+
+
 def half_waiting(steps: int) -> Host:
     """Every other step syncs late (after long host work: no wait); the others wait. Same kernels."""
     h = Host()

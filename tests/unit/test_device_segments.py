@@ -1,7 +1,8 @@
 """device.py's segments and windows in numpy against the SQL they replaced (the oracle here).
 
 The SQL below is what device.py ran until 2026-11-27 (ing_dev_seg, then the windows), kept only
-as the meaning of the numpy code: every device-inference scenario of test_device_infer and some
+as the meaning of the numpy code, and changed with it since (a non-waited segment's caps count at
+most the middle of its bounds): every device-inference scenario of test_device_infer and some
 demo traces run with each segment table and window row compared to it, exactly.
 """
 
@@ -76,7 +77,8 @@ FROM h
 """
 
 # Segments the host did not wait on take the per-submission device time of
-# the process' waited segments; the rest, the middle of their bounds.
+# the process' waited segments; with none, what fits before their drain, at most
+# the middle of their bounds; the rest, the middle.
 REF_WIN_SQL = """
 WITH kk AS (
     SELECT pid, sum(point) / sum(n) AS k FROM ref_dev_seg
@@ -84,9 +86,12 @@ WITH kk AS (
 ), f AS (
     SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
            -- least() skips NULLs: the learned k, capped by what fits before the drain's start
-           -- and its return
-           coalesce(s.point, CASE WHEN coalesce(kk.k, s.k, s.k_done) IS NOT NULL
+           -- and its return; with nothing learned, the caps at most the middle of the bounds
+           coalesce(s.point, CASE WHEN kk.k IS NOT NULL
                                        THEN least(s.high, greatest(s.low, s.n * least(kk.k, s.k, s.k_done)))
+                                  WHEN coalesce(s.k, s.k_done) IS NOT NULL
+                                       THEN least(s.high, greatest(s.low, least(s.n * least(s.k, s.k_done),
+                                                                                (s.low + s.high) / 2)))
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ref_dev_seg s LEFT JOIN kk USING (pid)
 ), span AS (

@@ -119,7 +119,11 @@ def test_launch_bound_when_launches_starve_the_device():
     tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py").system(0, 20)
     rep = tr.loop(0, 20, launches=400, launch_us=8, launch_gap_us=20, device_ms=2, cpu_ms=1).explain()
     assert [c.rule_id for c in rep.chains] == ["launch-bound"]
-    assert rep.chains[0].numbers["launch_idle_share"] > 0.9
+    # the sync never waits and follows 1 ms of Python: nothing shows how long the kernels ran,
+    # only that they fit between the launches; the device is taken busy for the middle of that
+    # (device.py), and the rest of the launch window is idle the launches leave
+    assert rep.device.busy_share == pytest.approx(0.5, abs=0.01)
+    assert rep.chains[0].numbers["launch_idle_share"] == pytest.approx(0.5, abs=0.01)
 
 
 def _samples(h: Host, every_ns: int = 10_000_000) -> tuple[list, list]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, SESSION, T0, S, Trace, chains_of
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of
 from ingero.analyze.rules import launch_bound, sync_heavy
 
 
@@ -26,6 +26,53 @@ def test_launch_bound_fires():
     assert any("CUDA graph" in f for f in chain.fix)
     assert chains_of(report, "sync-heavy") == []
     assert chains_of(report, "cpu-contention") == []
+
+
+def short_kernels(policy: str) -> Trace:
+    """400 launches of 15 µs a step, each kernel done 5 µs after its launch returned; the sync
+    returns 4.5 µs after the last kernel plus its wake-up (block: 25 µs) or at once (spin)."""
+    tr = base()
+    tr.ev(T0 + 1000, "cudaStreamSync", MAIN_PID, MAIN_TID, 2 * US)  # a sync with nothing to wait for
+    return tr.loop(0.001, 1.5, launches=400, launch_us=15, launch_gap_us=0.5, device_ms=6.2045, cpu_ms=0,
+                   policy=policy)
+
+
+def test_launch_bound_behind_a_sleeping_sync_is_medium_and_says_why():
+    # the sleeping sync's wake-up reads as the last kernel's time: the model then has the device
+    # keep pace with the launches (busy ~99%), which no full launch queue shows
+    report = short_kernels("block").explain()
+    assert report.device.busy_share >= launch_bound.T.max_device_busy_share
+    [chain] = chains_of(report, "launch-bound")
+    assert report.chains[0] is chain
+    assert chain.severity == "MEDIUM"
+    assert any(e.startswith("the device may have kept pace: inferred busy 99.") for e in chain.effect)
+    # spinning, the sync returns as the device ends: the kernels' 5 µs show, the device idles
+    report = short_kernels("spin").explain()
+    assert report.device.busy_share < launch_bound.T.max_device_busy_share
+    [chain] = chains_of(report, "launch-bound")
+    assert chain.severity == "HIGH"
+    assert not any("kept pace" in e for e in chain.effect)
+
+
+def test_launches_held_by_a_full_queue_are_not_launch_bound():
+    # 60 µs kernels behind a 32-deep queue: from the 33rd launch on each waits for a slot
+    tr = base()
+    t = T0 + 1000
+    ends: list[int] = []
+    while t < T0 + 3 * S:
+        for i in range(400):
+            slot = ends[i - 32] if i >= 32 else t
+            dur = max(5 * US, slot - t + 5 * US)
+            tr.ev(t, "cudaLaunchKernel", MAIN_PID, MAIN_TID, dur)
+            t += dur
+            ends.append(max(t, ends[-1] if ends else 0) + 60 * US)
+            t += 5 * US
+        tr.ev(t, "cudaStreamSync", MAIN_PID, MAIN_TID, ends[-1] - t + 3 * US)
+        t = ends[-1] + 3 * US
+        ends = []
+    report = tr.explain()
+    assert report.device.busy_share >= launch_bound.T.max_device_busy_share
+    assert chains_of(report, "launch-bound") == []
 
 
 def test_launch_rate_just_below_threshold():

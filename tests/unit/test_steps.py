@@ -47,6 +47,59 @@ def test_two_syncs_per_step_are_one_step():
     assert st.median_ms == pytest.approx(st.p99_ms, rel=1e-3)
 
 
+@pytest.mark.parametrize("sleep", [False, True], ids=["spin", "block"])
+def test_a_sync_after_every_kernel_is_one_step_per_input_copy(sleep):
+    # 32 kernels a step, each followed by its sync (.item() in the loop): the counts repeat
+    # every segment, so only the input copy, once a step, shows where a step starts
+    h = Host()
+    ends = []
+    for _ in range(50):
+        h.host(200)
+        h.copy_async(50)
+        for _ in range(32):
+            h.launch(40)
+            h.sync(sleep=sleep)
+        ends.append(h.t)  # the step's last sync returned
+    st = detect(h)
+    assert st.drains_per_step == 32
+    assert st.count == 49
+    truth = {(b - a) / 1e6 for a, b in zip(ends, ends[1:])}
+    assert len(truth) == 1
+    assert st.median_ms == pytest.approx(truth.pop(), abs=1e-6)
+    assert st.p99_ms == st.median_ms
+
+
+def test_a_read_back_every_tenth_step_is_not_the_step():
+    # one sync a step, the data already on the device; every tenth step also fetches a value
+    # to the host for logging (a D2H copy): one step per sync still
+    h = Host()
+    for i in range(200):
+        for _ in range(10):
+            h.launch(100)
+        if i % 10 == 0:
+            h._call("cudaMemcpyAsync", 8 * US, kind="D2H", bytes=4, stream=7)
+            h._queue(7, 5 * US)
+        h.sync()
+        h.host(300)
+    st = detect(h)
+    assert st.drains_per_step == 1
+    assert st.count == 199
+
+
+def test_an_input_copy_without_a_host_gap_before_it_is_not_the_step():
+    # a sync after each of 8 kernels, and an H2D copy (a lookup table refreshed) before every
+    # 8th kernel, but the host works between every two syncs alike: nothing sets those apart
+    h = Host()
+    for i in range(400):
+        h.host(100)
+        if i % 8 == 0:
+            h.copy_async(20)
+        h.launch(40)
+        h.sync()
+    st = detect(h)
+    assert st.drains_per_step == 1
+
+
 def test_the_breakdown_adds_up_and_names_inline_loading():
     h = Host()
     for _ in range(300):

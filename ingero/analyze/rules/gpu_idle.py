@@ -14,6 +14,9 @@ from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
 
 ID = "gpu-idle"
+# Its effect is measured (NVML utilisation), not inferred: a busy point inferred from the
+# calls does not overrule it (explain's device gate).
+DEVICE_SIDE = True
 TITLE = "GPU idle while the job runs"
 
 
