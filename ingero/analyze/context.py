@@ -97,6 +97,9 @@ class Context:
     # with it: the first second whose summaries the tracer had not written at its last flush
     # (sessions.summaries_pending_ns; read from the events), None when none
     summaries_pending_ns: int | None = None
+    # what tracing one CUDA call cost its thread (sessions.call_cost_ns, calibrated at the
+    # trace's start; None: not calibrated, or before schema 14)
+    call_cost_ns: float | None = None
 
     def __post_init__(self) -> None:
         if self.covered_start_ns is None:
@@ -222,6 +225,7 @@ def resolve(con: duckdb.DuckDBPyConnection, opts: Options, *, align: bool = Fals
         aligned=aligned,
         summarised=summarised,
         summaries_pending_ns=None if pending is None else int(pending),
+        call_cost_ns=None if srow.get("call_cost_ns") is None else float(srow["call_cost_ns"]),
     )
 
 

@@ -32,7 +32,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -72,6 +72,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #  13: sessions.summaries_pending_ns: the tracer writes the windows rows of a few
 #      flushes at once; the seconds it still held at its last flush are read from
 #      events (a tracer still running, or killed before writing them).
+#  14: sessions.call_cost_ns: what tracing one CUDA call costs its thread,
+#      calibrated at the trace's start.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -106,6 +108,7 @@ MIGRATIONS: dict[int, list[str]] = {
     11: [REAPPLY_SCHEMA],  # creates windows, window_late_waits
     12: [REAPPLY_SCHEMA],  # creates sampling (the overhead budget's periods)
     13: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summaries_pending_ns BIGINT"],
+    14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -445,7 +448,7 @@ class Store:
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
         allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
-                   "status", "ended_ns", "notes", "summaries_pending_ns"}
+                   "status", "ended_ns", "notes", "summaries_pending_ns", "call_cost_ns"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")

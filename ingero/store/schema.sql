@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
     clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
     notes VARCHAR,                   -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
-    summaries_pending_ns BIGINT      -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries.py); NULL: every stored event is in windows (schema 13)
+    summaries_pending_ns BIGINT,     -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries.py); NULL: every stored event is in windows (schema 13)
+    call_cost_ns DOUBLE              -- what tracing one CUDA call costs its thread here, in CPU ns: the entry and return uprobes, calibrated at the trace's start on a probed libc call (the launch-bound rule takes it out of a launch's time); NULL: not calibrated (an imported trace, a kernel without uprobe_multi links, before schema 14)
 );
 
 -- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the

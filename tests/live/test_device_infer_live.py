@@ -53,29 +53,37 @@ def run(request, tmp_path_factory, simcuda: Path):
     con = duckdb.connect(str(db), read_only=True)
     ctx, act = device.analyse(con, Options())
     st = steps.detect(ctx, act) if act else None
-    yield truth, act, st
+    cost = con.execute("SELECT call_cost_ns FROM sessions").fetchall()
+    yield truth, act, st, cost
     con.close()
 
 
 def test_steps_are_counted_exactly(run):
-    truth, act, st = run
+    truth, act, st, _ = run
     assert act is not None and act.pid == truth["pid"]
     assert st is not None and st.drains_per_step == 1
     assert st.count == truth["steps"]
 
 
 def test_the_upper_bound_holds_the_true_busy_share(run):
-    truth, act, _ = run
+    truth, act, _, _ = run
     # the summary rounds to 0.1 point
     assert 100 * act.high >= truth["device_busy_pct"] - 0.05
     assert act.low <= act.busy_share <= act.high
 
 
 def test_the_breakdown_adds_up_to_the_step(run):
-    _, _, st = run
+    _, _, st, _ = run
     b = st.breakdown
     assert b is not None
     assert b.total_ms == pytest.approx(st.mean_ms, rel=1e-9)
     assert min(getattr(b, f"{p}_ms") for p in steps.PARTS) >= 0
     # 50 launches and one copy per step, every step: both show
     assert b.launch_ms > 0 and b.copy_ms > 0
+
+
+def test_the_trace_calibrated_what_a_traced_call_costs(run):
+    # one session; a uprobe pair costs 1-3 µs on bare metal, ~10.7 µs on this project's VMs
+    *_, cost = run
+    assert len(cost) == 1
+    assert 200 < cost[0][0] < 100_000

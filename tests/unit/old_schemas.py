@@ -44,7 +44,8 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
-    # 13 added sessions.summaries_pending_ns
+    # 14 added sessions.call_cost_ns, 13 sessions.summaries_pending_ns
+    sql = _drop_trailing_columns(sql, ("call_cost_ns",), last="summaries_pending_ns BIGINT", table="sessions")
     sql = _drop_trailing_columns(sql, ("summaries_pending_ns",), last="notes VARCHAR", table="sessions")
     # 11 added windows and window_late_waits (appended at the end) and the OP_NAME enum of
     # events.op and events.in_call (VARCHAR before)

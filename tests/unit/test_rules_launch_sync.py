@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of
+from ingero.analyze.context import Options
+from ingero.analyze.explain import explain
 from ingero.analyze.rules import launch_bound, sync_heavy
 
 
@@ -52,6 +54,22 @@ def test_launch_bound_behind_a_sleeping_sync_is_medium_and_says_why():
     [chain] = chains_of(report, "launch-bound")
     assert chain.severity == "HIGH"
     assert not any("kept pace" in e for e in chain.effect)
+
+
+@pytest.mark.parametrize("cost_us, severity", [(9.0, "LOW"), (2.0, "HIGH")])
+def test_launch_bound_only_while_traced_is_low(cost_us, severity):
+    # 15.5 µs a launch, ~10 µs of device time per launch inferred (spinning syncs): with 9 µs of
+    # each launch the tracer's own probes, untraced launches (6.5 µs) would outrun the kernels
+    store = short_kernels("spin").store()
+    store.update_session(SESSION, call_cost_ns=cost_us * 1000)
+    report = explain(store.con, Options())
+    [chain] = chains_of(report, "launch-bound")
+    assert chain.severity == severity
+    assert chain.numbers["trace_cost_per_call_ns"] == cost_us * 1000
+    # (a launch every 15.5 µs, and each step's sync: ~0.1 µs more per launch)
+    assert chain.numbers["untraced_period_ns"] == pytest.approx(15_500 - cost_us * 1000, abs=150)
+    assert f"~{cost_us:.1f} µs is this trace's own probes" in chain.root[2]
+    assert any("launch-bound only while traced" in line for line in chain.root) == (severity == "LOW")
 
 
 def test_launches_held_by_a_full_queue_are_not_launch_bound():

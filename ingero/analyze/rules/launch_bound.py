@@ -113,6 +113,20 @@ def _launch_starved(split: dict, r: baseline.Row, shown: bool | None) -> bool:
     return x.host_idle_ns < x.launch_idle_ns
 
 
+def _cost_lines(u: Untraced | None, mean_ns: float) -> list[str]:
+    """What the tracer's own probes add to each launch, and whether the loop is launch-bound
+    without them."""
+    if u is None:
+        return []
+    lines = [f"of each launch's {units.ns(mean_ns)}, ~{units.ns(u.cost_ns)} is this trace's own probes "
+             f"(calibrated at its start)"]
+    if u.keeps_pace:
+        lines.append(f"without them a launch every ~{units.ns(u.period_ns)} against ~{units.ns(u.kernel_ns)} "
+                     f"of device time per launch: the device would keep pace, so the loop is launch-bound "
+                     f"only while traced")
+    return lines
+
+
 def _unshown(ctx: Context, pid: int, shown: bool | None) -> list[str]:
     """The effect line of a chain whose starved device is not shown (``_busy_shown`` False)."""
     if shown is not False:
@@ -121,6 +135,37 @@ def _unshown(ctx: Context, pid: int, shown: bool | None) -> list[str]:
     return [f"the device may have kept pace: inferred busy {units.pct(act.busy_share)} ({units.pct(act.low)}-"
             f"{units.pct(act.high)}), shown by no full launch queue; a sync's wake-up after short kernels "
             f"reads as device time"]
+
+
+@dataclass(frozen=True)
+class Untraced:
+    """The loop without the tracer's probes (sessions.call_cost_ns)."""
+
+    cost_ns: float  # what tracing one call costs its thread
+    period_ns: float  # a launch every this much, the probes' cost taken out
+    kernel_ns: float | None  # the device's inferred busy time per launch (None: not shown)
+
+    @property
+    def keeps_pace(self) -> bool:
+        """The device would keep up with the untraced launches: launch-bound only while traced."""
+        return self.kernel_ns is not None and self.kernel_ns >= self.period_ns
+
+
+def _untraced(ctx: Context, pid: int, shown: bool | None, ev_split: list, wall: float,
+              launches: int) -> Untraced | None:
+    """Each traced launch pays the entry and return uprobes (~10.7 µs a call on this project's
+    VMs, ~1-2 µs on bare metal): a 5 µs launch takes ~15 traced, so 10 µs kernels that would
+    outrun the host untraced fall behind it traced (train.py, 200 x 10 µs kernels: 2.49 ms a
+    step and the device 96% busy untraced, 4.9 ms and 57% traced)."""
+    if not ctx.call_cost_ns or not launches:
+        return None
+    period = wall / launches
+    kernel = None
+    if shown is None:  # a device not that busy: its point is what the calls show
+        busy_ns = (sum(x.busy_share * x.wall_ns for x in ev_split) if ev_split
+                   else ctx.device_busy.get(pid, 0.0) * wall)
+        kernel = busy_ns / launches
+    return Untraced(ctx.call_cost_ns, max(0.0, period - ctx.call_cost_ns), kernel)
 
 
 def evaluate(con, ctx: Context) -> list[Chain]:
@@ -151,6 +196,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         mean_ns = launch_ns / launches
         me = procs.lookup(con, [pid])[pid]
         severity = "HIGH" if rate >= T.high_launch_rate_per_s and shown is None else "MEDIUM"
+        untraced = _untraced(ctx, pid, shown, ev_split, wall, launches)
+        if untraced is not None and untraced.keeps_pace:
+            severity = "LOW"
         launch_share = launch_ns / wall
         chains.append(
             Chain(
@@ -163,6 +211,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     f"launch calls take {units.ns(mean_ns)} each on average, {units.pct(launch_share)} of wall clock; "
                     f"the thread is on CPU {units.pct(oncpu)} of the time and never waits "
                     f"(running {units.pct(busy)})",
+                    *_cost_lines(untraced, mean_ns),
                 ],
                 effect=[
                     f"{'GPU starved: ' if shown is None else ''}the loop waited for the GPU (in syncs) only "
@@ -189,6 +238,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     "busy_share": round(busy, 4),
                     "sync_wait_share": round(sync_wait, 4),
                     **({"launch_idle_share": round(launch_idle, 4)} if launch_idle is not None else {}),
+                    **({"trace_cost_per_call_ns": round(untraced.cost_ns, 1),
+                        "untraced_period_ns": round(untraced.period_ns, 1)} if untraced is not None else {}),
                 },
             )
         )
