@@ -119,6 +119,9 @@ class WindowBusy:
     low_ns: int
     point_ns: int
     high_ns: int
+    # of the idle inside segments (high - point), what fell after their last submission, while
+    # the host did something else before draining (host-bound's, not launch pacing's)
+    tail_ns: int = 0
 
     @property
     def share(self) -> tuple[float, float, float]:
@@ -250,6 +253,9 @@ class _Segments:
     n: np.ndarray
     copies: np.ndarray  # of n, host-to-device copies
     s1: np.ndarray
+    en: np.ndarray  # the last submission's return (valid where has_en)
+    has_en: np.ndarray
+    drain_t: np.ndarray  # the closing drain's start (valid where has_r_call)
     has_s1: np.ndarray
     r_call: np.ndarray
     has_r_call: np.ndarray
@@ -318,6 +324,9 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
     has_sub = n > 0
     cmax = np.maximum.reduceat(np.where(sub, seq.csub, -1), starts) if n_rows else n
     s1 = np.minimum.reduceat(np.where(sub, seq.t, big), starts) if n_rows else n
+    sub_e = sub & seq.has_e
+    en = np.maximum.reduceat(np.where(sub_e, seq.e, -big), starts) if n_rows else n
+    has_en = count(sub_e) > 0
     # the drain that closed the segment (at most one: its return row ends the segment)
     di, has_drain = last(seq.dr == 1)
     has_r_call = has_drain & seq.has_pos[di]
@@ -383,6 +392,7 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
     p_bp_n = np.add.reduceat(seq.bp.astype(np.int64), first_of_pid) if n_rows else n
     return _Segments(
         pid=pid[keep], w=w[keep], seg=seg[keep], n=n[keep], copies=copies[keep], s1=s1[keep], has_s1=has_sub[keep],
+        en=en[keep], has_en=has_en[keep], drain_t=drain_t[keep],
         r_call=r_call[keep], has_r_call=has_r_call[keep], raw_wait=raw_wait[keep], r=r[keep], has_r=has_r[keep],
         k=k[keep], k_done=k_done[keep], bp_n=bp_n[keep], low=low[keep], high=high[keep],
         point=np.where(has_point, point, np.nan)[keep],
@@ -400,7 +410,8 @@ def _min_or_nan(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
     """Per process and window (in that order): (pid, w, low, point, high, drains, waited drains,
     pstart, pend, submissions, back-pressure launches of the process, whether the window's last
-    segment was left open), the busy times in ns summed over the window's segments.
+    segment was left open, tail), the busy times in ns summed over the window's segments; tail:
+    of their idle, what fell after the last submission (WindowBusy.tail_ns).
 
     Segments the host did not wait on (point NaN) take the per-submission device time of the
     process' waited segments, capped by what fits before their drain's start and return (k,
@@ -433,11 +444,19 @@ def _window_rows(sg: _Segments, wait_min: int) -> list[tuple]:
     starts = np.flatnonzero(first)
     last = np.append(starts[1:], len(sg.pid)) - 1  # (segments in seg order: the last is the latest)
     waited = sg.has_r & (sg.raw_wait - (sg.r_call - sg.r) > wait_min)
+    # where the idle inside a drained segment fell: the device ran its point's worth from the
+    # first submission on, so what the launches' span (s1 to the last one's return) could not
+    # hold of it spills into the tail (the host elsewhere until the drain); the rest of the
+    # tail was idle, left by host work, not by launch pacing
+    tail_host = np.where(sg.has_r_call & sg.has_s1 & sg.has_en, np.maximum(0, sg.drain_t - sg.en), 0)
+    spill = np.maximum(0.0, point - np.where(sg.has_en, sg.en - sg.s1, 0))
+    tail = np.minimum(np.maximum(0.0, tail_host - spill), np.maximum(0.0, sg.high - point))
     cols = (sg.pid[starts], sg.w[starts], np.add.reduceat(sg.low, starts),
             np.rint(np.add.reduceat(point, starts)).astype(np.int64),  # (::BIGINT rounds half to even)
             np.add.reduceat(sg.high, starts), np.add.reduceat(sg.has_r.astype(np.int64), starts),
             np.add.reduceat(waited.astype(np.int64), starts), sg.pstart[starts], sg.pend[starts],
-            sg.subs[starts], sg.pid_bp_n[starts], ~sg.has_r[last])
+            sg.subs[starts], sg.pid_bp_n[starts], ~sg.has_r[last],
+            np.rint(np.add.reduceat(tail, starts)).astype(np.int64))
     return list(zip(*(c.tolist() for c in cols)))
 
 
@@ -723,12 +742,14 @@ def _windows(ivs: pa.Table, prow: list[tuple], end_ns: int, pstart: int, pend: i
         else:
             low, point, high, open_before = (min(int(row[2]), cap), min(int(row[3]), cap), min(int(row[4]), cap),
                                              bool(row[11]))
-        acc = by_win.setdefault(win, [a, 0, 0, 0, 0])
+        tail = 0 if row is None else min(int(row[12]), max(0, high - point))
+        acc = by_win.setdefault(win, [a, 0, 0, 0, 0, 0])
         acc[1] += span
         acc[2] += low
         acc[3] += point
         acc[4] += high
-    return [WindowBusy(win, acc[0], acc[1], acc[2], acc[3], acc[4]) for win, acc in sorted(by_win.items())]
+        acc[5] += tail
+    return [WindowBusy(win, *acc) for win, acc in sorted(by_win.items())]
 
 
 def main_process(ctx: Context, activity: dict[int, DeviceActivity]) -> DeviceActivity | None:

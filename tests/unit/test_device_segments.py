@@ -84,7 +84,7 @@ WITH kk AS (
     SELECT pid, sum(point) / sum(n) AS k FROM ref_dev_seg
     WHERE point IS NOT NULL AND n > 0 AND bp_n = 0 GROUP BY pid
 ), f AS (
-    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done,
+    SELECT s.pid, s.w, s.seg, s.low, s.high, s.n, s.r, s.r_call, s.raw_wait, s.k, s.k_done, s.s1, s.en, s.drain_t,
            -- least() skips NULLs: the learned k, capped by what fits before the drain's start
            -- and its return; with nothing learned, the caps at most the middle of the bounds
            coalesce(s.point, CASE WHEN kk.k IS NOT NULL
@@ -94,6 +94,13 @@ WITH kk AS (
                                                                                 (s.low + s.high) / 2)))
                                   ELSE (s.low + s.high) / 2 END) AS point
     FROM ref_dev_seg s LEFT JOIN kk USING (pid)
+), g AS (
+    -- the idle after the last submission that the point does not reach into: the host's
+    SELECT *, least(greatest(0, CASE WHEN r_call IS NOT NULL AND s1 IS NOT NULL AND en IS NOT NULL
+                                     THEN greatest(0, drain_t - en) ELSE 0 END
+                                - greatest(0, point - coalesce(en - s1, 0))),
+                    greatest(0, high - point)) AS tail
+    FROM f
 ), span AS (
     SELECT pid, coalesce($span_a, min(t) FILTER (role <> 'cpu')) AS pstart,
            coalesce($span_b, max(e) FILTER (role <> 'cpu')) AS pend,
@@ -101,13 +108,13 @@ WITH kk AS (
            count(*) FILTER (bp) AS bp_n
     FROM ing_dev_seq GROUP BY pid
 )
-SELECT f.pid, f.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
+SELECT g.pid, g.w, sum(low)::BIGINT, sum(point)::BIGINT, sum(high)::BIGINT,
        count(*) FILTER (r IS NOT NULL), count(*) FILTER (r IS NOT NULL AND raw_wait - (r_call - r) > $wait_min),
        any_value(span.pstart), any_value(span.pend), any_value(span.subs), any_value(span.bp_n),
        -- the window's last segment was not closed by a drain: work may run on into the next
-       arg_max(r IS NULL, seg)
-FROM f JOIN span USING (pid)
-GROUP BY f.pid, f.w ORDER BY f.pid, f.w
+       arg_max(r IS NULL, seg), sum(tail)::BIGINT
+FROM g JOIN span USING (pid)
+GROUP BY g.pid, g.w ORDER BY g.pid, g.w
 """
 
 

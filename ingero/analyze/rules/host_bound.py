@@ -78,8 +78,10 @@ class IdleSplit:
     wall_ns: float
     host_ns: float  # on CPU outside CUDA calls, anywhere in the window
     idle_ns: float  # nothing of the process queued on the device (surely idle)
-    host_idle_ns: float  # of idle_ns: the loop on CPU outside CUDA calls (this rule's cause)
+    host_idle_ns: float  # the loop on CPU outside CUDA calls with the device idle (this rule's cause):
+    #                       in idle_ns, and in the tail below
     launch_idle_ns: float  # device idle while the step's work was being issued (launch pacing)
+    tail_ns: float  # of host_idle_ns: after the step's last launch, before its sync, the queued work done
     busy_share: float  # inferred device busy share of the window (point estimate)
     cpu_wait_ns: float  # the loop runnable but off CPU (cpu-contention's cause), in calls or not
 
@@ -126,10 +128,15 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         # what else the thread did while nothing was queued: waited for data, for a CPU,
         # for the disk or a fault, or sat in another CUDA call (cudaMalloc, ...)
         other = p.data_wait_idle_ns + p.cpu_wait_out_ns + p.faults_io_ns + p.other_cuda_ns
+        surely = min(p.host_ns, max(0.0, idle - other))
+        # the device ran out of queued work after the last launch while the loop worked on
+        # (logging, metrics) before its sync: device.py's tail, host work like the above
+        tail = min(max(0.0, p.host_ns - surely), wb.tail_ns / span * p.wall_ns)
         out[w] = IdleSplit(
             w=w, wall_ns=p.wall_ns, host_ns=p.host_ns, idle_ns=idle,
-            host_idle_ns=min(p.host_ns, max(0.0, idle - other)),
-            launch_idle_ns=max(0.0, wb.high_ns - wb.point_ns) / span * p.wall_ns,
+            host_idle_ns=surely + tail,
+            launch_idle_ns=max(0.0, wb.high_ns - wb.point_ns - wb.tail_ns) / span * p.wall_ns,
+            tail_ns=tail,
             busy_share=wb.point_ns / span,
             cpu_wait_ns=p.cpu_wait_ns,
         )
@@ -176,6 +183,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     ws = [x.w for x in ev]
     wall = sum(x.wall_ns for x in ev)
     host_idle = sum(x.host_idle_ns for x in ev)
+    tail = sum(x.tail_ns for x in ev)  # of host_idle: after the step's last launch, before its sync
     impact = host_idle / wall
     host_share = sum(x.host_ns for x in ev) / wall
     idle_share = sum(x.idle_ns for x in ev) / wall
@@ -189,7 +197,8 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     if any(n.ppid is not None for n in names.values()):
         workers = [w for w in workers if names[w].child_of(pid)]
     before_copy, gaps = con.execute(BATCH_FIRST_SQL, {"pid": pid, "ws": ws, "copy_ops": COPY_OPS}).fetchone()
-    batch_first = float(before_copy) / float(gaps) if gaps else 0.0
+    # (host work in the tail comes after the step's launches, not before its batch's copy)
+    batch_first = float(before_copy) / (float(gaps) + tail) if gaps else 0.0
     sampled = samples.top_lines(ctx, tid, ws, idle_first=True)
     by_samples = sampled is not None and sampled.outside > 0
     inline = (sampled.loader_share >= T.loader_sample_share if by_samples else False) or (
@@ -198,15 +207,18 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     found = activity.rhythm_steps(ctx, pid)
     step_ms = found.mean_ms if found is not None else None
     root = [
-        f"{me.label} was on CPU outside CUDA calls with nothing queued on the GPU {units.ns(host_idle)} "
+        f"{me.label} was on CPU outside CUDA calls while the GPU had nothing to run {units.ns(host_idle)} "
         f"of {units.ns(wall)} ({units.pct(impact)} of wall clock) in {len(ev)} of {len(rows)} windows",
     ]
     if step_ms:
-        root.append(
-            f"per step ({units.ns(found.median_ms * 1e6)} p50): {units.ns(step_ms * impact * 1e6)} of host work "
-            f"between the step's last sync and its next launch or copy"
-            f"{'' if host_share - impact < 0.005 else f', {units.ns(step_ms * (host_share - impact) * 1e6)} more while work was queued'}"
-        )
+        per = step_ms * 1e6 / wall  # ns of a mean step per ns of the windows
+        parts = [f"{units.ns((host_idle - tail) * per)} of host work between the step's last sync and its next "
+                 f"launch or copy"] if host_idle - tail >= 0.005 * wall else []
+        if tail >= 0.005 * wall:
+            parts.append(f"{units.ns(tail * per)} after its last launch, before its sync, the queued work done")
+        if host_share - impact >= 0.005:
+            parts.append(f"{units.ns(step_ms * (host_share - impact) * 1e6)} more while work was queued")
+        root.append(f"per step ({units.ns(found.median_ms * 1e6)} p50): {', '.join(parts)}")
     if inline and by_samples and sampled.loader_share >= T.loader_sample_share:
         root.append(f"the DataLoader runs on the loop thread: {units.pct(sampled.loader_share)} of the CPU samples "
                     f"outside CUDA calls are in torch.utils.data (num_workers=0)")
@@ -220,7 +232,8 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
 
     effect = [
         f"GPU idle: inferred busy {units.pct(busy)} in these windows; nothing queued for {units.pct(idle_share)} "
-        f"of wall clock, {units.pct(impact)} of it while the loop worked on the CPU",
+        f"of wall clock{f', the queued work done before the sync for {units.pct(tail / wall)}' if tail else ''}; "
+        f"{units.pct(impact)} of wall clock the loop worked on the CPU meanwhile",
         f"not launch overhead: the device ran dry while launches were issued only {units.pct(launch_idle)} "
         f"of wall clock",
     ]
@@ -243,9 +256,14 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
         contributing.append("trace with --stack to name the Python lines (a ~99 Hz CPU sample of the loop thread)")
 
     fix = _fixes(ctx, me, inline, step_ms, impact, len(workers))
+    if tail >= 0.5 * host_idle:
+        fix.insert(0, "the work between the step's last launch and its sync runs with the GPU done: launch the "
+                      "next step's work before it, or read the results a step later (non_blocking copies) and "
+                      "sync after the bookkeeping")
     corr = baseline.evidence_correlation(s, share, baseline.ops_rate, expect=-1)
     numbers = {
         "host_idle_share": round(impact, 4),
+        "host_tail_share": round(tail / wall, 4),
         "host_share": round(host_share, 4),
         "device_idle_share": round(idle_share, 4),
         "launch_idle_share": round(launch_idle, 4),
