@@ -10,8 +10,11 @@ return, starting at the drain followed by the longest host gap (data loading
 and optimizer work come between steps).  A loop with many drains a step (a
 sync after every kernel) repeats too finely for the counts: there the input
 copy, in every p-th segment, marks the step, which ends at the drain before
-it.  No repeating pattern (or no drains, as in loops that never sync): no
-steps, and the reason says why.
+it.  With p > 1 drains a step, where the host gap after a step's last drain
+stands apart from the others (the next batch, bookkeeping), each drain
+followed by such a gap ends a step: an extra sync on an odd step (a read-back
+every tenth step) then moves no boundary.  No repeating pattern (or no
+drains, as in loops that never sync): no steps, and the reason says why.
 
 The breakdown splits the loop thread's wall clock, over the windows that hold
 steps, into parts that add up to it, from the window tables (ing_win,
@@ -62,6 +65,11 @@ class Thresholds:
     # every tenth step has no such gap).
     max_marker_period: int = 1024
     marker_gap_factor: float = 2.0
+    # With p drains a step, the host gap after the step's last drain (loading the next batch,
+    # bookkeeping) is this many times the gaps after the others at least (a new user's loop:
+    # 404 µs against 202 µs): then each drain followed by such a gap ends a step, wherever
+    # the extra syncs of an odd step fall.
+    boundary_gap_factor: float = 1.5
 
 
 T = Thresholds()
@@ -206,6 +214,26 @@ def _gap_before_copies_dominates(copies: np.ndarray, gap: np.ndarray, has_gap: n
     return float(gap[marked].mean()) >= t.marker_gap_factor * max(1.0, float(gap[other].mean()))
 
 
+def _boundary_gaps(p: int, follows: np.ndarray, gap: np.ndarray, t: Thresholds = T) -> np.ndarray | None:
+    """Per drain followed by a host gap in its window (``follows``): whether that gap is a step
+    boundary's, or None when the gaps do not say.  About one drain in p ends a step, so the
+    boundary is the widest ratio between consecutive sorted gaps around that quantile (from
+    1 - 1.5/p to 1 - 0.5/p of them), at least boundary_gap_factor; the threshold is the
+    geometric middle of that step.  (Not per phase: an extra sync on an odd step shifts the
+    phase of every drain after it in its window.)"""
+    g = np.sort(gap[1:][follows]).astype(np.float64)
+    if len(g) < t.min_segments:
+        return None
+    lo, hi = max(0, int(len(g) * (1 - 1.5 / p))), min(len(g) - 1, int(len(g) * (1 - 0.5 / p)))
+    if hi <= lo:
+        return None
+    logs = np.log(np.maximum(g[lo:hi + 1], 1.0))
+    j = int(np.argmax(np.diff(logs)))
+    if logs[j + 1] - logs[j] < np.log(t.boundary_gap_factor):
+        return None
+    return gap[1:] >= np.sqrt(max(g[lo + j], 1.0) * g[lo + j + 1])
+
+
 def _percentile(sorted_vals: list[float], q: float) -> float:
     """Nearest-rank percentile of sorted values (q in 0..100)."""
     k = max(0, min(len(sorted_vals) - 1, -(-len(sorted_vals) * q // 100) - 1))
@@ -227,6 +255,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
     has_gap[1:] = ~first[1:] & ~np.ma.getmaskarray(s1)[1:]
     gap[1:] = np.where(has_gap[1:], s1.filled(0)[1:] - r[:-1], 0)
     p = period(counts, t)
+    steps_per_drain = None  # 1 / p unless the step ends were found one by one
     marker = marker_period(copies, w, t) if p in (None, 1) else None
     if marker is not None and _gap_before_copies_dominates(copies, gap, has_gap, t):
         # the drain before each input copy closes a step
@@ -246,6 +275,20 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         phase = int(np.argmax(gaps))  # (the first of equal gaps)
         # every p-th drain from the phase on closes a step; steps within a window are timed
         ends = (place >= phase) & ((place - phase) % p == 0)
+        if p > 1:
+            # where the boundary's gap stands apart, each drain followed by such a gap ends a
+            # step: an extra sync now and then (a read-back on every tenth step) shifts no
+            # boundary, as counting every p-th drain would; a drain with no gap after it in its
+            # window ends one when most segments of its submission count do
+            long_gap = _boundary_gaps(p, follows, gap, t)
+            if long_gap is not None:
+                seen = counts[:-1][follows]
+                values, inverse = np.unique(seen, return_inverse=True)
+                closing = values[np.bincount(inverse, weights=long_gap[follows]) * 2 >= np.bincount(inverse)]
+                like = np.isin(counts, closing)
+                ends = like.copy()
+                ends[:-1] = np.where(follows, long_gap, like[:-1])
+                steps_per_drain = float(np.count_nonzero(ends)) / len(w)
     end_w, end_r = w[ends], r[ends]
     same = end_w[1:] == end_w[:-1]
     durations = ((end_r[1:] - end_r[:-1])[same] / 1e6).tolist()
@@ -261,7 +304,8 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         tid=tid,
         # p drains a step; the first only opens one (steps crossing a window boundary are not
         # timed, but counted; so are the steps outside the slices)
-        count=max(0, _drains(ctx, act.pid) // p - 1),
+        count=max(0, (_drains(ctx, act.pid) // p if steps_per_drain is None
+                      else round(_drains(ctx, act.pid) * steps_per_drain)) - 1),
         median_ms=_percentile(durations, 50),
         p99_ms=_percentile(durations, 99),
         mean_ms=mean,

@@ -100,6 +100,31 @@ def test_an_input_copy_without_a_host_gap_before_it_is_not_the_step():
     assert st.drains_per_step == 1
 
 
+def test_an_extra_sync_on_every_tenth_step_moves_no_step_boundary():
+    # two syncs a step (200 µs of Python after the first, 400 µs after the second); every tenth
+    # step also reads a buffer back (a D2H copy and a third sync) and logs for 2 ms after it
+    h = Host()
+    for i in range(200):
+        h.copy_async(50)
+        for _ in range(20):
+            h.launch(40)
+        h.sync()
+        h.host(200)
+        for _ in range(40):
+            h.launch(30)
+        h.sync()
+        if i % 10 == 9:
+            h._call("cudaMemcpyAsync", 8 * US, kind="D2H", bytes=1 << 20, stream=7)
+            h._queue(7, 90 * US)
+            h.sync()
+            h.host(2000)
+        else:
+            h.host(400)
+    st = detect(h)
+    assert st.drains_per_step == 2
+    assert st.count == 199  # (by every second drain: 209)
+
+
 def test_the_breakdown_adds_up_and_names_inline_loading():
     h = Host()
     for _ in range(300):
