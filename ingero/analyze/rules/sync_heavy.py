@@ -45,6 +45,11 @@ def _heavy(r: baseline.Row) -> bool:
     )
 
 
+def _busy_note(ctx: Context, pid: int) -> str:
+    busy = ctx.device_busy.get(pid)
+    return "" if busy is None else f" (device busy {units.pct(busy)} over the range)"
+
+
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
@@ -64,7 +69,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             f"{launches / syncs:.1f} kernel launches, in {len(ev)} of {len(rows)} windows",
         ]
         if small:
-            root.append(f"{units.count(small)} scalar read-backs (device-to-host copies ≤ 1 KB): .item() / .cpu() per step")
+            root.append(f"{units.count(small)} scalar read-backs in those windows (device-to-host copies ≤ 1 KB): "
+                        f".item() / .cpu() per step")
         chains.append(
             Chain(
                 rule_id=ID,
@@ -72,8 +78,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 title=TITLE,
                 root=root,
                 effect=[
-                    f"the loop blocked in syncs {units.ns(sync_ns)} of {units.ns(wall)} "
-                    f"({units.pct(sync_ns / wall)} of wall clock); the GPU idles while the host refills the queue",
+                    f"the loop blocked in syncs {units.ns(sync_ns)} of {units.ns(wall)} in those windows "
+                    f"({units.pct(sync_ns / wall)} of their wall clock); after each, the GPU idles until the host "
+                    f"queues more{_busy_note(ctx, pid)}",
                 ],
                 fix=[
                     "remove per-step .item() / .cpu() / print(loss): accumulate on the GPU, read every N steps",
