@@ -234,6 +234,37 @@ def _boundary_gaps(p: int, follows: np.ndarray, gap: np.ndarray, t: Thresholds =
     return gap[1:] >= np.sqrt(max(g[lo + j], 1.0) * g[lo + j + 1])
 
 
+def _step_shaped(counts: np.ndarray, r: np.ndarray, s1: np.ma.MaskedArray, first: np.ndarray,
+                 t: Thresholds = T) -> np.ndarray | None:
+    """With one drain a step: the drains that close a step, when some do not.  A validation
+    pass every N steps (a sync copy per batch: thousands of tiny segments) repeats with period
+    1 as well, and each of its drains would count as a step (a new user's loop: 15,997 for
+    636).  The steps are the segments whose submission count matches the count holding most of
+    the time, and any segment at least half as long as their median (an odd step with extra
+    launches still is one); None when every segment is one."""
+    # each segment's time: from the previous drain's return (the first of a window: from its
+    # first submission; none: 0)
+    no_s1 = np.ma.getmaskarray(s1)
+    dur = np.where(first, np.where(no_s1, 0, r - s1.filled(0)), np.diff(r, prepend=r[0])).astype(np.float64)
+    dur = np.maximum(dur, 0.0)
+    values, inverse = np.unique(counts, return_inverse=True)
+    if len(values) < 2:
+        return None
+    held = np.bincount(inverse, weights=dur)
+    best, best_held = None, -1.0
+    for v in values[np.argsort(held)[::-1][:16]]:  # the counts holding most time
+        like = _matches(counts, np.full(len(counts), v), t.count_tolerance)
+        if dur[like].sum() > best_held:
+            best, best_held = like, float(dur[like].sum())
+    if best is None or best.all() or best_held < t.min_match * dur.sum():
+        return None
+    # (a window's first segment holds only what fell in the window: its count is no evidence;
+    # a drain with nothing submitted since the last, such as the final cudaDeviceSynchronize,
+    # closes what was left)
+    shaped = best | first | (counts == 0) | (dur >= 0.5 * float(np.median(dur[best])))
+    return None if shaped.all() else shaped
+
+
 def _percentile(sorted_vals: list[float], q: float) -> float:
     """Nearest-rank percentile of sorted values (q in 0..100)."""
     k = max(0, min(len(sorted_vals) - 1, -(-len(sorted_vals) * q // 100) - 1))
@@ -275,6 +306,11 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         phase = int(np.argmax(gaps))  # (the first of equal gaps)
         # every p-th drain from the phase on closes a step; steps within a window are timed
         ends = (place >= phase) & ((place - phase) % p == 0)
+        if p == 1:
+            shaped = _step_shaped(counts, r, s1, first, t)
+            if shaped is not None:
+                ends = shaped
+                steps_per_drain = float(np.count_nonzero(ends)) / len(w)
         if p > 1:
             # where the boundary's gap stands apart, each drain followed by such a gap ends a
             # step: an extra sync now and then (a read-back on every tenth step) shifts no

@@ -125,6 +125,23 @@ def test_an_extra_sync_on_every_tenth_step_moves_no_step_boundary():
     assert st.count == 199  # (by every second drain: 209)
 
 
+def test_a_validation_pass_of_tiny_synchronous_copies_is_not_steps():
+    # one sync a step; every 50 steps a validation pass reads 640 small results back with
+    # synchronous copies: each copy is a drain, and the pass repeats with period 1 too
+    h = Host()
+    for i in range(300):
+        step(h, kernels=10, kernel_us=100, host_us=300)
+        if i % 50 == 49:
+            for _ in range(640):
+                h._call("cudaMemcpy", 15 * US, kind="D2H", bytes=4096)
+                h.host(5)
+    h.sync(op="cudaDeviceSync", stream=None)
+    st = detect(h)
+    assert st.drains_per_step == 1
+    assert st.count == 300  # (each copy a step: 300 + 6 x 640)
+    assert st.median_ms == pytest.approx((8 + 50 + 1000 + NOWAIT + 300) / 1000, abs=0.002)
+
+
 def test_the_breakdown_adds_up_and_names_inline_loading():
     h = Host()
     for _ in range(300):
