@@ -530,7 +530,7 @@ def calibrate_call_cost(program: Any) -> float | None:
         return None
     try:
         trap_ns, _ = program.links.calibrate_ns()
-    except OSError:
+    except Exception:  # OSError from the link, BCC's plain Exception resolving getppid: optional
         return None
     return trap_ns + PROGRAM_NS
 

@@ -102,6 +102,26 @@ def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
     assert chain.fix[0].startswith("the work between the step's last launch and its sync runs with the GPU done")
 
 
+def test_a_wait_for_data_after_the_last_launch_is_not_host_work():
+    # (reviewed) as above, with 15 µs of Python between launches, but the 1 ms before the sync
+    # is asleep (a batch not ready): no host work there
+    h = Host()
+    h.trace.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
+    for _ in range(STEPS):
+        h.host(20)
+        h.copy_async(10)
+        for _ in range(40):
+            h.launch(20)
+            h.host(15)
+        h.trace.switch(h.t, MAIN_PID, h.tid, 1_000_000, "sleep", runq=5_000)
+        h.host(1000)
+        h.sync()
+    rep = report(h)
+    for chain in chains_of(rep, "host-bound"):
+        assert chain.numbers["host_tail_share"] == 0.0
+        assert not any("after its last launch, before its sync" in line for line in chain.root)
+
+
 def test_just_below_threshold_does_not_fire():
     # 200 µs of idle host work per ~1.3 ms step: 16% < 20%
     rep = report(loop(load_us=150))

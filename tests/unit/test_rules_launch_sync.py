@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, sample_store
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.rules import launch_bound, sync_heavy
@@ -70,6 +70,28 @@ def test_launch_bound_only_while_traced_is_low(cost_us, severity):
     assert chain.numbers["untraced_period_ns"] == pytest.approx(15_500 - cost_us * 1000, abs=150)
     assert f"~{cost_us:.1f} µs is this trace's own probes" in chain.root[2]
     assert any("launch-bound only while traced" in line for line in chain.root) == (severity == "LOW")
+
+
+def test_no_launch_bound_only_while_traced_without_evidence():
+    # (reviewed) the point at the middle of its bounds says nothing of the kernels: 1 ms of
+    # Python after the launches, the sync never waits
+    tr = base().loop(0, 20, launches=400, launch_us=6, launch_gap_us=4, device_ms=2, cpu_ms=1, policy="spin")
+    store = tr.store()
+    store.update_session(SESSION, call_cost_ns=8000.0)
+    [chain] = chains_of(explain(store.con, Options()), "launch-bound")
+    assert chain.severity == "HIGH" and "untraced_period_ns" in chain.numbers
+    assert not any("only while traced" in line for line in chain.root)
+    # a cost above the launch interval: nothing to take out
+    store = short_kernels("spin").store()
+    store.update_session(SESSION, call_cost_ns=20_000.0)
+    [chain] = chains_of(explain(store.con, Options()), "launch-bound")
+    assert chain.severity == "HIGH" and "untraced_period_ns" not in chain.numbers
+    # a trace under --overhead-budget: most launches never paid the probes
+    store = short_kernels("spin").store()
+    store.update_session(SESSION, call_cost_ns=9000.0)
+    sample_store(store, 0.2)
+    [chain] = chains_of(explain(store.con, Options()), "launch-bound")
+    assert chain.severity != "LOW" and "untraced_period_ns" not in chain.numbers
 
 
 def test_launches_held_by_a_full_queue_are_not_launch_bound():

@@ -130,8 +130,11 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         other = p.data_wait_idle_ns + p.cpu_wait_out_ns + p.faults_io_ns + p.other_cuda_ns
         surely = min(p.host_ns, max(0.0, idle - other))
         # the device ran out of queued work after the last launch while the loop worked on
-        # (logging, metrics) before its sync: device.py's tail, host work like the above
-        tail = min(max(0.0, p.host_ns - surely), wb.tail_ns / span * p.wall_ns)
+        # (logging, metrics) before its sync: device.py's tail, host work like the above; less
+        # the loop's sleeps with work queued (a wait for data there is input-bound's, and the
+        # tail may be all of it: reviewed, 1 ms asleep read as 610 µs of host work)
+        queued_sleep = max(0.0, p.data_wait_ns - p.data_wait_idle_ns)
+        tail = min(max(0.0, p.host_ns - surely), max(0.0, wb.tail_ns / span * p.wall_ns - queued_sleep))
         out[w] = IdleSplit(
             w=w, wall_ns=p.wall_ns, host_ns=p.host_ns, idle_ns=idle,
             host_idle_ns=surely + tail,
