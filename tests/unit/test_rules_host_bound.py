@@ -76,10 +76,9 @@ def test_inline_loading_fires_and_is_not_launch_bound(sleep):
     assert 0.3 < chain.share <= n["host_idle_share"]
 
 
-@pytest.mark.parametrize("sleep", [False, True], ids=["spin", "block"])
-def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
-    # 40 kernels of 20 µs launched every 10 µs, then 1 ms of logging before the sync: the queue
-    # runs dry ~400 µs into it, and the device idles through the rest, the loop on the CPU
+def tail_loop(*, gap_us: float, asleep: bool = False, sleep: bool = False) -> Host:
+    """40 kernels of 20 µs, ``gap_us`` of Python between launches, then 1 ms before the sync:
+    on the CPU (logging), or ``asleep`` (waiting for a batch, with the step's work queued)."""
     h = Host()
     h.trace.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
     for _ in range(STEPS):
@@ -87,10 +86,19 @@ def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
         h.copy_async(10)
         for _ in range(40):
             h.launch(20)
-            h.host(5)
+            h.host(gap_us)
+        if asleep:
+            h.trace.switch(h.t, MAIN_PID, h.tid, 1_000_000, "sleep", runq=5_000)
         h.host(1000)
         h.sync(sleep=sleep)
-    rep = report(h)
+    return h
+
+
+@pytest.mark.parametrize("sleep", [False, True], ids=["spin", "block"])
+def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
+    # launched every 10 µs, then 1 ms of logging before the sync: the queue runs dry ~400 µs
+    # into it, and the device idles through the rest, the loop on the CPU
+    rep = report(tail_loop(gap_us=5, sleep=sleep))
     [chain] = chains_of(rep, "host-bound")
     assert rep.chains[0] is chain
     assert chains_of(rep, "launch-bound") == []
@@ -103,20 +111,9 @@ def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
 
 
 def test_a_wait_for_data_after_the_last_launch_is_not_host_work():
-    # (reviewed) as above, with 15 µs of Python between launches, but the 1 ms before the sync
-    # is asleep (a batch not ready): no host work there
-    h = Host()
-    h.trace.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    for _ in range(STEPS):
-        h.host(20)
-        h.copy_async(10)
-        for _ in range(40):
-            h.launch(20)
-            h.host(15)
-        h.trace.switch(h.t, MAIN_PID, h.tid, 1_000_000, "sleep", runq=5_000)
-        h.host(1000)
-        h.sync()
-    rep = report(h)
+    # (reviewed) 15 µs of Python between launches, and the 1 ms before the sync asleep (a batch
+    # not ready): no host work there
+    rep = report(tail_loop(gap_us=15, asleep=True))
     for chain in chains_of(rep, "host-bound"):
         assert chain.numbers["host_tail_share"] == 0.0
         assert not any("after its last launch, before its sync" in line for line in chain.root)
