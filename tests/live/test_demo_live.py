@@ -21,6 +21,7 @@ import subprocess
 import pytest
 
 import prereqs
+from ingero.analyze.rules import cpu_contention
 from ingero.demo import runner, scenarios
 
 pytestmark = pytest.mark.live
@@ -91,6 +92,15 @@ def test_scenario_is_diagnosed_live(name, started):
             prereqs.missing("a box quiet enough for the hogs to make rank 1 the straggler",
                             f"the simulated NCCL measured rank 0 waiting {waits[0]} ms per step for rank 1 "
                             f"and rank 1 {waits[1]} ms for rank 0: no straggler in this run; {summary}")
+    if name == "launch-bound" and not mine:
+        # Launch-bound stands down where the loop waits for a CPU (its premise is a host that
+        # runs flat out): with another process keeping the loop's core half busy (CI's load),
+        # the loop waited 27% of the time (2026-11-27), and the run's cause is cpu-contention,
+        # named with the process that took the CPU.  Held to that, not skipped.
+        contended = [c for c in strong if c["rule_id"] == "cpu-contention" and set(pids) & set(c["pids"])
+                     and c["numbers"]["cpu_wait_share"] >= cpu_contention.T.min_wait_share and c["culprits"]]
+        assert contended, summary
+        return
     assert mine, summary
     if name == "straggler":
         # the hogs share rank 1's core: rank 1 is the late one, and its preemptors are named
