@@ -363,29 +363,16 @@ static void retire_head_locked(void)
  * RETIRE_TICK_NS: waking at every kernel's end would make it a competitor of
  * the training loop on the loop's own core (thousands of wake-ups a second
  * with short kernels).  Timing does not depend on it - the timeline does -
- * and a launcher facing a full queue retires the head itself.
- *
- * It waits for work only once nothing was queued for a whole tick.  Going
- * idle as soon as the queue drains made every launch of a loop whose kernels
- * end before the next launch (launch-bound: 5 us kernels, 15 us launches) wake
- * it: on the loop's pinned core it then preempted the launcher right after
- * the enqueue, 400 k times in 12 s, adding ~11 us to a quarter of the
- * launches - host work a real runtime does not do. */
+ * and a launcher facing a full queue retires the head itself. */
 #define RETIRE_TICK_NS (5 * 1000 * 1000ull)
 
 static void *device_main(void *unused)
 {
 	(void)unused;
-	uint64_t seen = ~0ull; /* operations queued when the last tick began */
 	pthread_mutex_lock(&mu);
 	for (;;) {
-		uint64_t queued = ops_total[ENGINE_COMPUTE] + ops_total[ENGINE_COPY];
-		if (q_len == 0 && queued == seen) {
-			while (q_len == 0)
-				pthread_cond_wait(&queued_cv, &mu);
-			queued = ops_total[ENGINE_COMPUTE] + ops_total[ENGINE_COPY];
-		}
-		seen = queued;
+		while (q_len == 0)
+			pthread_cond_wait(&queued_cv, &mu);
 		uint64_t t = now_ns();
 		int freed = 0;
 		while (q_len && queue[q_head].end_ns <= t) {
@@ -394,7 +381,9 @@ static void *device_main(void *unused)
 		}
 		if (freed)
 			pthread_cond_broadcast(&space_cv);
-		uint64_t wake = q_len ? queue[q_head].end_ns : 0;
+		if (q_len == 0)
+			continue;
+		uint64_t wake = queue[q_head].end_ns;
 		if (wake < t + RETIRE_TICK_NS)
 			wake = t + RETIRE_TICK_NS;
 		pthread_mutex_unlock(&mu);
