@@ -71,4 +71,5 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True  # (no /proc: what kill said)
     # the state follows the command name in parentheses, which may itself hold ") "
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+    state = stat.rfind(b")") + 2
+    return stat[state : state + 1] != b"Z"

@@ -207,7 +207,6 @@ _OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else
                                else _DRAIN if op in DEVICE_SYNC_OPS else _WAIT for op in DEVICE_OPS])
 _OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
 _OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
-_OP_COPY = np.array([False] + [op in ASYNC_COPY_OPS + SYNC_COPY_OPS for op in DEVICE_OPS])
 # ing_dev_seq, ing_dev_steps (the segments closed by a drain) and ing_dev_iv are Arrow tables
 # registered on the connection (views), not copies: their readers after infer (steps.py,
 # rules/host_bound.py) read a few thousand rows, and copying 100,000 sequence rows into a temp
@@ -546,7 +545,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     op_i = calls["op_i"].to_numpy().astype(np.int64)
     d, has_d = _ints(calls["d"])
     launch = _OP_LAUNCH[op_i]
-    h2d = calls["h2d"].to_numpy(zero_copy_only=False).astype(bool)
+    h2d = calls["h2d"].to_numpy(zero_copy_only=False).astype(bool)  # (only copies carry a direction)
     # per process: the streams in use, the quickest launch (a loop always in back-pressure has
     # a long median); per process and op: the no-wait cost, the shortest call up to the cap
     pids, p_i = np.unique(pid, return_inverse=True)
@@ -629,7 +628,7 @@ def _sequence(con, calls_sql: str, cpu_sql: str, p: dict, t: Thresholds) -> _Seq
     seq = _Sequence(pid=row_pid, w=w, seg=seg, dr=dr, role=row_role, pos=pos, has_pos=has_pos, t=t_row[order],
                     e=e_row, has_e=has_e_row, d=d_row, wait=wait_row[order], cpu=cpu, guess=guess,
                     has_guess=has_guess, csub=csub, bp=row_long & around,
-                    h2d=rows(_OP_COPY[op_i] & h2d, np.zeros(n_waits, bool))[order])
+                    h2d=rows(h2d, np.zeros(n_waits, bool))[order])
     seq.table = pa.table({
         "pid": pa.array(row_pid, pa.int32()),
         "tid": pa.array(tid_row[order].astype(np.int32), mask=~rows(has_tid, waits_has_tid)[order]),

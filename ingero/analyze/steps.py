@@ -286,7 +286,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
     has_gap[1:] = ~first[1:] & ~np.ma.getmaskarray(s1)[1:]
     gap[1:] = np.where(has_gap[1:], s1.filled(0)[1:] - r[:-1], 0)
     p = period(counts, t)
-    steps_per_drain = None  # 1 / p unless the step ends were found one by one
+    one_by_one = False  # the step ends found drain by drain, not every p-th (count: from them)
     marker = marker_period(copies, w, t) if p in (None, 1) else None
     if marker is not None and _gap_before_copies_dominates(copies, gap, has_gap, t):
         # the drain before each input copy closes a step
@@ -309,9 +309,8 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         if p == 1:
             shaped = _step_shaped(counts, r, s1, first, t)
             if shaped is not None:
-                ends = shaped
-                steps_per_drain = float(np.count_nonzero(ends)) / len(w)
-        if p > 1:
+                ends, one_by_one = shaped, True
+        elif p > 1:
             # where the boundary's gap stands apart, each drain followed by such a gap ends a
             # step: an extra sync now and then (a read-back on every tenth step) shifts no
             # boundary, as counting every p-th drain would; a drain with no gap after it in its
@@ -324,7 +323,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
                 like = np.isin(counts, closing)
                 ends = like.copy()
                 ends[:-1] = np.where(follows, long_gap, like[:-1])
-                steps_per_drain = float(np.count_nonzero(ends)) / len(w)
+                one_by_one = True
     end_w, end_r = w[ends], r[ends]
     same = end_w[1:] == end_w[:-1]
     durations = ((end_r[1:] - end_r[:-1])[same] / 1e6).tolist()
@@ -333,6 +332,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         return None
     durations.sort()
     mean = sum(durations) / len(durations)
+    drains = _drains(ctx, act.pid)
     tid_row = con.execute("SELECT tid FROM ing_loop WHERE pid = $pid", {"pid": act.pid}).fetchone()
     tid = int(tid_row[0]) if tid_row else act.pid
     return Steps(
@@ -340,8 +340,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
         tid=tid,
         # p drains a step; the first only opens one (steps crossing a window boundary are not
         # timed, but counted; so are the steps outside the slices)
-        count=max(0, (_drains(ctx, act.pid) // p if steps_per_drain is None
-                      else round(_drains(ctx, act.pid) * steps_per_drain)) - 1),
+        count=max(0, (round(drains * np.count_nonzero(ends) / len(w)) if one_by_one else drains // p) - 1),
         median_ms=_percentile(durations, 50),
         p99_ms=_percentile(durations, 99),
         mean_ms=mean,

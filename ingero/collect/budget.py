@@ -148,7 +148,7 @@ class BudgetHook(TraceHook):
             program.switchable = None
             self.note = f"overhead budget off: this kernel cannot switch probes cheaply ({exc})"
             return
-        self.cost_ns = trap_ns + PROGRAM_NS
+        self.cost_ns = program.call_cost_ns = trap_ns + PROGRAM_NS  # (the session stores it: not measured twice)
         self.probes = probes
         probes.attach()  # attached until a decision says otherwise; libraries join as they are attached
         self._thread = threading.Thread(target=self._cycle, name="ingero-budget", daemon=True)

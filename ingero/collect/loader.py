@@ -260,6 +260,8 @@ class Program:
         self.records: list[AttachRecord] = []
         self._attached_ids: set[tuple[int, int, str]] = set()
         self.switchable: LinkedProbes | None = None  # the overhead budget's launch probes
+        # what one traced call costs its thread here (ns), once calibrated (session.py, budget.py)
+        self.call_cost_ns: float | None = None
         # Every other uprobe: linked and never switched (see LinkedProbes for why links)
         self.links: LinkedProbes | None = None
         if os.environ.get(UPROBE_MULTI_ENV, "1") != "0":

@@ -211,7 +211,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         me = procs.lookup(con, [pid])[pid]
         severity = "HIGH" if rate >= T.high_launch_rate_per_s and shown is None else "MEDIUM"
         untraced = _untraced(ctx, pid, shown, ev_split, wall, launches)
-        if untraced is not None and untraced.keeps_pace:
+        traced_only = untraced is not None and untraced.keeps_pace
+        if traced_only:
             severity = "LOW"
         launch_share = launch_ns / wall
         chains.append(
@@ -228,7 +229,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     *_cost_lines(untraced, mean_ns),
                 ],
                 effect=[
-                    f"{'GPU starved' + (' while traced' if untraced is not None and untraced.keeps_pace else '') + ': ' if shown is None else ''}"
+                    f"{'GPU starved' + (' while traced' if traced_only else '') + ': ' if shown is None else ''}"
                     f"the loop waited for the GPU (in syncs) only "
                     f"{units.pct(sync_wait)} of wall clock",
                     f"throughput capped by the host at {units.count(rate)} kernels/s",
@@ -238,7 +239,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 fix=[
                     *(["nothing to fix in the job: its launches outrun its kernels only with this trace's probes on "
                        "them; trace with --overhead-budget 2% (launch probes sampled) to see the loop's own pace"]
-                      if untraced is not None and untraced.keeps_pace else []),
+                      if traced_only else []),
                     "capture the step in a CUDA graph: torch.compile(model, mode=\"reduce-overhead\") or torch.cuda.CUDAGraph",
                     "fuse small kernels: torch.compile, fused optimizers (torch.optim.AdamW(..., fused=True))",
                     "raise work per kernel: larger batch size",
@@ -248,7 +249,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                 windows_total=len(rows),
                 correlation=None,
                 # launch-bound only while traced: the time is the trace's, not the job's
-                impact=0.0 if untraced is not None and untraced.keeps_pace else max(0.0, host),
+                impact=0.0 if traced_only else max(0.0, host),
                 numbers={
                     "launches_per_s": round(rate, 1),
                     "launch_mean_ns": round(mean_ns, 1),
