@@ -22,8 +22,11 @@ WORKERS = (5001, 5002)
 
 
 def loop(*, load_us: float, kernels: int = 50, kernel_us: float = 20, host_us: float = 50,
-         sleep: bool = False, steps: int = STEPS, gap_us: float = 5) -> Host:
-    """The issue's loop: load a batch inline (CPU), copy it, launch, sync, bookkeeping (CPU)."""
+         sleep: bool = False, steps: int = STEPS, gap_us: float = 5, tail_us: float = 0,
+         tail_asleep: bool = False) -> Host:
+    """The issue's loop: load a batch inline (CPU), copy it, launch, sync, bookkeeping (CPU);
+    ``tail_us`` more between the last launch and the sync: on the CPU (logging), or
+    ``tail_asleep`` (waiting for a batch, the step's work queued)."""
     h = Host()
     h.trace.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py --workers 0")
     for _ in range(steps):
@@ -32,6 +35,9 @@ def loop(*, load_us: float, kernels: int = 50, kernel_us: float = 20, host_us: f
         for _ in range(kernels):
             h.launch(kernel_us)
             h.host(gap_us)
+        if tail_asleep:
+            h.trace.switch(h.t, MAIN_PID, h.tid, tail_us * 1000, "sleep", runq=5_000)
+        h.host(tail_us)
         h.sync(sleep=sleep)
         h.host(host_us)
     return h
@@ -76,29 +82,11 @@ def test_inline_loading_fires_and_is_not_launch_bound(sleep):
     assert 0.3 < chain.share <= n["host_idle_share"]
 
 
-def tail_loop(*, gap_us: float, asleep: bool = False, sleep: bool = False) -> Host:
-    """40 kernels of 20 µs, ``gap_us`` of Python between launches, then 1 ms before the sync:
-    on the CPU (logging), or ``asleep`` (waiting for a batch, with the step's work queued)."""
-    h = Host()
-    h.trace.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    for _ in range(STEPS):
-        h.host(20)
-        h.copy_async(10)
-        for _ in range(40):
-            h.launch(20)
-            h.host(gap_us)
-        if asleep:
-            h.trace.switch(h.t, MAIN_PID, h.tid, 1_000_000, "sleep", runq=5_000)
-        h.host(1000)
-        h.sync(sleep=sleep)
-    return h
-
-
 @pytest.mark.parametrize("sleep", [False, True], ids=["spin", "block"])
 def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
     # launched every 10 µs, then 1 ms of logging before the sync: the queue runs dry ~400 µs
     # into it, and the device idles through the rest, the loop on the CPU
-    rep = report(tail_loop(gap_us=5, sleep=sleep))
+    rep = report(loop(load_us=20, kernels=40, host_us=0, tail_us=1000, sleep=sleep))
     [chain] = chains_of(rep, "host-bound")
     assert rep.chains[0] is chain
     assert chains_of(rep, "launch-bound") == []
@@ -113,7 +101,7 @@ def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
 def test_a_wait_for_data_after_the_last_launch_is_not_host_work():
     # (reviewed) 15 µs of Python between launches, and the 1 ms before the sync asleep (a batch
     # not ready): no host work there
-    rep = report(tail_loop(gap_us=15, asleep=True))
+    rep = report(loop(load_us=20, kernels=40, host_us=0, gap_us=15, tail_us=1000, tail_asleep=True))
     for chain in chains_of(rep, "host-bound"):
         assert chain.numbers["host_tail_share"] == 0.0
         assert not any("after its last launch, before its sync" in line for line in chain.root)
