@@ -115,12 +115,14 @@ class DeviceBusy:
 
 @dataclass
 class StepStats:
-    """The loop's steps: ProfilerStep#N marks where a trace has them, else the rhythm of the calls."""
+    """The loop's steps: ProfilerStep#N marks where a trace has them, step-named NVTX ranges where
+    a live trace has them, else the rhythm of the calls."""
 
     count: int
     median_ms: float
     p99_ms: float
-    source: str = ""  # 'marked' | 'rhythm'
+    source: str = ""  # 'marked' (ProfilerStep#N) | 'nvtx' | 'rhythm'
+    marker: str | None = None  # 'nvtx': the ranges' name, numbers as '#' ("step #")
     # share of the mean step spent in each part (data wait, host work, launches, copies,
     # device wait, CPU wait, faults and I/O, ...): adds up to 1 where known
     breakdown: dict[str, float] = field(default_factory=dict)

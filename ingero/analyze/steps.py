@@ -16,6 +16,15 @@ followed by such a gap ends a step: an extra sync on an odd step (a read-back
 every tenth step) then moves no boundary.  No repeating pattern (or no
 drains, as in loops that never sync): no steps, and the reason says why.
 
+An explicit marker comes first: NVTX ranges (``spans`` rows of category
+'nvtx', recorded by ``ingero trace --cmd`` through its NVTX injection library)
+whose name says step (``MARKER_NAME``: "step 12", "train_iter", "batch"),
+outermost on their thread and repeating, are the steps; each runs from one
+range's start to the next one's (the data loading between two ranges belongs
+to the step it feeds).  Ranges named otherwise (``forward``, or one per
+operator under ``torch.autograd.profiler.emit_nvtx``) mark no step: the
+rhythm decides.
+
 The breakdown splits the loop thread's wall clock, over the windows that hold
 steps, into parts that add up to it, from the window tables (ing_win,
 ing_sched, ing_cuda: no further pass over the events), and scales them to the
@@ -36,10 +45,12 @@ mean step:
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ingero.analyze import procs
 from ingero.analyze.context import Context
 from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
 
@@ -70,9 +81,17 @@ class Thresholds:
     # 404 µs against 202 µs): then each drain followed by such a gap ends a step, wherever
     # the extra syncs of an odd step fall.
     boundary_gap_factor: float = 1.5
+    # NVTX ranges mark the steps when at least this many of one step-named family are
+    # outermost on a thread (fewer: the rhythm, which needs as many segments, decides).
+    min_marked_steps: int = 6
 
 
 T = Thresholds()
+
+# An NVTX range names a step when a word of its name, digits taken out, is one of these
+# ("step 12", "train_step", "ProfilerStep#3", "iter", "iteration 7", "batch"); matched
+# case-insensitively at word boundaries (underscores and camel case split words).
+MARKER_NAME = re.compile(r"(?:^|[^a-z])(?:step|steps|iter|iters|iteration|batch)(?:$|[^a-z])", re.IGNORECASE)
 
 PARTS = ("data_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
 
@@ -105,7 +124,8 @@ class Steps:
     mean_ms: float
     drains_per_step: int
     breakdown: StepBreakdown | None
-    source: str = "rhythm"
+    source: str = "rhythm"  # 'rhythm' | 'nvtx' (NVTX ranges named as steps)
+    marker: str | None = None  # 'nvtx': the ranges' name, numbers as '#' ("step #")
 
     def to_dict(self) -> dict:
         """The `steps` object of explain --json."""
@@ -114,6 +134,15 @@ class Steps:
             out["breakdown_ms"] = {k[:-3]: round(v, 3) for k, v in asdict(self.breakdown).items()}
         return out
 
+
+# The process' NVTX ranges overlapping the range analysed (one that starts before it can still
+# enclose one inside it), outermost first at equal starts.
+MARKERS_SQL = """
+SELECT tid, start_ns, end_ns, name FROM spans
+WHERE session_id = $sid AND pid = $pid AND category = 'nvtx' AND end_ns >= $t0 AND start_ns < $t1
+  AND end_ns >= start_ns
+ORDER BY tid, start_ns, end_ns DESC
+"""
 
 SEGMENTS_SQL = """
 SELECT w, seg, n, copies, r_call, s1 FROM ing_dev_steps
@@ -271,8 +300,97 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[int(k)]
 
 
+def is_step_name(name: str) -> bool:
+    """Whether an NVTX range's name says it is a training step (MARKER_NAME)."""
+    return bool(MARKER_NAME.search(re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name)))
+
+
+def _family(name: str) -> str:
+    """A range's name with its numbers taken out: "step 12" and "step 13" are one family."""
+    return re.sub(r"\d+", "#", name).strip()
+
+
+def outermost(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per range of one thread (sorted by start, the longer first at equal starts): whether no
+    earlier range encloses it: every earlier one starts no later, so it is enclosed when one
+    of them ends no earlier.  (Push/pop ranges nest; a start/end range overlapping an
+    outermost one without being inside it is outermost too.)"""
+    out = np.ones(len(starts), bool)
+    out[1:] = ends[1:] > np.maximum.accumulate(ends)[:-1]
+    return out
+
+
+@dataclass(frozen=True)
+class Marked:
+    """The NVTX ranges that mark ``pid``'s steps: one family, outermost on thread ``tid``."""
+
+    tid: int
+    name: str  # the family: "step #"
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def marked(ctx: Context, pid: int, t: Thresholds = T) -> Marked | None:
+    """The NVTX ranges marking ``pid``'s steps, or None.  The candidates are the step-named
+    families with at least min_marked_steps ranges starting in the range on one thread; the
+    steps are the one least often inside another candidate's ranges (a "step" holding four
+    "micro-batch" ranges, a "train step" holding an "optimizer step"), the most numerous at a
+    tie.  Ranges named otherwise ("epoch 3" around the steps) neither count nor hide any."""
+    if not procs.has_table(ctx.con, "spans"):
+        return None
+    t0 = max(ctx.start_ns, ctx.derived.calls_from_ns or ctx.start_ns)
+    rows = ctx.con.execute(MARKERS_SQL, {"sid": ctx.session_id, "pid": pid, "t0": t0,
+                                         "t1": ctx.end_ns}).fetchnumpy()
+    tids = np.asarray(rows["tid"], dtype=np.int64)
+    starts, ends = np.asarray(rows["start_ns"], dtype=np.int64), np.asarray(rows["end_ns"], dtype=np.int64)
+    names = [str(n) for n in rows["name"]]
+    best, best_key = None, None
+    cut = np.flatnonzero(np.diff(tids)) + 1
+    for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(tids)]):
+        families: dict[str, list[int]] = {}
+        for i in range(lo, hi):
+            if is_step_name(names[i]):
+                families.setdefault(_family(names[i]), []).append(i)
+        inside = {f: np.asarray(idx) for f, idx in families.items()
+                  if np.count_nonzero(starts[idx] >= t0) >= t.min_marked_steps}
+        if not inside:
+            continue
+        # the candidates' ranges in (start, longer first) order, as the query sorted them
+        union = np.sort(np.concatenate(list(inside.values())))
+        enclosed = dict(zip(union.tolist(), (~outermost(starts[union], ends[union])).tolist()))
+        for fam, idx in inside.items():
+            idx = idx[starts[idx] >= t0]
+            key = (-float(np.mean([enclosed[i] for i in idx.tolist()])), len(idx))
+            if best_key is None or key > best_key:
+                best, best_key = Marked(int(tids[lo]), fam, starts[idx], ends[idx]), key
+    return best
+
+
+def _from_markers(ctx: Context, pid: int, m: Marked) -> Steps:
+    """Steps from NVTX ranges: each from one range's start to the next one's."""
+    durations = sorted((np.diff(m.starts) / 1e6).tolist())
+    step_windows = sorted(set(((m.starts[1:] - ctx.start_ns) // ctx.window_ns).tolist()))
+    mean = sum(durations) / len(durations)
+    return Steps(
+        pid=pid,
+        tid=m.tid,
+        count=len(m.starts),
+        median_ms=_percentile(durations, 50),
+        p99_ms=_percentile(durations, 99),
+        mean_ms=mean,
+        drains_per_step=max(1, round(_drains(ctx, pid) / len(m.starts))),
+        breakdown=breakdown(ctx, pid, m.tid, step_windows, mean),
+        source="nvtx",
+        marker=m.name,
+    )
+
+
 def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None:
-    """Steps of ``act``'s process (device.infer must have run on ``ctx``), or None without a rhythm."""
+    """Steps of ``act``'s process (device.infer must have run on ``ctx``): from its step-named
+    NVTX ranges when it has them, else from the rhythm of its calls; None without either."""
+    m = marked(ctx, act.pid, t)
+    if m is not None:
+        return _from_markers(ctx, act.pid, m)
     con = ctx.con
     # (numpy over the segments: ~14,000 in a 120 s range, ~0.02 CPU-s as Python tuples)
     rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchnumpy()

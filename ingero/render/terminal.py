@@ -60,7 +60,8 @@ def device_lines(report: Report) -> list[str]:
                          f"{units.pct(d.low)}-{units.pct(d.high)}{nvml})")
     st = report.steps
     if st is not None:
-        how = "ProfilerStep marks" if st.source == "marked" else "the rhythm of the calls"
+        how = {"marked": "ProfilerStep marks", "nvtx": f"NVTX ranges '{st.marker}'"}.get(
+            st.source, "the rhythm of the calls")
         line = f"Steps: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, p99 {st.p99_ms:.2f} ms"
         parts = [f"{label} {units.pct(st.breakdown[key])}" for key, label in STEP_PARTS if key in st.breakdown]
         lines.append(line)

@@ -140,6 +140,7 @@ class Trace:
     gpu: list[dict[str, Any]] = field(default_factory=list)
     names: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = T0
 
     # -- building blocks ---------------------------------------------------
@@ -156,6 +157,11 @@ class Trace:
                other: int = 0) -> None:
         self.ev(ts, "sched_switch", pid, tid, dur, kind=kind, preempted=(kind == "preempted"),
                 other_pid=other, runq_ns=int(runq))
+
+    def span(self, pid: int, tid: int, start: int, end: int, name: str, category: str = "nvtx") -> None:
+        """A range (an NVTX push/pop as `ingero trace --cmd` records it, by default)."""
+        self.spans.append({"session_id": SESSION, "pid": pid, "tid": tid, "start_ns": int(start),
+                           "end_ns": int(end), "name": name, "category": category})
 
     def name(self, pid: int, name: str, comm: str, cmdline: str = "", ppid: int | None = None) -> "Trace":
         self.names.append({"pid": pid, "name": name, "comm": comm, "cmdline": cmdline, "ppid": ppid,
@@ -305,7 +311,8 @@ class Trace:
         )
         for table, rows in (("events", with_call_state(self.events)), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),
-                            ("process_names", self.names), ("process_memory", self.memory)):
+                            ("process_names", self.names), ("process_memory", self.memory),
+                            ("spans", self.spans)):
             if rows:
                 store.append(table, pa.Table.from_pylist(rows))
         return store

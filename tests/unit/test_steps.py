@@ -207,3 +207,135 @@ def test_period_matches_within_the_tolerance():
     assert steps.period([10, 11] * 6) == 1
     assert steps.period([10, 12] * 6) == 2
     assert steps.period([1, 2, 1, 2, 1, 2, 2]) == 1
+
+
+# ---- steps from NVTX ranges named as steps
+
+
+def _marked_loop(h: Host, n: int, name: str = "step {i}", *, sync: bool = True, nested: bool = True) -> list[int]:
+    """``n`` steps inside NVTX ranges (forward/backward nested), an odd read-back every 7th;
+    the steps' starts."""
+    starts = []
+    for i in range(n):
+        h.host(300)  # the next batch, outside the range
+        s = h.t
+        starts.append(s)
+        h.copy_async(50)
+        f = h.t
+        for _ in range(10):
+            h.launch(40)
+        if nested:
+            h.trace.span(MAIN_PID, h.tid, f, h.t, "forward")
+        b = h.t
+        for _ in range(20):
+            h.launch(40)
+        if nested:
+            h.trace.span(MAIN_PID, h.tid, b, h.t, "backward")
+        if sync:
+            h.sync()
+            if i % 7 == 3:
+                h.launch(5)
+                h.sync()
+        h.host(100)
+        h.trace.span(MAIN_PID, h.tid, s, h.t, name.format(i=i))
+    return starts
+
+
+def test_nvtx_ranges_named_as_steps_are_the_steps():
+    h = Host()
+    starts = _marked_loop(h, 40)
+    st = detect(h)
+    assert (st.source, st.marker, st.count) == ("nvtx", "step #", 40)
+    period = [(b - a) / 1e6 for a, b in zip(starts, starts[1:])]
+    assert st.median_ms == pytest.approx(sorted(period)[19], rel=1e-9)
+    assert st.p99_ms == pytest.approx(max(period), rel=1e-9)  # a step with the read-back
+    assert st.breakdown.total_ms == pytest.approx(st.mean_ms, rel=1e-9)
+
+
+def test_nvtx_steps_of_a_loop_that_never_syncs():
+    # real PyTorch loops rarely sync: no drain, no rhythm; the ranges still mark the steps
+    h = Host()
+    _marked_loop(h, 30, "train_iter{i}", sync=False)
+    st = detect(h)
+    assert (st.source, st.marker, st.count) == ("nvtx", "train_iter#", 30)
+    h2 = Host()
+    _marked_loop(h2, 30, "range {i}", sync=False)
+    assert detect(h2) is None
+
+
+def test_ranges_not_named_as_steps_leave_it_to_the_rhythm():
+    h = Host()
+    for _ in range(50):
+        s = h.t
+        step(h, kernels=10, kernel_us=100, host_us=300)
+        h.trace.span(MAIN_PID, h.tid, s, h.t, "aten::mm")  # emit_nvtx: one range per operator
+    st = detect(h)
+    assert (st.source, st.marker, st.count) == ("rhythm", None, 49)
+
+
+def test_too_few_step_ranges_leave_it_to_the_rhythm():
+    h = Host()
+    _marked_loop(h, steps.T.min_marked_steps - 1)
+    for _ in range(40):
+        step(h, kernels=10, kernel_us=100, host_us=300)
+    assert detect(h).source == "rhythm"
+
+
+def test_the_step_family_is_the_one_not_inside_another():
+    h = Host()
+    starts = []
+    for i in range(20):
+        h.host(300)
+        starts.append(h.t)
+        for j in range(3):  # gradient accumulation: 3 micro-batches a step, more ranges than steps
+            m = h.t
+            h.copy_async(50)
+            for _ in range(10):
+                h.launch(40)
+            h.trace.span(MAIN_PID, h.tid, m, h.t, f"micro-batch {j}")
+        o = h.t
+        h.launch(20)
+        h.sync()
+        h.trace.span(MAIN_PID, h.tid, o, h.t, "optimizer step")  # inside the step as well
+        h.trace.span(MAIN_PID, h.tid, starts[-1], h.t, f"Step {i}")
+    # an epoch around them all (not step-named), and one "batch loop" (too few to be steps)
+    h.trace.span(MAIN_PID, h.tid, starts[0] - 1, h.t, "epoch 0")
+    h.trace.span(MAIN_PID, h.tid, starts[0] - 2, h.t + 1, "batch loop")
+    st = detect(h)
+    assert (st.source, st.marker, st.count) == ("nvtx", "Step #", 20)
+    period = sorted((b - a) / 1e6 for a, b in zip(starts, starts[1:]))
+    assert st.median_ms == pytest.approx(period[9], rel=1e-9)
+
+
+@pytest.mark.parametrize("name, is_step", [
+    ("step 12", True), ("train_step", True), ("ProfilerStep#3", True), ("trainStep", True),
+    ("iteration 7", True), ("iter", True), ("Batch 4", True), ("step12", True),
+    ("forward", False), ("aten::mm", False), ("batchnorm", False), ("stepper", False), ("substep", False),
+])
+def test_step_names(name, is_step):
+    assert steps.is_step_name(name) is is_step
+
+
+def test_outermost_ranges_of_a_thread():
+    import numpy as np
+
+    s = np.array([0, 0, 5, 8, 20, 25, 40])
+    e = np.array([30, 10, 9, 9, 28, 45, 44])
+    # (0,30) holds (0,10), (5,9), (8,9), (20,28); (25,45) overlaps it without being inside, and
+    # holds (40,44)
+    assert steps.outermost(s, e).tolist() == [True, False, False, False, False, True, False]
+
+
+def test_explain_prints_where_nvtx_steps_come_from():
+    import io
+
+    from ingero.render import terminal
+
+    h = Host()
+    _marked_loop(h, 40)
+    report = h.trace.explain()
+    assert (report.steps.source, report.steps.marker, report.steps.count) == ("nvtx", "step #", 40)
+    assert report.to_dict()["steps"]["marker"] == "step #"
+    out = io.StringIO()
+    terminal.write(report, out)
+    assert "Steps: 40 (from NVTX ranges 'step #'), p50 " in out.getvalue()
