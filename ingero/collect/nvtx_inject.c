@@ -121,8 +121,22 @@ static const char *message_of(const struct nvtx_event_attributes *a)
 	return 0;
 }
 
+/* The probe reads the message with bpf_probe_read_user_str, which cannot
+ * fault a page in: a string literal nothing has read yet (a C program's
+ * nvtxRangePushA("step") on a .rodata page never touched) reads as nothing.
+ * So its bytes, as many as ingero keeps (NVTX_TEXT_MAX, bpf/events.h), are
+ * read here first. */
+static void touch(const char *message)
+{
+	if (message) {
+		size_t n = strnlen(message, 65); /* NVTX_TEXT_MAX and its NUL, as the probe reads */
+		__asm__ volatile("" : : "r"(n));
+	}
+}
+
 static int push(const char *message, uintptr_t domain)
 {
+	touch(message);
 	ingero_nvtx_push(message, domain);
 	return depth++;
 }
@@ -138,6 +152,7 @@ static int pop(uintptr_t domain)
 static uint64_t start(const char *message)
 {
 	uint64_t id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+	touch(message);
 	ingero_nvtx_start(message, id);
 	return id;
 }

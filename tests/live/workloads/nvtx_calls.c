@@ -8,13 +8,17 @@
  * nvtxRangeStartA("started") ended by nvtxRangeEnd.  A second thread makes
  * N pushes of "worker" and their pops, interleaved with the main thread's
  * ranges (the stacks are per thread).  Then a pop with nothing pushed
- * (NVTX returns -1; no span).  Prints "ok <pid>" on stderr.
+ * (NVTX returns -1; no span).  Last, one push of a message ("far_away") in
+ * a file mapping nothing has read: its page is not mapped until read, as a
+ * literal of a big program's .rodata may not be, and a probe cannot fault it
+ * in.  Prints "ok <pid>" on stderr.
  */
 #include <nvtx3/nvToolsExt.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static int n;
@@ -52,6 +56,16 @@ int main(int argc, char **argv)
 	pthread_join(t, NULL);
 	if (nvtxRangePop() != -1)
 		return 1;
+	char path[] = "/tmp/nvtx_calls_XXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0 || write(fd, "far_away", 9) != 9)
+		return 1;
+	unlink(path);
+	const char *far_away = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd, 0); /* not read here */
+	if (far_away == MAP_FAILED)
+		return 1;
+	nvtxRangePushA(far_away);
+	nvtxRangePop();
 	fprintf(stderr, "ok %d\n", (int)getpid());
 	return 0;
 }
