@@ -1,7 +1,7 @@
 """Live: NVTX ranges of a --cmd become spans rows (category 'nvtx').
 
 `ingero trace --cmd` builds its injection library, names it in the command's
-NVTX_INJECTION64_PATH and probes it.  Three traced runs:
+NVTX_INJECTION64_PATH and probes it.  Four traced runs:
 
 * workloads/nvtx_steps.py: NVIDIA's Python nvtx package (registered-string
   messages, domains) around cudaLaunchKernel calls on the simulated runtime:
@@ -12,7 +12,9 @@ NVTX_INJECTION64_PATH and probes it.  Three traced runs:
   the span ends where the trace did;
 * workloads/nvtx_calls.c: NVTX's C API from NVIDIA's headers (nvtxRangePushA,
   nvtxRangePushEx with an ASCII message, nvtxRangeStartA), on two threads, and
-  one message on a page nothing had read before the call.
+  one message on a page nothing had read before the call;
+* workloads/nvtx_legacy.c, linked against NVIDIA's legacy libnvToolsExt.so.1:
+  the same injection serves it.
 """
 
 from __future__ import annotations
@@ -183,3 +185,23 @@ def test_the_c_api_ranges_per_thread(c_api: tuple) -> None:
     assert nested == [(C_N,)]
     # the stray pop (NVTX returned -1) made no span and reached no probe
     assert not any("without their push" in n for n in summary.get("notes", []))
+
+
+def test_the_legacy_shared_library_loads_the_same_injection(tmp_path) -> None:
+    lib = prereqs.needs_libnvtoolsext()
+    import shutil
+    import subprocess
+
+    exe = tmp_path / "nvtx_legacy"
+    subprocess.run([shutil.which("cc") or "gcc", "-O1", "-o", str(exe), str(HERE / "nvtx_legacy.c"), str(lib),
+                    f"-Wl,-rpath,{lib.parent}"], check=True)
+    tracer = Tracer(tmp_path / "t.duckdb", "--duration", "120s", "--cmd", f"{exe} {C_N}")
+    tracer.wait_started()
+    summary = tracer.finish(sig=None, timeout=workloads.TRACED_RUN_TIMEOUT_S)
+    assert summary["ended_by"] == "command exited" and summary["command_exit"] == 0, tracer.stderr
+    pid = _workload_pid(tracer.stderr)
+    rows = query(tmp_path / "t.duckdb", """SELECT i.name, count(*) FROM spans i JOIN spans o ON o.tid = i.tid
+                 AND o.name = 'legacy_step' AND i.start_ns > o.start_ns AND i.end_ns < o.end_ns
+                 WHERE i.pid = $pid GROUP BY ALL""", {"pid": pid})
+    assert rows == [("legacy_inner", C_N)]
+    assert query(tmp_path / "t.duckdb", "SELECT count(*) FROM spans") == [(2 * C_N,)]
