@@ -67,7 +67,7 @@ class NvtxSpans:
             return recs, None
         self._takes += 1
         mine = recs[nvtx | exits]
-        # time order; a range record after its text (same ts_ns), which storage_order put after it
+        # time order, a range record after its text (same ts_ns; storage_order put the text last)
         mine = mine[np.lexsort((mine["op"] != int(Op.NVTX_TEXT), mine["ts_ns"]))]
         rows = self._walk(mine)
         # text whose range record never came (lost to a full ring): it comes in the same
