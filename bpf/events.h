@@ -69,6 +69,13 @@ enum ingero_op {
 	/* Not a row: a struct ingero_nccl_ext claimed just before the record of
 	 * the NCCL call it extends (the 56 bytes hold no room for its comm) */
 	OP_NCCL_EXT = 79,
+	/* NVTX ranges (nvtx.bpf.c, on ingero's injection library): never rows of
+	 * events; the collector pairs them into spans (ingero/collect/nvtx.py) */
+	OP_NVTX_PUSH = 96,
+	OP_NVTX_POP = 97,
+	OP_NVTX_START = 98,
+	OP_NVTX_END = 99,
+	OP_NVTX_TEXT = 100, /* a struct ingero_nvtx_text: part of a push's / start's message */
 	/* host kernel */
 	OP_SCHED_SWITCH = 64, /* one off-CPU interval of a traced thread */
 	OP_PAGE_FAULT = 65,
@@ -150,6 +157,39 @@ struct ingero_nccl_ext {
 	s32 color;   /* split: color; -1 otherwise */
 	u8 op;       /* OP_NCCL_EXT */
 	u8 call_op;  /* the op of the call it extends */
+	u16 cpu;
+};
+
+/* NVTX: one struct ingero_nvtx per push, pop, start or end, and before a
+ * push's or start's, its message in up to two struct ingero_nvtx_text
+ * (NVTX_TEXT_PART bytes each, part 0 first), claimed by the same thread:
+ * (tid, ts_ns) joins them.  Messages longer than NVTX_TEXT_MAX bytes are cut
+ * there.  pid, tid, op and cpu sit where struct ingero_event has them (the
+ * session reads every record's pid before any join). */
+#define NVTX_TEXT_MAX 64
+#define NVTX_TEXT_PART 36
+struct ingero_nvtx {
+	u64 ts_ns;     /* entry into the injection library's function (CLOCK_MONOTONIC) */
+	u64 id;        /* start / end: the nvtxRangeId_t; push / pop: the domain handle (0: default domain) */
+	u64 pad0[2];
+	u32 pid;       /* tgid */
+	u32 tid;
+	u32 text_len;  /* push / start: bytes of the message read (0..NVTX_TEXT_MAX) */
+	u32 pad1;
+	u32 pad2;
+	u8 op;         /* OP_NVTX_PUSH / POP / START / END */
+	u8 pad3;
+	u16 cpu;
+};
+
+struct ingero_nvtx_text {
+	u64 ts_ns;     /* the ts_ns of the range record it belongs to */
+	char text[24]; /* message bytes [NVTX_TEXT_PART * part, + 24) */
+	u32 pid;
+	u32 tid;
+	char text2[12]; /* message bytes [NVTX_TEXT_PART * part + 24, + 12) */
+	u8 op;         /* OP_NVTX_TEXT */
+	u8 part;       /* 0, 1 */
 	u16 cpu;
 };
 

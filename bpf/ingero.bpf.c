@@ -23,7 +23,7 @@
  * Layout.  BCC rewrites map calls (`m.lookup(&k)`) and generates tracepoint
  * argument structs only in the main file, so this file holds every map, a
  * one-line accessor per map operation, and the list of tracepoints; the
- * family files (cuda, sched, mm, blockio, bench) hold the logic and touch
+ * family files (cuda, nccl, nvtx, sched, mm, blockio, bench) hold the logic and touch
  * maps only through these accessors.
  */
 #include <uapi/linux/ptrace.h>
@@ -359,6 +359,7 @@ TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
 #include "threads.bpf.c"
 #include "cuda.bpf.c"
 #include "nccl.bpf.c"
+#include "nvtx.bpf.c"
 #include "sched.bpf.c"
 #include "mm.bpf.c"
 #include "blockio.bpf.c"
@@ -417,4 +418,8 @@ UPROBE_PROGRAM(nccl_comm_init_all_enter)
 UPROBE_PROGRAM(nccl_comm_split_enter)
 UPROBE_PROGRAM(nccl_comm_destroy_enter)
 UPROBE_PROGRAM(nccl_comm_abort_enter)
+UPROBE_PROGRAM(nvtx_push_enter)
+UPROBE_PROGRAM(nvtx_pop_enter)
+UPROBE_PROGRAM(nvtx_start_enter)
+UPROBE_PROGRAM(nvtx_end_enter)
 #endif

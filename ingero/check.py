@@ -170,9 +170,12 @@ def check_db(db_path: Path) -> Check:
 
 
 def check_compiler() -> Check:
-    cc = shutil.which("cc") or shutil.which("gcc")
+    from ingero.collect.nvtx_inject import compiler
+
+    cc = compiler() or shutil.which("gcc")
     return Check("C compiler", cc is not None, cc or "none",
-                 "apt-get install gcc (the demo builds its simulated CUDA runtime)", required=False)
+                 "apt-get install gcc (trace --cmd builds its NVTX injection library with it, unless --no-nvtx; "
+                 "the demo builds its simulated CUDA runtime)", required=False)
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (

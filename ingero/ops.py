@@ -51,6 +51,11 @@ class Op(enum.IntEnum):
     NCCL_COMM_SPLIT = 92
     NCCL_COMM_DESTROY = 93
     NCCL_COMM_ABORT = 94
+    NVTX_PUSH = 96
+    NVTX_POP = 97
+    NVTX_START = 98
+    NVTX_END = 99
+    NVTX_TEXT = 100
     SCHED_SWITCH = 64
     PAGE_FAULT = 65
     BLOCK_IO = 66
@@ -98,6 +103,12 @@ OP_NAMES: dict[Op, str] = {
     Op.NCCL_COMM_SPLIT: "ncclCommSplit",
     Op.NCCL_COMM_DESTROY: "ncclCommDestroy",
     Op.NCCL_COMM_ABORT: "ncclCommAbort",
+    # NVTX records: never stored in events, paired into spans rows (collect/nvtx.py)
+    Op.NVTX_PUSH: "nvtx_push",
+    Op.NVTX_POP: "nvtx_pop",
+    Op.NVTX_START: "nvtx_start",
+    Op.NVTX_END: "nvtx_end",
+    Op.NVTX_TEXT: "nvtx_text",
     Op.SCHED_SWITCH: "sched_switch",
     Op.PAGE_FAULT: "page_fault",
     Op.BLOCK_IO: "block_io",
@@ -111,6 +122,8 @@ CUDA_OPS = frozenset(o for o in Op if 1 <= o < 64)
 # NCCL calls (80-95): enqueue calls like launches; a collective's device work
 # starts when the last rank of the communicator has entered it.
 NCCL_OPS = frozenset(o for o in Op if 80 <= o < 96)
+# NVTX records (96-100): the collector turns them into spans rows, never events rows.
+NVTX_OPS = frozenset(o for o in Op if 96 <= o <= 100)
 # Collectives and point-to-point transfers: the rows whose entry time ranks
 # are compared by (events.bytes = count x datatype size, events.comm, stream).
 NCCL_TRANSFERS = (Op.NCCL_ALL_REDUCE, Op.NCCL_REDUCE_SCATTER, Op.NCCL_ALL_GATHER, Op.NCCL_BROADCAST, Op.NCCL_REDUCE,

@@ -87,3 +87,29 @@ def needs_simcuda() -> Path:
     """The simulated CUDA runtime (demos/build/libcudart.so.12), built once per run."""
     lib, err = _build_simcuda()
     return needs(lib, "the simulated CUDA runtime", f"make -C demos: {err}")
+
+
+def needs_nvtx_package() -> None:
+    """NVIDIA's Python nvtx package (make setup installs it with the `test` extra)."""
+    import importlib.util
+
+    needs(importlib.util.find_spec("nvtx"), "NVIDIA's Python nvtx package", "pip install nvtx, or make setup")
+
+
+def needs_nvtx_headers() -> Path:
+    """The include directory holding nvtx3/nvToolsExt.h: the newest CUDA toolkit's (/usr/local/cuda*)."""
+    import glob
+
+    found = sorted(glob.glob("/usr/local/cuda*/include/nvtx3/nvToolsExt.h"))
+    return needs(Path(found[-1]).parents[1] if found else None, "NVTX3's headers (nvtx3/nvToolsExt.h)",
+                  "install the CUDA toolkit (/usr/local/cuda*/include)")
+
+
+def needs_libnvtoolsext() -> Path:
+    """NVIDIA's legacy libnvToolsExt.so.1 from the nvidia-nvtx-cu12 12.1 wheel (make setup: the `test` extra)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    found = [Path(b, "nvtx", "lib", "libnvToolsExt.so.1") for b in (spec.submodule_search_locations if spec else [])]
+    return needs(next((p.resolve() for p in found if p.exists()), None), "NVIDIA's libnvToolsExt.so.1",
+                 "pip install nvidia-nvtx-cu12==12.1.105, or make setup")

@@ -141,7 +141,7 @@ def compiled_source(settings: BpfSettings) -> tuple[list[tuple[Path, str]], list
     if settings.bench_pid is None:
         seen.add("bench.bpf.c")
     else:
-        seen.update({"cuda.bpf.c", "nccl.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
+        seen.update({"cuda.bpf.c", "nccl.bpf.c", "nvtx.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
     i = 0
     while i < len(files):
         for name in _LOCAL_INCLUDE.findall(files[i][1]):

@@ -1,4 +1,4 @@
-"""What attaches where: the one table of CUDA and NCCL symbols and kernel tracepoints.
+"""What attaches where: the one table of CUDA, NCCL and NVTX symbols and kernel tracepoints.
 
 Each row names a base symbol, the library it lives in, the op it is
 stored as, the BPF entry function (bpf/cuda.bpf.c, bpf/nccl.bpf.c) that
@@ -6,6 +6,8 @@ reads its arguments, and how. Every exported variant of a base
 (``_ptds``/``_ptsz`` per-thread-default-stream builds, ``_v2`` revisions
 when the base itself is listed without one) is attached, not only the first
 that works. CUDA uretprobes share ``cuda_return``, NCCL ones ``nccl_return``.
+NVTX probes (on ingero's own injection library, collect/nvtx_inject.c) are
+entries only: each reads its arguments and emits its record at once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ingero.ops import TRACEPOINTS  # noqa: F401  (the loader attaches these; th
 RUNTIME = "runtime"
 DRIVER = "driver"
 NCCL = "nccl"
+NVTX = "nvtx"  # ingero's NVTX injection library (collect/nvtx_inject.py builds it)
 RETURN_FN = "cuda_return"
 NCCL_RETURN_FN = "nccl_return"  # also sends the call's comm / rank out (struct ingero_nccl_ext)
 
@@ -32,7 +35,10 @@ class CudaProbe:
     args: str  # how the entry reads the arguments (documentation; --print-bpf shows it)
 
     @property
-    def return_fn(self) -> str:
+    def return_fn(self) -> str | None:
+        """The uretprobe's BPF function; None for entry-only probes (NVTX)."""
+        if self.library == NVTX:
+            return None
         return NCCL_RETURN_FN if self.library == NCCL else RETURN_FN
 
     @property
@@ -111,6 +117,14 @@ CUDA_PROBES: tuple[CudaProbe, ...] = (
     CudaProbe("ncclCommAbort", _N, Op.NCCL_COMM_ABORT, "nccl_comm_abort_enter", "comm = arg1"),
 )
 
+# The injection library's probed functions (collect/nvtx_inject.c), read by bpf/nvtx.bpf.c.
+NVTX_PROBES: tuple[CudaProbe, ...] = (
+    CudaProbe("ingero_nvtx_push", NVTX, Op.NVTX_PUSH, "nvtx_push_enter", "message = arg1, domain = arg2"),
+    CudaProbe("ingero_nvtx_pop", NVTX, Op.NVTX_POP, "nvtx_pop_enter", "domain = arg1"),
+    CudaProbe("ingero_nvtx_start", NVTX, Op.NVTX_START, "nvtx_start_enter", "message = arg1, range id = arg2"),
+    CudaProbe("ingero_nvtx_end", NVTX, Op.NVTX_END, "nvtx_end_enter", "range id = arg1"),
+)
+
 # Per-thread-default-stream builds of a call: same arguments, same op.
 _VARIANT = re.compile(r"^(?:_ptds|_ptsz)?$")
 
@@ -135,12 +149,13 @@ class Attachment:
 def plan_library(path: str, kind: str, exported: frozenset[str] | set[str]) -> list[Attachment]:
     """Every (entry, return) pair to attach on one library file."""
     out: list[Attachment] = []
-    for probe in CUDA_PROBES:
+    for probe in NVTX_PROBES if kind == NVTX else CUDA_PROBES:
         if probe.library != kind:
             continue
         for sym in variants(probe.symbol, exported):
             # Return probe first: a call entering between the two attaches
             # would otherwise leave entry state whose return is never seen.
-            out.append(Attachment(path, sym, probe.op, probe.return_fn, "uretprobe"))
+            if probe.return_fn is not None:
+                out.append(Attachment(path, sym, probe.op, probe.return_fn, "uretprobe"))
             out.append(Attachment(path, sym, probe.op, probe.entry_fn, "uprobe"))
     return out

@@ -19,6 +19,7 @@ from ingero.ops import (  # noqa: F401
     DRAINING_OPS,
     NCCL_OPS,
     NCCL_TRANSFER_OPS,
+    NVTX_OPS,
     OP_NAMES,
     SYNC_OPS,
     Op,
@@ -120,6 +121,44 @@ class NcclExt(ctypes.Structure):
     ]
 
 
+# NVTX messages: cut at NVTX_TEXT_MAX bytes, carried NVTX_TEXT_PART bytes per text record.
+NVTX_TEXT_MAX = 64
+NVTX_TEXT_PART = 36
+
+
+class Nvtx(ctypes.Structure):
+    """struct ingero_nvtx: one NVTX push, pop, start or end (op NVTX_*)."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("id", ctypes.c_uint64),
+        ("pad0", ctypes.c_uint64 * 2),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("text_len", ctypes.c_uint32),
+        ("pad1", ctypes.c_uint32),
+        ("pad2", ctypes.c_uint32),
+        ("op", ctypes.c_uint8),
+        ("pad3", ctypes.c_uint8),
+        ("cpu", ctypes.c_uint16),
+    ]
+
+
+class NvtxText(ctypes.Structure):
+    """struct ingero_nvtx_text: NVTX_TEXT_PART bytes of a push's / start's message (op NVTX_TEXT)."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("text", ctypes.c_char * 24),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("text2", ctypes.c_char * 12),
+        ("op", ctypes.c_uint8),
+        ("part", ctypes.c_uint8),
+        ("cpu", ctypes.c_uint16),
+    ]
+
+
 class ProcStat(ctypes.Structure):
     """struct ingero_proc_stat."""
 
@@ -158,6 +197,8 @@ def _numpy_mirrors() -> dict[str, Any]:
         "EVENT_DTYPE": np.dtype(Event),
         "PROC_STAT_DTYPE": np.dtype(ProcStat),
         "NCCL_EXT_DTYPE": np.dtype(NcclExt),
+        "NVTX_DTYPE": np.dtype(Nvtx),
+        "NVTX_TEXT_DTYPE": np.dtype(NvtxText),
         "OP_NAME_TABLE": np.array([OP_NAMES.get(i, f"op{i}") for i in range(256)], dtype=object),  # type: ignore[call-overload]
         "KIND_NAME_TABLE": np.array([KIND_NAMES.get(i, nccl_kind_name(i)) for i in range(256)], dtype=object),  # type: ignore[call-overload]
     }
@@ -172,12 +213,15 @@ if TYPE_CHECKING:
     EVENT_DTYPE: np.dtype
     PROC_STAT_DTYPE: np.dtype
     NCCL_EXT_DTYPE: np.dtype
+    NVTX_DTYPE: np.dtype
+    NVTX_TEXT_DTYPE: np.dtype
     OP_NAME_TABLE: np.ndarray
     KIND_NAME_TABLE: np.ndarray
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("EVENT_DTYPE", "PROC_STAT_DTYPE", "NCCL_EXT_DTYPE", "OP_NAME_TABLE", "KIND_NAME_TABLE"):
+    if name in ("EVENT_DTYPE", "PROC_STAT_DTYPE", "NCCL_EXT_DTYPE", "NVTX_DTYPE", "NVTX_TEXT_DTYPE", "OP_NAME_TABLE",
+                "KIND_NAME_TABLE"):
         globals().update(_numpy_mirrors())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -187,6 +231,8 @@ MIRRORS = {
     "struct ingero_event": Event,
     "struct ingero_proc_stat": ProcStat,
     "struct ingero_nccl_ext": NcclExt,
+    "struct ingero_nvtx": Nvtx,
+    "struct ingero_nvtx_text": NvtxText,
 }
 ENUM_MIRRORS = {
     "OP_": Op,

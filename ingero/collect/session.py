@@ -32,11 +32,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, ranks, targets
+from ingero.collect import decode, nvtx, nvtx_inject, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
-from ingero.collect.records import EVENT_DTYPE, OP_NAME_TABLE, Counter, Op
+from ingero.collect.records import EVENT_DTYPE, NVTX_OPS, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user
@@ -83,6 +83,8 @@ class TraceOptions:
     ring_mb: int = DEFAULT_RING_MB
     command_line: str = "ingero trace"
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
+    # --cmd: load ingero's NVTX injection library into the command, its ranges become spans (--no-nvtx: off)
+    nvtx: bool = True
     # Services the trace command wires in (the query daemon, the samplers, Prometheus
     # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
@@ -158,7 +160,7 @@ class _Percentiles:
         ops = np.concatenate([w[0] for w in parts]) if parts else np.empty(0, np.uint8)
         durs = np.concatenate([w[1] for w in parts]) if parts else np.empty(0, np.uint64)
         for op in np.flatnonzero(self.counts):
-            if op == Op.NCCL_EXT:  # half of an NCCL call's records, not a call
+            if op == Op.NCCL_EXT or op in NVTX_OPS:  # half of an NCCL call's records; NVTX ranges: not calls
                 continue
             st = OpStats(count=int(self.counts[op]))
             d = durs[ops == op]
@@ -208,6 +210,7 @@ class TraceSession:
         self.last_counters: np.ndarray | None = None  # BPF counters as last read (once a second)
         self.probe_misses = 0  # Program.probe_misses as last read, with the counters
         self.nccl = ranks.NcclJoin(session_id, self.offset_ns)
+        self.nvtx = nvtx.NvtxSpans(session_id, self.offset_ns)
         self.env_read: set[int] = set()  # pids whose environment was read for ranks (again after an exec)
         self.env_rows: dict[int, tuple] = {}  # pid -> its last 'env' row's values (an exec may keep them)
 
@@ -250,6 +253,7 @@ class TraceSession:
             return
         t0 = time.monotonic()
         recs = decode.storage_order(self.pending_buf[:n])
+        recs, nvtx_spans = self.nvtx.take(recs)
         recs, comm, rank_rows = self.nccl.join(recs)
         stack_ids = None
         if self.stacks is not None:
@@ -267,6 +271,8 @@ class TraceSession:
                 added = self.store.append("events", table)
                 if rank_rows:
                     self.store.append("ranks", pa.Table.from_pylist(rank_rows))
+                if nvtx_spans is not None:
+                    self.store.append("spans", nvtx_spans)
                 c0 = time.thread_time()
                 for name, rows in derived:
                     self.store.append(name, rows)
@@ -555,6 +561,15 @@ def _attach_line(lib: Any, ok: int, failed: int, program: Any) -> str:
     return line
 
 
+def _attach_nvtx(program: Any, lib: Path) -> str:
+    """Attach the NVTX probes to the injection library before the command can load it; the line saying so."""
+    st = lib.stat()
+    ok, failed = program.attach_library(lib, probes.NVTX, (st.st_dev, st.st_ino), nvtx_inject.PROBED)
+    if failed:
+        return f"NVTX: {failed} of {ok + failed} probes on {lib} failed to attach (`ingero query` the probes table)"
+    return f"NVTX: the command's ranges become spans (NVTX_INJECTION64_PATH={lib})"
+
+
 def check_can_trace() -> None:
     if os.geteuid() != 0:
         raise IngeroError("trace needs root (eBPF): run with sudo")
@@ -585,6 +600,8 @@ def run_trace(
         user = invoking_user()
         launcher = targets.Launcher(spec.cmd, run_as=(user.pw_uid, user.pw_gid) if user else None,
                                     stdout_to_stderr=opts.cmd_stdout_to_stderr)
+    # built (or found in the cache) before anything is loaded: no compiler is one line, nothing traced
+    nvtx_lib = nvtx_inject.library() if launcher is not None and opts.nvtx else None
     settings = settings_for(opts)
     libs, watcher = _find_libraries(list(opts.cuda_libs),
                                     [(launcher.executable, "the --cmd program")] if launcher else [])
@@ -608,6 +625,10 @@ def run_trace(
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             lines.append(_attach_line(lib, ok, failed, program))
+        cmd_env = None
+        if nvtx_lib is not None:
+            cmd_env, why_not = nvtx_inject.command_env(nvtx_lib)
+            lines.append(why_not or _attach_nvtx(program, nvtx_lib))
         runtime_notes = watcher.take_notes()
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
@@ -625,7 +646,7 @@ def run_trace(
         launched = None
         if launcher is not None:
             with store.user_umask():  # the job creates its files as its user would, not 0600
-                launched = launcher.spawn()
+                launched = launcher.spawn(cmd_env)
             program.add_targets([launched])
         if not libs and not spec.explicit:
             lines.append("no CUDA runtime found: tracing host events only (block I/O, per-process CPU); "
@@ -672,6 +693,15 @@ def run_trace(
     if fault is not None:
         raise _job_ran_untraced(fault, launcher)
     return summary
+
+
+def _nvtx_note(n: nvtx.NvtxSpans) -> str:
+    line = f"nvtx: {n.spans:,} ranges stored as spans (category 'nvtx')"
+    if n.ended_at_exit or n.ended_at_stop:
+        line += f"; {n.ended_at_exit + n.ended_at_stop:,} never closed, ended at their process's exit or the trace's end"
+    if n.unmatched:
+        line += f"; {n.unmatched:,} pops / ends without their push / start (dropped)"
+    return line
 
 
 def _job_ran_untraced(fault: StorageFault, launcher: targets.Launcher) -> StorageFault:
@@ -759,6 +789,12 @@ def _loop(
     stale_calls = int(counters[Counter.STALE_CALLS])
     probe_misses = sess.probe_misses
     try:
+        # NVTX ranges of processes still running end here, when the trace stopped (those of
+        # processes that exited ended at their exit, in the flushes)
+        open_spans = sess.nvtx.finish(time.monotonic_ns())
+        if open_spans is not None:
+            with sess.store.transaction():
+                sess.store.append("spans", open_spans)
         sess.harvest_process_cpu()
         sess.write_probe_rows()
         for hook in sess.opts.hooks:
@@ -769,6 +805,8 @@ def _loop(
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
+    if sess.nvtx.spans or sess.nvtx.unmatched:
+        notes.append(_nvtx_note(sess.nvtx))
     if sess.stack_failures:
         notes.append(f"stacks: {sess.stack_failures} flush(es) stored without stacks (resolving failed; see above)")
     if launcher is not None and launcher.returncode is None and ended_by == "duration":

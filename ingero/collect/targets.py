@@ -113,8 +113,10 @@ class Launcher:
         """The program the command runs (its path, resolved through PATH)."""
         return self._exe
 
-    def spawn(self) -> int:
-        """Fork the child; it waits until ``release()``.  Returns its pid."""
+    def spawn(self, env: dict[str, str] | None = None) -> int:
+        """Fork the child; it waits until ``release()``.  Returns its pid.
+
+        ``env``: the command's environment (default: ingero's own)."""
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: only async-signal-safe work until exec
@@ -130,7 +132,10 @@ class Launcher:
                     uid, gid = self._run_as
                     os.setgid(gid)
                     os.setuid(uid)
-                os.execv(self._exe, self.argv)
+                if env is None:
+                    os.execv(self._exe, self.argv)
+                else:
+                    os.execve(self._exe, self.argv, env)
             finally:
                 os._exit(127)
         os.close(r)

@@ -116,6 +116,9 @@ def _delete_older(con: duckdb.DuckDBPyConnection, cutoff_ns: int, deleted: dict[
         n = con.execute(f"DELETE FROM {table} WHERE timestamp < $cutoff", {"cutoff": cutoff_ns}).fetchall()[0][0]
         deleted[table] = deleted.get(table, 0) + int(n)
         total += int(n)
+    # spans (NVTX ranges of a traced --cmd, imported annotations) go once they have ended before the cutoff
+    n = con.execute("DELETE FROM spans WHERE end_ns < $cutoff", {"cutoff": cutoff_ns}).fetchall()[0][0]
+    deleted["spans"] = deleted.get("spans", 0) + int(n)
     # a name is only useful next to that process's events
     n = con.execute("DELETE FROM process_names WHERE last_seen_ns < $cutoff", {"cutoff": cutoff_ns}).fetchall()[0][0]
     deleted["process_names"] = deleted.get("process_names", 0) + int(n)

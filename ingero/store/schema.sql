@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 
 -- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
--- list equal to ops.py's, and EVENT_KIND's to records.py's).  Sorted, so ORDER BY op orders as text does; compared,
+-- list equal to ops.py's but its NVTX records', which become spans rows, never events
+-- rows; and EVENT_KIND's to records.py's).  Sorted, so ORDER BY op orders as text does; compared,
 -- matched (LIKE), grouped and selected as text: op = 'sched_switch' and a name that
 -- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
 -- schema 11 keeps VARCHAR op, kind and in_call (the migration does not rewrite events).
@@ -232,14 +233,19 @@ CREATE TABLE IF NOT EXISTS device_activity (
 
 -- CPU operators and user annotations of an imported trace (torch.profiler's
 -- record_function): ProfilerStep#N marks training steps, enumerate(DataLoader)... data loading.
+-- And the NVTX ranges of a traced `--cmd` (category 'nvtx'; torch.cuda.nvtx.range_push,
+-- nvtx.annotate, nvtxRangePushA ...): one row per push..pop on a thread, or per
+-- start..end by range id (tid: the starting thread), name = the range's message cut at
+-- 64 bytes ('' without one).  A range never closed ends at its process's exit, or,
+-- for a process still running when the trace stopped, at the trace's end.
 CREATE TABLE IF NOT EXISTS spans (
     session_id INTEGER,
     pid INTEGER,
     tid INTEGER,
-    start_ns BIGINT NOT NULL,
+    start_ns BIGINT NOT NULL,    -- on the host's clock (ns since the Unix epoch), like events.timestamp
     end_ns BIGINT NOT NULL,
-    name VARCHAR NOT NULL,       -- aten::conv2d, ProfilerStep#12, enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__ ...
-    category VARCHAR             -- the trace's cat: 'cpu_op' | 'user_annotation' | 'python_function'
+    name VARCHAR NOT NULL,       -- aten::conv2d, ProfilerStep#12, enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__, an NVTX message ...
+    category VARCHAR             -- the trace's cat: 'cpu_op' | 'user_annotation' | 'python_function'; traced: 'nvtx'
 );
 
 -- What each process was called over time: a row per image it ran, from the

@@ -22,3 +22,11 @@ def test_bpf_sources_are_package_data() -> None:
     for src in (ROOT / "bpf").iterdir():
         if src.suffix in (".c", ".h"):
             assert any(src.match(p) for p in patterns), src.name
+
+
+def test_the_nvtx_injection_source_is_package_data() -> None:
+    """`ingero trace --cmd` compiles it where it was installed (collect/nvtx_inject.py)."""
+    from ingero.collect import nvtx_inject
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert any(nvtx_inject.SOURCE.match(p) for p in conf["package-data"]["ingero.collect"])

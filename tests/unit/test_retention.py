@@ -52,6 +52,19 @@ def test_age_window_deletes_exactly_the_older_rows(tmp_path):
     store.close()
 
 
+def test_spans_go_once_they_ended_before_the_cutoff(tmp_path):
+    store = Store.open(tmp_path / "r.duckdb")
+    # NVTX steps of a traced --cmd: [T0 + k s, T0 + k s + 0.5 s)
+    start = T0 + np.arange(100, dtype=np.int64) * S
+    store.append("spans", pa.table({"session_id": pa.array(np.ones(100, np.int32)), "start_ns": pa.array(start),
+                                    "end_ns": pa.array(start + S // 2), "name": ["step"] * 100,
+                                    "category": ["nvtx"] * 100}))
+    info = Retention(retain_s=30, max_db_bytes=None).apply(store.con, T0 + 100 * S)
+    assert info["deleted"]["spans"] == 70
+    assert store.con.execute("SELECT min(start_ns) FROM spans").fetchall()[0][0] == T0 + 70 * S
+    store.close()
+
+
 def test_sessions_and_stacks_are_kept(tmp_path):
     store = Store.open(tmp_path / "r.duckdb")
     store.begin_session(command="x", targets="y")

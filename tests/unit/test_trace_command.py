@@ -71,8 +71,21 @@ def test_streams_flag_compiles_launch_stream_reads():
 def test_every_probe_entry_function_exists_in_the_bpf_source():
     """probes.py and the BPF programs cannot drift: each named function is defined."""
     src = (loader.bpf_dir() / "ingero.bpf.c").read_text()
-    for fn in {p.entry_fn for p in probes.CUDA_PROBES} | {p.return_fn for p in probes.CUDA_PROBES}:
+    every = probes.CUDA_PROBES + probes.NVTX_PROBES
+    for fn in {p.entry_fn for p in every} | {p.return_fn for p in every if p.return_fn is not None}:
         assert f"UPROBE_PROGRAM({fn})" in src, fn
+
+
+def test_nvtx_probes_are_entries_only_on_the_injection_library_functions():
+    from ingero.collect import nvtx_inject
+
+    plan = probes.plan_library("/c/libingero_nvtx.so", probes.NVTX, frozenset(nvtx_inject.PROBED))
+    assert sorted((a.symbol, a.fn, a.probe_kind) for a in plan) == [
+        ("ingero_nvtx_end", "nvtx_end_enter", "uprobe"), ("ingero_nvtx_pop", "nvtx_pop_enter", "uprobe"),
+        ("ingero_nvtx_push", "nvtx_push_enter", "uprobe"), ("ingero_nvtx_start", "nvtx_start_enter", "uprobe")]
+    # every probed function is defined, out of line, in the library's source
+    src = nvtx_inject.SOURCE.read_text()
+    assert all(f"PROBED void {name}(" in src for name in nvtx_inject.PROBED)
 
 
 def test_variants_attach_every_exported_per_thread_stream_build():
