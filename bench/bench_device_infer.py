@@ -139,10 +139,11 @@ def traces_table() -> None:
               f"| {100 * a.low:.1f}-{100 * a.high:.1f} | {inside} | {a.drains} | {a.backpressure_launches} |")
 
 
-def timeline_busy_ns(path: Path, lo: int, hi: int, offset_ns: int) -> int:
+def timeline_busy_ns(path: Path, lo: int, hi: int, offset_ns: int, engines: str = "01") -> int:
     """The union of the device operations of a SIMCUDA_TIMELINE file within [lo, hi) (epoch ns;
-    the file's are CLOCK_MONOTONIC, ``offset_ns`` = wall - monotonic)."""
-    rows = [ln.split() for ln in path.read_text().splitlines() if ln.strip()]
+    the file's are CLOCK_MONOTONIC, ``offset_ns`` = wall - monotonic); ``engines``: "0" compute
+    only (what simcudaDeviceBusyNs counts), "01" compute and copy."""
+    rows = [r for r in (ln.split() for ln in path.read_text().splitlines() if ln.strip()) if r[0] in engines]
     if not rows:
         return 0
     iv = sorted((max(int(a) + offset_ns, lo), min(int(b) + offset_ns, hi)) for _, a, b in rows)
@@ -158,16 +159,17 @@ def timeline_busy_ns(path: Path, lo: int, hi: int, offset_ns: int) -> int:
     return total + (0 if cur_b is None else cur_b - cur_a)
 
 
-def demos_table(duration: float) -> None:
+def demos_table(duration: float, names: list[str] | None = None) -> None:
     from ingero.collect.decode import monotonic_offset_ns  # noqa: PLC0415
     from ingero.demo import scenarios  # noqa: PLC0415
 
     subprocess.run(["make", "-C", str(REPO / "demos")], check=True, capture_output=True)
     print(f"\n`ingero demo NAME --no-fix --duration {duration:g}s`, the traced loop against its own timeline:\n")
-    print("| scenario | wait policy | device busy % (timeline) | inferred % | bounds % | error (points) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| scenario | wait policy | compute busy % | + copies % (timeline) | inferred % | bounds % "
+          "| error vs + copies (points) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="ingero-devinfer-demos-") as d:
-        for name in scenarios.names():
+        for name in names or scenarios.names():
             db, tl = Path(d) / f"{name}.duckdb", Path(d) / f"{name}-%p.tl"
             proc = subprocess.run([sys.executable, "-m", "ingero", "demo", name, "--no-fix", "--keep-db", str(db),
                                    "--duration", f"{duration:g}s", "--json"], cwd=REPO, capture_output=True, text=True,
@@ -181,7 +183,8 @@ def demos_table(duration: float) -> None:
             # (the whole span: a trace of many calls is analysed on a share of each window, span_ns)
             span = act.end_ns - act.start_ns
             truth = 100 * timeline_busy_ns(path, act.start_ns, act.end_ns, monotonic_offset_ns()) / span
-            print(f"| {name} | {scenarios.get(name).policy} | {truth:.1f} | {100 * act.busy_share:.1f} "
+            compute = 100 * timeline_busy_ns(path, act.start_ns, act.end_ns, monotonic_offset_ns(), "0") / span
+            print(f"| {name} | {scenarios.get(name).policy} | {compute:.1f} | {truth:.1f} | {100 * act.busy_share:.1f} "
                   f"| {100 * act.low:.1f}-{100 * act.high:.1f} | {100 * act.busy_share - truth:+.1f} |", flush=True)
 
 
@@ -193,6 +196,7 @@ def main() -> None:
     ap.add_argument("--no-sim", action="store_true", help="not the simulated shapes (the real traces need no root)")
     ap.add_argument("--demos", action="store_true", help="also every demo scenario's slow run (root)")
     ap.add_argument("--demo-duration", type=float, default=16.0, help="seconds per demo run")
+    ap.add_argument("--demo-names", default="", help="only these scenarios (comma-separated; default: all)")
     args = ap.parse_args()
     if not (math.isfinite(args.demo_duration) and args.demo_duration > 0):
         ap.error(f"--demo-duration must be a positive number of seconds, not {args.demo_duration}")
@@ -200,7 +204,7 @@ def main() -> None:
         sim_table(args.shapes.split(","), args.schedules.split(","), args.duration)
     traces_table()
     if args.demos:
-        demos_table(args.demo_duration)
+        demos_table(args.demo_duration, [n for n in args.demo_names.split(",") if n])
 
 
 if __name__ == "__main__":

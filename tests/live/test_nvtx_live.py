@@ -72,6 +72,29 @@ def test_every_range_is_one_span_with_its_name(steps: tuple) -> None:
     assert query(db, "SELECT count(*) FROM events WHERE op LIKE 'nvtx%'")[0][0] == 0
 
 
+def test_explain_takes_the_step_ranges_for_the_steps(steps: tuple) -> None:
+    # the loop syncs once a step, so the rhythm would find the steps too; the ranges come first
+    import io
+
+    import duckdb
+
+    from ingero.analyze.context import Options
+    from ingero.analyze.explain import explain
+    from ingero.render import terminal
+
+    db, _, _ = steps
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        report = explain(con, Options())
+    finally:
+        con.close()
+    st = report.steps
+    assert (st.source, st.marker, st.count) == ("nvtx", "step", STEPS)
+    out = io.StringIO()
+    terminal.write(report, out)
+    assert f"Steps: {STEPS} (from NVTX ranges 'step'), p50 " in out.getvalue()
+
+
 def test_ranges_nest_within_their_step_on_the_same_thread(steps: tuple) -> None:
     db, pid, _ = steps
     # every forward / backward inside exactly one step of its thread, every step holding one of each
