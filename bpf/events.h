@@ -218,6 +218,7 @@ enum ingero_counter {
 	CNT_STACK_ERRORS = 1, /* get_stackid failed */
 	CNT_NEST_SKIPPED = 2, /* probed call nested inside another probed call */
 	CNT_STALE_CALLS = 3,  /* in-flight call state whose return was never seen, replaced */
+	CNT_UNSEEN_SWITCH_IN = 4, /* off-CPU interval whose switch back was not seen: its end estimated */
 	CNT_MAX = 8,
 };
 

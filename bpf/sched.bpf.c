@@ -44,11 +44,48 @@ static __always_inline struct ingero_proc_stat *proc_stat(u32 tgid, const char *
 	return proc_stats_get(&tgid);
 }
 
+/* The row of a thread's off-CPU interval [t->ts, end): runq_ns is its wait for a CPU. */
+static __always_inline void emit_off_cpu(struct thread_state *t, u32 tid, u64 end, u64 runq_ns)
+{
+	struct ingero_event *e = event_reserve();
+	if (!e)
+		return;
+	e->ts_ns = t->ts;
+	e->duration_ns = end - t->ts;
+	e->arg = runq_ns;
+	e->stream = 0;
+	e->pid = t->tgid;
+	e->tid = tid;
+	e->other_pid = t->other_pid;
+	e->ret = 0;
+	e->call_op = t->call_op;
+	e->call_flags = t->call_flags;
+	e->stack_id = t->stack_id;
+	e->op = OP_SCHED_SWITCH;
+	e->kind = t->kind;
+	e->cpu = t->cpu;
+	event_submit(e);
+}
+
 /* A traced thread leaves the CPU: the interval starts.  Filled in place in
- * its entry (ts last: a wakeup only touches an entry marked off CPU). */
+ * its entry (ts last: a wakeup only touches an entry marked off CPU).
+ *
+ * An entry still marked off CPU means the thread came back on without a
+ * switch this program saw.  On this project's VMs that happens about once a
+ * trace, ~1.3 s after it starts, on one CPU: for 1.4-2 ms neither this
+ * program nor sched_wakeup's ran there (4 threads x 500 naps of 2 ms: 1-3
+ * sleeps a run, each counted by the kernel's nvcsw; the cause is not known,
+ * and the start-up calibration is not it).  The interval is still a row,
+ * ended where the thread was woken (runq unknown: 0), else at its switch-out
+ * (zero-length: the sleep is counted, its length is not known), and counted
+ * (CNT_UNSEEN_SWITCH_IN): overwriting it lost the row. */
 static __always_inline void switch_out(struct tracepoint__sched__sched_switch *args, struct thread_state *t,
 				       struct thread_slot *slot, u32 next_tid, u32 next_tgid, u8 kind, u64 now)
 {
+	if (t->ts) {
+		emit_off_cpu(t, args->prev_pid, t->wake_ts > t->ts && t->wake_ts <= now ? t->wake_ts : t->ts, 0);
+		count(CNT_UNSEEN_SWITCH_IN);
+	}
 	t->wake_ts = kind == KIND_PREEMPTED ? now : 0; /* runnable all along */
 	t->other_pid = next_tid ? next_tgid : 0;
 	t->stack_id = ingero_stack_id(args);
@@ -75,24 +112,7 @@ static __always_inline void switch_in(struct thread_state *t, u32 next_tid, u64 
 {
 	if (!t->ts)
 		return;
-	struct ingero_event *e = event_reserve();
-	if (e) {
-		e->ts_ns = t->ts;
-		e->duration_ns = now - t->ts;
-		e->arg = t->wake_ts && now > t->wake_ts ? now - t->wake_ts : 0;
-		e->stream = 0;
-		e->pid = t->tgid;
-		e->tid = next_tid;
-		e->other_pid = t->other_pid;
-		e->ret = 0;
-		e->call_op = t->call_op;
-		e->call_flags = t->call_flags;
-		e->stack_id = t->stack_id;
-		e->op = OP_SCHED_SWITCH;
-		e->kind = t->kind;
-		e->cpu = t->cpu;
-		event_submit(e);
-	}
+	emit_off_cpu(t, next_tid, now, t->wake_ts && now > t->wake_ts ? now - t->wake_ts : 0);
 	t->ts = 0; /* on CPU */
 }
 

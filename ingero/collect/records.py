@@ -185,6 +185,7 @@ class Counter(enum.IntEnum):
     STACK_ERRORS = 1
     NEST_SKIPPED = 2
     STALE_CALLS = 3
+    UNSEEN_SWITCH_IN = 4
     MAX = 8
 
 

@@ -805,6 +805,10 @@ def _loop(
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
+    unseen = int(counters[Counter.UNSEEN_SWITCH_IN])
+    if unseen:
+        notes.append(f"scheduler: {unseen:,} off-CPU interval(s) whose switch back onto a CPU no probe saw; "
+                     "each ends where its thread was woken (bpf/sched.bpf.c switch_out)")
     if sess.nvtx.spans or sess.nvtx.unmatched:
         notes.append(_nvtx_note(sess.nvtx))
     if sess.stack_failures:
