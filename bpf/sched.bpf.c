@@ -78,14 +78,23 @@ static __always_inline void emit_off_cpu(struct thread_state *t, u32 tid, u64 en
  * and the start-up calibration is not it).  The interval is still a row,
  * ended where the thread was woken (runq unknown: 0), else at its switch-out
  * (zero-length: the sleep is counted, its length is not known), and counted
- * (CNT_UNSEEN_SWITCH_IN): overwriting it lost the row. */
+ * (CNT_UNSEEN_SWITCH_IN): overwriting it lost the row.  The entry is marked
+ * on CPU before anything else is written, so a wakeup on another CPU meanwhile
+ * cannot stamp the new interval with a wake time before its start. */
+static __always_inline void close_unseen(struct thread_state *t, u32 tid, u64 now)
+{
+	if (!t->ts)
+		return;
+	emit_off_cpu(t, tid, t->wake_ts > t->ts && t->wake_ts <= now ? t->wake_ts : t->ts, 0);
+	t->ts = 0;
+	asm volatile("" ::: "memory");
+	count(CNT_UNSEEN_SWITCH_IN);
+}
+
 static __always_inline void switch_out(struct tracepoint__sched__sched_switch *args, struct thread_state *t,
 				       struct thread_slot *slot, u32 next_tid, u32 next_tgid, u8 kind, u64 now)
 {
-	if (t->ts) {
-		emit_off_cpu(t, args->prev_pid, t->wake_ts > t->ts && t->wake_ts <= now ? t->wake_ts : t->ts, 0);
-		count(CNT_UNSEEN_SWITCH_IN);
-	}
+	close_unseen(t, args->prev_pid, now);
 	t->wake_ts = kind == KIND_PREEMPTED ? now : 0; /* runnable all along */
 	t->other_pid = next_tid ? next_tgid : 0;
 	t->stack_id = ingero_stack_id(args);
@@ -154,9 +163,13 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 			else
 				__sync_fetch_and_add(&ps->voluntary, 1);
 		}
-		if (args->prev_state & STATE_EXITED_BITS)
-			thread_forget(prev_tid); /* never back: no interval */
-		else
+		if (args->prev_state & STATE_EXITED_BITS) {
+			/* never back: no new interval; one whose end went unseen is still a row */
+			struct thread_state *gone = thread_find(prev_tid);
+			if (gone)
+				close_unseen(gone, prev_tid, now);
+			thread_forget(prev_tid);
+		} else
 			prev = current_thread(prev_id, &slot);
 		if (prev && !is_target_cached(prev_tgid, &prev->traced))
 			prev = 0;

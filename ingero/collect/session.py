@@ -808,7 +808,8 @@ def _loop(
     unseen = int(counters[Counter.UNSEEN_SWITCH_IN])
     if unseen:
         notes.append(f"scheduler: {unseen:,} off-CPU interval(s) whose switch back onto a CPU no probe saw; "
-                     "each ends where its thread was woken (bpf/sched.bpf.c switch_out)")
+                     "each ends where its thread was woken, or is zero-length where that went unseen too "
+                     "(bpf/sched.bpf.c close_unseen)")
     if sess.nvtx.spans or sess.nvtx.unmatched:
         notes.append(_nvtx_note(sess.nvtx))
     if sess.stack_failures:

@@ -9,7 +9,7 @@ so the off-CPU rows of at least LONG_NS per state are exact counts.  Nothing
 else the workload does sleeps that long: the GO-file poll before its first
 call sleeps 1 ms at a time (and is before the first call, which the query
 leaves out), launches spin 5 us.  A sleep whose switch back onto a CPU the
-tracer did not see (~1 in 1,000 here, counted: bpf/sched.bpf.c switch_out)
+tracer did not see (about once a trace here, counted: bpf/sched.bpf.c close_unseen)
 is still its row, zero-length where its wake-up went unseen too: counted
 with the long ones, and only as many as the tracer says.
 """
