@@ -84,6 +84,11 @@ class Thresholds:
     # NVTX ranges mark the steps when at least this many of one step-named family are
     # outermost on a thread (fewer: the rhythm, which needs as many segments, decides).
     min_marked_steps: int = 6
+    # A marked step ends at the next one's start, unless the host's gap before it is more than
+    # marker_away_factor times the usual gap (at least marker_away_share of a range): then at
+    # its range's end plus the usual gap (a validation pass every 100 steps is not a step's).
+    marker_away_factor: float = 4.0
+    marker_away_share: float = 0.1
 
 
 T = Thresholds()
@@ -92,6 +97,12 @@ T = Thresholds()
 # ("step 12", "train_step", "ProfilerStep#3", "iter", "iteration 7", "batch"); matched
 # case-insensitively at word boundaries (underscores and camel case split words).
 MARKER_NAME = re.compile(r"(?:^|[^a-z])(?:step|steps|iter|iters|iteration|batch)(?:$|[^a-z])", re.IGNORECASE)
+# Names that are an operator's or a framework's own, though a word of them says batch, step or
+# iter: torch.autograd.profiler.emit_nvtx's ranges ("aten::batch_norm, seq = 12, op_id = 40"),
+# autograd nodes ("CudnnBatchNormBackward0"), modules ("BatchNorm2d"), record_function names
+# ("Optimizer.step#SGD.step", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+# "lr_scheduler.step").  A user's "ProfilerStep#3" or "step#3" stays a step.
+NOT_A_STEP = re.compile(r"::|, seq = |Backward\d*$|BatchNorm|DataLoader|#[A-Za-z_]|\.step\b", re.IGNORECASE)
 
 PARTS = ("data_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
 
@@ -301,7 +312,10 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
 
 
 def is_step_name(name: str) -> bool:
-    """Whether an NVTX range's name says it is a training step (MARKER_NAME)."""
+    """Whether an NVTX range's name says it is a training step (MARKER_NAME), and is not an
+    operator's or a framework's own (NOT_A_STEP)."""
+    if NOT_A_STEP.search(name):
+        return False
     return bool(MARKER_NAME.search(re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name)))
 
 
@@ -322,20 +336,26 @@ def outermost(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Marked:
-    """The NVTX ranges that mark ``pid``'s steps: one family, outermost on thread ``tid``."""
+    """The NVTX ranges that mark ``pid``'s steps: one family (of any of its threads), by start."""
 
-    tid: int
+    tid: int  # the thread holding most of them (the breakdown's)
     name: str  # the family: "step #"
     starts: np.ndarray
     ends: np.ndarray
 
 
 def marked(ctx: Context, pid: int, t: Thresholds = T) -> Marked | None:
-    """The NVTX ranges marking ``pid``'s steps, or None.  The candidates are the step-named
-    families with at least min_marked_steps ranges starting in the range on one thread; the
-    steps are the one least often inside another candidate's ranges (a "step" holding four
-    "micro-batch" ranges, a "train step" holding an "optimizer step"), the most numerous at a
-    tie.  Ranges named otherwise ("epoch 3" around the steps) neither count nor hide any."""
+    """The NVTX ranges marking ``pid``'s steps, or None.
+
+    The candidates are the step-named families with at least min_marked_steps ranges starting
+    in the range, a family's ranges taken from every thread of the process (steps handed
+    between threads are one sequence), mostly not inside another step-named range of their
+    thread (a "step" holding four "micro_batch" ranges, a "train_step" holding an "optimizer
+    step"; any such range of a family that repeats counts, however few start in the range, so
+    a narrow --since does not promote micro-batches; one "batch loop" around all is none).  The steps are the family least often inside one, then the one covering the most of its own
+    span (a validation pass of many short "val_batch" ranges between "train_step" ranges
+    covers little of it), then the most numerous.  Ranges named otherwise ("epoch 3" around
+    the steps, operators) neither count nor hide any."""
     if not procs.has_table(ctx.con, "spans"):
         return None
     t0 = max(ctx.start_ns, ctx.derived.calls_from_ns or ctx.start_ns)
@@ -344,32 +364,56 @@ def marked(ctx: Context, pid: int, t: Thresholds = T) -> Marked | None:
     tids = np.asarray(rows["tid"], dtype=np.int64)
     starts, ends = np.asarray(rows["start_ns"], dtype=np.int64), np.asarray(rows["end_ns"], dtype=np.int64)
     names = [str(n) for n in rows["name"]]
-    best, best_key = None, None
+    stepped = np.array([is_step_name(n) for n in names], dtype=bool)
+    fams = [_family(n) for n in names]
+    # enclosers: step-named ranges of a family that repeats (one "batch loop" around
+    # everything holds no step); per range, inside one on its thread (rows: by thread, start)
+    repeats = {f for f, n in zip(*np.unique([f for f, st in zip(fams, stepped) if st] or [""],
+                                            return_counts=True)) if n >= 2}
+    encloser = stepped & np.array([f in repeats for f in fams], dtype=bool)
+    enclosed = np.zeros(len(tids), bool)
     cut = np.flatnonzero(np.diff(tids)) + 1
     for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(tids)]):
-        families: dict[str, list[int]] = {}
-        for i in range(lo, hi):
-            if is_step_name(names[i]):
-                families.setdefault(_family(names[i]), []).append(i)
-        inside = {f: np.asarray(idx) for f, idx in families.items()
-                  if np.count_nonzero(starts[idx] >= t0) >= t.min_marked_steps}
-        if not inside:
+        idx = lo + np.flatnonzero(encloser[lo:hi])
+        enclosed[idx] = ~outermost(starts[idx], ends[idx])
+    families: dict[str, list[int]] = {}
+    for i in np.flatnonzero(encloser & (starts >= t0)).tolist():
+        families.setdefault(fams[i], []).append(i)
+    best, best_key = None, None
+    for fam, idx_list in families.items():
+        idx = np.asarray(idx_list)
+        # (mostly inside other step-named ranges: parts of steps, never the steps themselves)
+        if len(idx) < t.min_marked_steps or enclosed[idx].mean() > 0.5:
             continue
-        # the candidates' ranges in (start, longer first) order, as the query sorted them
-        union = np.sort(np.concatenate(list(inside.values())))
-        enclosed = dict(zip(union.tolist(), (~outermost(starts[union], ends[union])).tolist()))
-        for fam, idx in inside.items():
-            idx = idx[starts[idx] >= t0]
-            key = (-float(np.mean([enclosed[i] for i in idx.tolist()])), len(idx))
-            if best_key is None or key > best_key:
-                best, best_key = Marked(int(tids[lo]), fam, starts[idx], ends[idx]), key
+        idx = idx[np.argsort(starts[idx], kind="stable")]
+        s, e = starts[idx], ends[idx]
+        span = max(1, int(e.max() - s.min()))
+        key = (-float(enclosed[idx].mean()), float(np.sum(e - s)) / span, len(idx))
+        if best_key is None or key > best_key:
+            values, counts = np.unique(tids[idx], return_counts=True)
+            best, best_key = Marked(int(values[np.argmax(counts)]), fam, s, e), key
     return best
 
 
-def _from_markers(ctx: Context, pid: int, m: Marked) -> Steps:
-    """Steps from NVTX ranges: each from one range's start to the next one's."""
-    durations = sorted((np.diff(m.starts) / 1e6).tolist())
-    step_windows = sorted(set(((m.starts[1:] - ctx.start_ns) // ctx.window_ns).tolist()))
+def marked_durations(m: Marked, t: Thresholds = T) -> np.ndarray:
+    """Each marked step's time (ns, the last one's not known): from its range's start to the
+    next one's, except where the host was away far longer than between most steps (a
+    validation pass, a checkpoint): then its range and the usual gap."""
+    if len(m.starts) < 2:
+        return np.zeros(0, np.int64)
+    to_next = np.diff(m.starts)
+    gap = np.maximum(m.starts[1:] - m.ends[:-1], 0)
+    usual = float(np.median(gap))
+    length = m.ends[:-1] - m.starts[:-1]
+    away = gap > t.marker_away_factor * max(usual, t.marker_away_share * float(np.median(length)))
+    return np.where(away, np.minimum(to_next, length + int(usual)), to_next)
+
+
+def _from_markers(ctx: Context, pid: int, m: Marked, t: Thresholds = T) -> Steps:
+    """Steps from NVTX ranges (marked_durations); the breakdown over every window they span."""
+    durations = sorted((marked_durations(m, t) / 1e6).tolist())
+    first, last = ((int(m.starts[0]) - ctx.start_ns) // ctx.window_ns,
+                   (int(m.starts[-1]) - ctx.start_ns) // ctx.window_ns)
     mean = sum(durations) / len(durations)
     return Steps(
         pid=pid,
@@ -379,7 +423,7 @@ def _from_markers(ctx: Context, pid: int, m: Marked) -> Steps:
         p99_ms=_percentile(durations, 99),
         mean_ms=mean,
         drains_per_step=max(1, round(_drains(ctx, pid) / len(m.starts))),
-        breakdown=breakdown(ctx, pid, m.tid, step_windows, mean),
+        breakdown=breakdown(ctx, pid, m.tid, list(range(first, last + 1)), mean),
         source="nvtx",
         marker=m.name,
     )
@@ -390,7 +434,7 @@ def detect(ctx: Context, act: DeviceActivity, t: Thresholds = T) -> Steps | None
     NVTX ranges when it has them, else from the rhythm of its calls; None without either."""
     m = marked(ctx, act.pid, t)
     if m is not None:
-        return _from_markers(ctx, act.pid, m)
+        return _from_markers(ctx, act.pid, m, t)
     con = ctx.con
     # (numpy over the segments: ~14,000 in a 120 s range, ~0.02 CPU-s as Python tuples)
     rows = con.execute(SEGMENTS_SQL, {"pid": act.pid}).fetchnumpy()
@@ -513,7 +557,9 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
     # windows the loop only partly covers (its first and last) would count idle time as host work
     ws = step_windows[1:-1] if len(step_windows) > 2 else step_windows
     rows = ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
-    wall = sum(float(r[1]) for r in rows)
+    # a window with no CUDA call of the loop has no ing_win row: all of it was outside calls (a
+    # step's host phase longer than a window); whole, as only the first and last can be partial
+    wall = sum(float(r[1]) for r in rows) + float(ctx.window_ns) * (len(set(ws)) - len(rows))
     if not wall:
         return None
     sums = [sum(max(0.0, float(r[i])) for r in rows) for i in range(2, 9)]

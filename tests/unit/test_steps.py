@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from analyze_helpers import MAIN_PID, US
+from analyze_helpers import MAIN_PID, MAIN_TID, US
 from test_device_infer import Host, step
 
 from ingero.analyze import context, device, steps, windows
 
 
-def detect(h: Host, window_s: float | None = None) -> steps.Steps | None:
+def detect(h: Host, window_s: float | None = None, **opts) -> steps.Steps | None:
     store = h.trace.store()
-    ctx = context.resolve(store.con, context.Options(window_s=window_s))
+    ctx = context.resolve(store.con, context.Options(window_s=window_s, **opts))
     windows.build(ctx)
     return steps.detect(ctx, device.infer(ctx)[MAIN_PID])
 
@@ -311,6 +311,11 @@ def test_the_step_family_is_the_one_not_inside_another():
     ("step 12", True), ("train_step", True), ("ProfilerStep#3", True), ("trainStep", True),
     ("iteration 7", True), ("iter", True), ("Batch 4", True), ("step12", True),
     ("forward", False), ("aten::mm", False), ("batchnorm", False), ("stepper", False), ("substep", False),
+    # operators and framework names with a step word in them (emit_nvtx, autograd, record_function)
+    ("aten::batch_norm, seq = 12, op_id = 40", False), ("aten::cudnn_batch_norm", False),
+    ("CudnnBatchNormBackward0", False), ("BatchNorm2d", False), ("Optimizer.step#SGD.step", False),
+    ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", False), ("lr_scheduler.step", False),
+    ("step#3", True),
 ])
 def test_step_names(name, is_step):
     assert steps.is_step_name(name) is is_step
@@ -339,3 +344,97 @@ def test_explain_prints_where_nvtx_steps_come_from():
     out = io.StringIO()
     terminal.write(report, out)
     assert "Steps: 40 (from NVTX ranges 'step #'), p50 " in out.getvalue()
+
+
+def test_operator_ranges_with_a_step_word_are_not_steps():
+    # emit_nvtx: a range per operator, batch_norm among them, several a step
+    h = Host()
+    for _ in range(50):
+        s = h.t
+        for j in range(5):
+            o = h.t
+            h.launch(40)
+            h.trace.span(MAIN_PID, h.tid, o, h.t, f"aten::batch_norm, seq = {j}, op_id = 40")
+        step(h, kernels=10, kernel_us=100, host_us=300)
+        h.trace.span(MAIN_PID, h.tid + 1, s, s + 1000, "CudnnBatchNormBackward0, seq = 3")
+    assert detect(h).source == "rhythm"
+
+
+def test_a_validation_pass_of_many_short_ranges_is_not_the_steps():
+    h = Host()
+    starts = []
+    for i in range(60):
+        s = h.t
+        starts.append(s)
+        step(h, kernels=10, kernel_us=100, host_us=300)
+        h.trace.span(MAIN_PID, h.tid, s, h.t, "train_step")
+        if i % 20 == 19:  # validation: 100 short ranges between two steps
+            for _ in range(100):
+                v = h.t
+                h.launch(10)
+                h.sync()
+                h.trace.span(MAIN_PID, h.tid, v, h.t, "val_batch")
+    st = detect(h)
+    assert (st.source, st.marker, st.count) == ("nvtx", "train_step", 60)
+    # the steps before a validation pass end at their range's end plus the usual gap
+    assert st.p99_ms == pytest.approx(st.median_ms, rel=0.01)
+
+
+def test_steps_handed_between_threads_are_one_sequence():
+    h = Host()
+    starts = []
+    for i in range(40):
+        h.tid = MAIN_TID + i % 2  # a step on one thread, the next on the other
+        h.host(100)
+        s = h.t
+        starts.append(s)
+        step(h, kernels=10, kernel_us=100, host_us=300)
+        h.trace.span(MAIN_PID, h.tid, s, h.t, "step")
+    h.tid = MAIN_TID
+    st = detect(h)
+    assert (st.source, st.count) == ("nvtx", 40)
+    period = sorted((b - a) / 1e6 for a, b in zip(starts, starts[1:]))
+    assert st.median_ms == pytest.approx(period[19], rel=1e-9)
+
+
+def test_a_narrow_range_keeps_micro_batches_inside_their_step():
+    h = Host()
+    starts = []
+    for i in range(40):
+        h.host(300)
+        starts.append(h.t)
+        for j in range(4):
+            m = h.t
+            step(h, kernels=5, kernel_us=100, host_us=50)
+            h.trace.span(MAIN_PID, h.tid, m, h.t, f"micro batch {j}")
+        h.trace.span(MAIN_PID, h.tid, starts[-1], h.t, f"train step {i}")
+    # a range holding 4 train steps (16 micro-batches): too few train steps to be a family, and
+    # the micro-batches are inside them
+    st = detect(h, from_ns=starts[10] - 1, to_ns=starts[13] + 1)
+    assert st is None or st.source == "rhythm"
+    # 6 of them are steps again
+    st = detect(h, from_ns=starts[10] - 1, to_ns=starts[15] + 1)
+    assert (st.source, st.marker, st.count) == ("nvtx", "train step #", 6)
+
+
+@pytest.mark.parametrize("host_ms, gpu_ms", [(900, 1600), (1500, 1000)])
+def test_a_step_longer_than_a_window_keeps_its_host_phase(host_ms, gpu_ms):
+    # 2.5 s steps over 1 s windows: a window of host work only has no CUDA call of the loop, and
+    # was missing from the step's time (host 0%, or no breakdown at all)
+    h = Host()
+    h.launch(10)
+    h.sync()
+    for i in range(12):
+        s = h.t
+        h.host(host_ms * 1000)
+        h.copy_async(50)
+        for _ in range(10):
+            h.launch(gpu_ms * 100)
+        h.sync()
+        h.trace.span(MAIN_PID, h.tid, s, h.t, f"step {i}")
+    h.launch(10)
+    h.sync()
+    st = detect(h, window_s=1)
+    b = st.breakdown
+    assert st.count == 12
+    assert b.host_ms / b.total_ms == pytest.approx(host_ms / (host_ms + gpu_ms), abs=0.06)
