@@ -53,6 +53,7 @@ import numpy as np
 from ingero.analyze import procs
 from ingero.analyze.context import Context
 from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
+from ingero.analyze.windows import COPY_TRANSFER_SQL
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,11 @@ ORDER BY w, seg
 # The loop thread's time per window, by what it was doing (ns).
 PARTS_SQL = """
 WITH c AS (
-    SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, sum(dur_ns) FILTER (cat = 'copy') AS copy,
-           sum(dur_ns) FILTER (cat = 'sync') AS sync, sum(dur_ns) FILTER (cat IN ('other', 'pinned')) AS other
+    -- a copy call's time beyond its transfer waited for the device (windows.COPY_TRANSFER_SQL)
+    SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, sum({copy_transfer}) FILTER (cat = 'copy') AS copy,
+           coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)
+               + coalesce(sum(dur_ns - {copy_transfer}) FILTER (cat = 'copy'), 0) AS sync,
+           sum(dur_ns) FILTER (cat IN ('other', 'pinned')) AS other
     FROM ing_cuda WHERE tid = $tid GROUP BY w
 ), s AS (
     -- CPU wait, by the call it happened in ('none': outside every call)
@@ -205,7 +209,7 @@ SELECT w.w, w.wall_ns,
 FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w) LEFT JOIN lt USING (w)
 WHERE w.pid = $pid AND list_contains($ws, w.w)
 ORDER BY w.w
-"""
+""".replace("{copy_transfer}", COPY_TRANSFER_SQL)
 
 
 def _matches(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:

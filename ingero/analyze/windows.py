@@ -258,6 +258,16 @@ GROUP BY pid
 
 # One row per CUDA process and window in which its loop thread made a CUDA
 # call ("active" windows).  Shares are fractions of the window's wall clock.
+# A copy call moves its bytes in at most COPY_LATENCY_NS plus the bytes at COPY_FLOOR_BYTES_PER_S
+# (pageable copies measure 2-6 GB/s, pinned 12-25; 1 GB/s is below any current bus): time in
+# it beyond that waited for the device, as a synchronous copy waits for the work queued before
+# it (a new user's loop that never syncs: 4-byte read-backs of ~17 ms each behind queued
+# kernels read "copies 54%, device wait 0%" and a HIGH transfer-bound chain at "0 MB/s").
+# Over ing_cuda rows (n, bytes, dur_ns): the transfer part.
+COPY_LATENCY_NS = 50_000
+COPY_FLOOR_BYTES_PER_S = 1e9
+COPY_TRANSFER_SQL = f"least(dur_ns, n * {COPY_LATENCY_NS} + bytes * {1e9 / COPY_FLOOR_BYTES_PER_S!r})"
+
 WIN_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_win AS
 WITH c AS (
@@ -267,10 +277,12 @@ WITH c AS (
         sum(dur_ns) FILTER (cat = 'launch') AS launch_ns,
         sum(dur_ns) FILTER (cat = 'launch') / sum(n) FILTER (cat = 'launch') AS launch_mean_ns,
         sum(n) FILTER (cat = 'sync') AS sync_n,
-        sum(dur_ns) FILTER (cat = 'sync') AS sync_ns,
+        -- waiting for the device: syncs, and copy calls beyond their transfer
+        coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)
+            + coalesce(sum(dur_ns - {copy_transfer}) FILTER (cat = 'copy'), 0) AS sync_ns,
         max(p99_ns) FILTER (cat = 'sync') AS sync_p99_ns,
         sum(n) FILTER (cat = 'copy') AS copy_n,
-        sum(dur_ns) FILTER (cat = 'copy') AS copy_ns,
+        sum({copy_transfer}) FILTER (cat = 'copy') AS copy_ns,
         sum(bytes) FILTER (cat = 'copy') AS copy_bytes,
         sum(dur_ns) FILTER (list_contains($sync_copy_ops, op)) AS sync_copy_ns,
         sum(bytes) FILTER (list_contains($sync_copy_ops, op)) AS sync_copy_bytes,
@@ -337,7 +349,7 @@ FROM c LEFT JOIN s USING (pid, w)
                          sum(dur_ns) FILTER (inside = 'copy') AS copy_ns
                   FROM ing_faults GROUP BY ALL) f USING (pid, w)
 WHERE c.w >= 0 AND c.w < $nw
-"""
+""".replace("{copy_transfer}", COPY_TRANSFER_SQL)
 
 HELPER_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_helper AS

@@ -438,3 +438,30 @@ def test_a_step_longer_than_a_window_keeps_its_host_phase(host_ms, gpu_ms):
     b = st.breakdown
     assert st.count == 12
     assert b.host_ms / b.total_ms == pytest.approx(host_ms / (host_ms + gpu_ms), abs=0.06)
+
+
+def test_a_read_back_that_waits_for_queued_kernels_is_device_wait_not_copy():
+    # a loop that never syncs: launches only, and a 4-byte D2H read-back every 10th step that
+    # waits for the kernels queued before it (a new user's loop: "copies 54%, device wait 0%",
+    # and a HIGH transfer-bound chain at "0 MB/s for 4 B per copy")
+    from ingero.analyze.explain import explain
+    from ingero.analyze.context import Options
+
+    h = Host()
+    for i in range(400):
+        s = h.t
+        h.copy_async(20)
+        for _ in range(20):
+            h.launch(60)
+        if i % 10 == 9:
+            done = max(h.stream_end.values())
+            h._call("cudaMemcpy", max(0, done - h.t) + 30 * US, kind="D2H", bytes=4)
+        h.host(100)
+        h.trace.span(MAIN_PID, h.tid, s, h.t, "train_step")
+    st = detect(h)
+    b = st.breakdown
+    assert st.count == 400
+    assert b.copy_ms < 0.02 * b.total_ms  # the async copies, and 50 µs at most of each 4-byte read-back
+    assert b.device_wait_ms > 0.5 * b.total_ms
+    report = explain(h.trace.store().con, Options())
+    assert "transfer-bound" not in {c.rule_id for c in report.chains}
