@@ -124,7 +124,8 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
     ctx.derived.rhythm_steps = {main.pid: found}
     if found is None:
         return busy, None
-    stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), found.source, found.marker)
+    stats = StepStats(found.count, round(found.median_ms, 3), round(found.p99_ms, 3), found.source, found.marker,
+                      found.pid)
     b = found.breakdown
     if b is not None and b.total_ms > 0:
         for part in rhythm.PARTS:

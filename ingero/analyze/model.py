@@ -123,6 +123,7 @@ class StepStats:
     p99_ms: float
     source: str = ""  # 'marked' (ProfilerStep#N) | 'nvtx' | 'rhythm'
     marker: str | None = None  # 'nvtx': the ranges' name, numbers as '#' ("step #")
+    pid: int | None = None  # the process whose steps these are ('nvtx', 'rhythm': the main CUDA process)
     # share of the mean step spent in each part (data wait, host work, launches, copies,
     # device wait, CPU wait, faults and I/O, ...): adds up to 1 where known
     breakdown: dict[str, float] = field(default_factory=dict)

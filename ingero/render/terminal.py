@@ -62,7 +62,9 @@ def device_lines(report: Report) -> list[str]:
     if st is not None:
         how = {"marked": "ProfilerStep marks", "nvtx": f"NVTX ranges '{st.marker}'"}.get(
             st.source, "the rhythm of the calls")
-        line = f"Steps: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, p99 {st.p99_ms:.2f} ms"
+        # (with several traced processes, whose steps: the main CUDA process')
+        whose = f" of PID {st.pid}" if st.pid is not None and len(report.analysed.processes) > 1 else ""
+        line = f"Steps{whose}: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, p99 {st.p99_ms:.2f} ms"
         parts = [f"{label} {units.pct(st.breakdown[key])}" for key, label in STEP_PARTS if key in st.breakdown]
         lines.append(line)
         if parts:

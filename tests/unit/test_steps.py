@@ -465,3 +465,19 @@ def test_a_read_back_that_waits_for_queued_kernels_is_device_wait_not_copy():
     assert b.device_wait_ms > 0.5 * b.total_ms
     report = explain(h.trace.store().con, Options())
     assert "transfer-bound" not in {c.rule_id for c in report.chains}
+
+
+def test_with_two_traced_processes_the_steps_line_says_whose():
+    import io
+
+    from ingero.render import terminal
+
+    h = Host()
+    _marked_loop(h, 40)
+    for k in range(50):  # a second process with a few CUDA calls of its own
+        h.trace.ev(h.first + k * 100 * US, "cudaLaunchKernel", MAIN_PID + 7, MAIN_PID + 7, 5 * US)
+    report = h.trace.explain()
+    assert (report.steps.pid, report.to_dict()["steps"]["pid"]) == (MAIN_PID, MAIN_PID)
+    out = io.StringIO()
+    terminal.write(report, out)
+    assert f"Steps of PID {MAIN_PID}: 40 (from NVTX ranges 'step #')" in out.getvalue()
