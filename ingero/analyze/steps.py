@@ -18,12 +18,13 @@ drains, as in loops that never sync): no steps, and the reason says why.
 
 An explicit marker comes first: NVTX ranges (``spans`` rows of category
 'nvtx', recorded by ``ingero trace --cmd`` through its NVTX injection library)
-whose name says step (``MARKER_NAME``: "step 12", "train_iter", "batch"),
-outermost on their thread and repeating, are the steps; each runs from one
-range's start to the next one's (the data loading between two ranges belongs
-to the step it feeds).  Ranges named otherwise (``forward``, or one per
-operator under ``torch.autograd.profiler.emit_nvtx``) mark no step: the
-rhythm decides.
+whose name says step (``MARKER_NAME``: "step 12", "train_iter", "batch"; not
+an operator's, ``NOT_A_STEP``), repeating and not parts of other steps, are
+the steps (``marked``); each runs from one range's start to the next one's
+(the data loading between two ranges belongs to the step it feeds) unless the
+host was away far longer than usual between them (``marked_durations``).
+Ranges named otherwise (``forward``, or one per operator under
+``torch.autograd.profiler.emit_nvtx``) mark no step: the rhythm decides.
 
 The breakdown splits the loop thread's wall clock, over the windows that hold
 steps, into parts that add up to it, from the window tables (ing_win,
@@ -46,6 +47,7 @@ mean step:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,7 +55,7 @@ import numpy as np
 from ingero.analyze import procs
 from ingero.analyze.context import Context
 from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
-from ingero.analyze.windows import COPY_TRANSFER_SQL
+from ingero.analyze.windows import COPY_NS_SQL, DEVICE_WAIT_NS_SQL
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,8 @@ class Thresholds:
     # 404 µs against 202 µs): then each drain followed by such a gap ends a step, wherever
     # the extra syncs of an odd step fall.
     boundary_gap_factor: float = 1.5
-    # NVTX ranges mark the steps when at least this many of one step-named family are
-    # outermost on a thread (fewer: the rhythm, which needs as many segments, decides).
+    # NVTX ranges mark the steps when at least this many of one step-named family start in
+    # the range (fewer: the rhythm, which needs as many segments, decides).
     min_marked_steps: int = 6
     # A marked step ends at the next one's start, unless the host's gap before it is more than
     # marker_away_factor times the usual gap (at least marker_away_share of a range): then at
@@ -165,10 +167,8 @@ ORDER BY w, seg
 # The loop thread's time per window, by what it was doing (ns).
 PARTS_SQL = """
 WITH c AS (
-    -- a copy call's time beyond its transfer waited for the device (windows.COPY_TRANSFER_SQL)
-    SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, sum({copy_transfer}) FILTER (cat = 'copy') AS copy,
-           coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)
-               + coalesce(sum(dur_ns - {copy_transfer}) FILTER (cat = 'copy'), 0) AS sync,
+    -- copies and device wait as ing_win counts them (windows.COPY_NS_SQL, DEVICE_WAIT_NS_SQL)
+    SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, {copy_ns} AS copy, {device_wait_ns} AS sync,
            sum(dur_ns) FILTER (cat IN ('other', 'pinned')) AS other
     FROM ing_cuda WHERE tid = $tid GROUP BY w
 ), s AS (
@@ -209,7 +209,7 @@ SELECT w.w, w.wall_ns,
 FROM ing_win w LEFT JOIN c USING (w) LEFT JOIN s USING (w) LEFT JOIN f USING (w) LEFT JOIN lt USING (w)
 WHERE w.pid = $pid AND list_contains($ws, w.w)
 ORDER BY w.w
-""".replace("{copy_transfer}", COPY_TRANSFER_SQL)
+""".replace("{device_wait_ns}", DEVICE_WAIT_NS_SQL).replace("{copy_ns}", COPY_NS_SQL)
 
 
 def _matches(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:
@@ -356,7 +356,8 @@ def marked(ctx: Context, pid: int, t: Thresholds = T) -> Marked | None:
     between threads are one sequence), mostly not inside another step-named range of their
     thread (a "step" holding four "micro_batch" ranges, a "train_step" holding an "optimizer
     step"; any such range of a family that repeats counts, however few start in the range, so
-    a narrow --since does not promote micro-batches; one "batch loop" around all is none).  The steps are the family least often inside one, then the one covering the most of its own
+    a narrow --since does not promote micro-batches; one "batch loop" around all is none).
+    The steps are the family least often inside one, then the one covering the most of its own
     span (a validation pass of many short "val_batch" ranges between "train_step" ranges
     covers little of it), then the most numerous.  Ranges named otherwise ("epoch 3" around
     the steps, operators) neither count nor hide any."""
@@ -372,9 +373,8 @@ def marked(ctx: Context, pid: int, t: Thresholds = T) -> Marked | None:
     fams = [_family(n) for n in names]
     # enclosers: step-named ranges of a family that repeats (one "batch loop" around
     # everything holds no step); per range, inside one on its thread (rows: by thread, start)
-    repeats = {f for f, n in zip(*np.unique([f for f, st in zip(fams, stepped) if st] or [""],
-                                            return_counts=True)) if n >= 2}
-    encloser = stepped & np.array([f in repeats for f in fams], dtype=bool)
+    seen = Counter(f for f, st in zip(fams, stepped) if st)
+    encloser = stepped & np.array([seen[f] >= 2 for f in fams], dtype=bool)
     enclosed = np.zeros(len(tids), bool)
     cut = np.flatnonzero(np.diff(tids)) + 1
     for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(tids)]):

@@ -256,8 +256,6 @@ FROM (SELECT pid, tid, sum(n) AS n FROM ing_cuda GROUP BY ALL)
 GROUP BY pid
 """
 
-# One row per CUDA process and window in which its loop thread made a CUDA
-# call ("active" windows).  Shares are fractions of the window's wall clock.
 # A copy call moves its bytes in at most COPY_LATENCY_NS plus the bytes at COPY_FLOOR_BYTES_PER_S
 # (pageable copies measure 2-6 GB/s, pinned 12-25; 1 GB/s is below any current bus): time in
 # it beyond that waited for the device, as a synchronous copy waits for the work queued before
@@ -267,7 +265,15 @@ GROUP BY pid
 COPY_LATENCY_NS = 50_000
 COPY_FLOOR_BYTES_PER_S = 1e9
 COPY_TRANSFER_SQL = f"least(dur_ns, n * {COPY_LATENCY_NS} + bytes * {1e9 / COPY_FLOOR_BYTES_PER_S!r})"
+# The two aggregates over ing_cuda rows that use it, read by ing_win and the step breakdown
+# (steps.py) alike: copy calls' transfer, and the time waiting for the device (syncs, and
+# copy calls beyond their transfer).
+COPY_NS_SQL = f"sum({COPY_TRANSFER_SQL}) FILTER (cat = 'copy')"
+DEVICE_WAIT_NS_SQL = (f"coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)"
+                      f" + coalesce(sum(dur_ns - {COPY_TRANSFER_SQL}) FILTER (cat = 'copy'), 0)")
 
+# One row per CUDA process and window in which its loop thread made a CUDA
+# call ("active" windows).  Shares are fractions of the window's wall clock.
 WIN_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_win AS
 WITH c AS (
@@ -277,12 +283,10 @@ WITH c AS (
         sum(dur_ns) FILTER (cat = 'launch') AS launch_ns,
         sum(dur_ns) FILTER (cat = 'launch') / sum(n) FILTER (cat = 'launch') AS launch_mean_ns,
         sum(n) FILTER (cat = 'sync') AS sync_n,
-        -- waiting for the device: syncs, and copy calls beyond their transfer
-        coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)
-            + coalesce(sum(dur_ns - {copy_transfer}) FILTER (cat = 'copy'), 0) AS sync_ns,
+        {device_wait_ns} AS sync_ns,
         max(p99_ns) FILTER (cat = 'sync') AS sync_p99_ns,
         sum(n) FILTER (cat = 'copy') AS copy_n,
-        sum({copy_transfer}) FILTER (cat = 'copy') AS copy_ns,
+        {copy_ns} AS copy_ns,
         sum(bytes) FILTER (cat = 'copy') AS copy_bytes,
         sum(dur_ns) FILTER (list_contains($sync_copy_ops, op)) AS sync_copy_ns,
         sum(bytes) FILTER (list_contains($sync_copy_ops, op)) AS sync_copy_bytes,
@@ -349,7 +353,7 @@ FROM c LEFT JOIN s USING (pid, w)
                          sum(dur_ns) FILTER (inside = 'copy') AS copy_ns
                   FROM ing_faults GROUP BY ALL) f USING (pid, w)
 WHERE c.w >= 0 AND c.w < $nw
-""".replace("{copy_transfer}", COPY_TRANSFER_SQL)
+""".replace("{device_wait_ns}", DEVICE_WAIT_NS_SQL).replace("{copy_ns}", COPY_NS_SQL)
 
 HELPER_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_helper AS
