@@ -67,10 +67,10 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
     write_report = None
     if report is not None:
         from ingero.analyze.context import Options
-        from ingero.export.output import check_target
+        from ingero.export.run import check_report_target
         from ingero.export.run import report as html_report
 
-        check_target(report, force=True)  # an unwritable --report fails before the runs, not after
+        check_report_target(report)  # an unwritable --report fails before the runs, not after
 
         def _write_report(db: Path, from_ns: int | None) -> str:
             return html_report(db, report, Options(from_ns=from_ns), force=True)

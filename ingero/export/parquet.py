@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -40,6 +41,28 @@ CHAIN_SCHEMA = pa.schema([
 ])
 
 
+TABLES = ("events", "processes", "sessions", "chains")
+
+
+def is_ours(root: Path) -> bool:
+    """Whether the directory ``root`` holds an export of ours and nothing else: only
+    ``node=*/session=*/<table>.parquet`` files, no links, no other files (--force deletes it)."""
+    found = False
+    for dirpath, dirnames, filenames in os.walk(root):
+        depth = len(Path(dirpath).relative_to(root).parts)
+        want = ("node=", "session=")
+        for d in dirnames:
+            if depth >= 2 or not d.startswith(want[depth]) or os.path.islink(os.path.join(dirpath, d)):
+                return False
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if depth != 2 or name.removesuffix(".parquet") not in TABLES or not name.endswith(".parquet") \
+                    or os.path.islink(full):
+                return False
+            found = True
+    return found
+
+
 def export(con: duckdb.DuckDBPyConnection, sel: Selection, root: Path) -> dict[str, int]:
     """Write the four tables under ``root``; return rows per file (relative path -> rows)."""
     params = sel.params()
@@ -47,7 +70,7 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, root: Path) -> dict[s
     part = root / f"node={_safe(host or 'unknown')}" / f"session={sel.session_id}"
     part.mkdir(parents=True)
     rows = {}
-    for name, sql in (("events", _EVENTS_SQL), ("processes", _PROCESSES_SQL), ("sessions", _SESSION_SQL)):
+    for name, sql in zip(TABLES, (_EVENTS_SQL, _PROCESSES_SQL, _SESSION_SQL)):
         rows[f"{part.relative_to(root)}/{name}.parquet"] = _stream(con, sql, params, part / f"{name}.parquet")
     chains = explain(con, sel.opts).chains
     table = pa.Table.from_pylist([_chain_row(i, c) for i, c in enumerate(chains, 1)], schema=CHAIN_SCHEMA)

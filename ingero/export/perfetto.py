@@ -139,6 +139,37 @@ class Summary:
     flows: int
 
 
+# The first packet of every export: the producer's name, so --force knows an earlier trace of ours.
+PRODUCER = "ingero export"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether the regular file at ``path`` is a Perfetto trace ingero wrote: its first packet
+    names PRODUCER (earlier versions: it interns ARG_NAMES' first names)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head or head[0] != 0x0A:  # field 1 (packet), length-delimited
+        return False
+    size, shift, i = 0, 0, 1
+    while i < len(head) and i < 6:
+        size |= (head[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not head[i - 1] & 0x80:
+            break
+    else:
+        return False
+    try:
+        p = pb.TracePacket.FromString(head[i:i + size])
+    except Exception:  # protobuf's DecodeError, or a short read of a foreign file
+        return False
+    if p.system_info.tracing_service_version == PRODUCER:
+        return True
+    return [e.name for e in p.interned_data.debug_annotation_names][:3] == list(ARG_NAMES[:3])
+
+
 class _Writer:
     """Batches packets and interns strings (event names, annotation names) on one sequence."""
 
@@ -153,6 +184,9 @@ class _Writer:
         self.names: dict[str, int] = {}
         self.arg_names: dict[str, int] = {}
         self.packets = 0
+        producer = self.builder.create_packet()
+        producer.system_info.tracing_service_version = PRODUCER
+        self.builder.write_packet(producer)
         first = self.builder.create_packet()
         first.trusted_packet_sequence_id = SEQ
         first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
@@ -162,7 +196,7 @@ class _Writer:
             e.iid = self.arg_names[name] = len(self.arg_names) + 1
             e.name = name
         self.builder.write_packet(first)
-        self.packets += 1
+        self.packets += 2
         self.pending = 0
 
     def packet(self) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+from pathlib import Path
 from typing import IO
 
 from ingero.analyze.model import Report
@@ -35,6 +36,16 @@ pre{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:13px}h2{margin-top
 .legend span{display:inline-block;padding:2px 8px;margin-right:8px}"""
 
 
+# Every report begins with these characters: how --force knows a file is an earlier report of ours.
+PREFIX = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>ingero report: session "
+
+
+def is_ours(path: Path) -> bool:
+    """Whether the regular file at ``path`` is a report ingero wrote (it begins with PREFIX)."""
+    with open(path, "rb") as f:
+        return f.read(len(PREFIX)) == PREFIX.encode()
+
+
 def write(report: Report, charts: Charts, out: IO[str]) -> int:
     """Write the page; return the number of charts on it."""
     from plotly.offline import get_plotlyjs
@@ -42,8 +53,7 @@ def write(report: Report, charts: Charts, out: IO[str]) -> int:
     text = io.StringIO()
     terminal.write(report, text)
     a = report.analysed
-    out.write(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ingero report: session "
-              f"{a.session_id}</title><style>{_STYLE}</style>\n<script>{get_plotlyjs()}</script></head><body>\n")
+    out.write(f"{PREFIX}{a.session_id}</title><style>{_STYLE}</style>\n<script>{get_plotlyjs()}</script></head><body>\n")
     out.write(f"<h1>ingero report — session {a.session_id}</h1>\n<h2>Explain</h2>\n"
               f"<pre>{html.escape(text.getvalue())}</pre>\n")
     legend = "".join(f"<span style='background:{SHADE[c.severity]}'>#{i} [{c.severity}] {html.escape(c.rule_id)}"

@@ -11,23 +11,45 @@ from ingero.export.selection import select
 from ingero.store.db import Store
 
 
+def _kind(fmt: str) -> output.Kind:
+    if fmt == "perfetto":
+        from ingero.export import perfetto
+
+        return output.Kind("Perfetto trace", False, perfetto.is_ours)
+    if fmt == "parquet":
+        from ingero.export import parquet
+
+        return output.Kind("Parquet export", True, parquet.is_ours)
+    if fmt == "html":
+        from ingero.export import report_html
+
+        return output.Kind("HTML report", False, report_html.is_ours)
+    raise IngeroError(f"unknown format {fmt!r}", "use perfetto or parquet")
+
+
+def check_report_target(path: Path) -> None:
+    """Fail at once where the report could not be written (the demo asks before its runs)."""
+    output.check_target(path, True, _kind("html"))
+
+
 def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False) -> str:
     """Write the export; return the one line to print about it."""
-    output.check_target(path, force)  # before the (slow) work: a wrong -o fails at once
+    kind = _kind(fmt)
+    output.check_target(path, force, kind)  # before the (slow) work: a wrong -o fails at once
     store = Store.open(db, read_only=True)
     try:
         sel = select(store.con, opts)
         if fmt == "perfetto":
             from ingero.export import perfetto
 
-            with output.atomic_file(path, force) as tmp, open(tmp, "wb") as f:
+            with output.atomic_file(path, force, kind) as tmp, open(tmp, "wb") as f:
                 s = perfetto.export(store.con, sel, f, path)
             return (f"wrote {path}: {s.events:,} events, {s.chains} chains with {s.flows} arrows, "
                     f"{s.bytes / 1e6:.1f} MB — open it in https://ui.perfetto.dev")
         if fmt == "parquet":
             from ingero.export import parquet
 
-            with output.atomic_dir(path, force) as tmp:
+            with output.atomic_dir(path, force, kind) as tmp:
                 rows = parquet.export(store.con, sel, tmp)
             return f"wrote {path}: " + ", ".join(f"{k} ({v:,} rows)" for k, v in rows.items())
         raise IngeroError(f"unknown format {fmt!r}", "use perfetto or parquet")
@@ -40,13 +62,14 @@ def report(db: Path, path: Path, opts: Options, *, force: bool = False) -> str:
     from ingero.analyze.explain import explain
     from ingero.export import report_data, report_html
 
-    output.check_target(path, force)
+    kind = _kind("html")
+    output.check_target(path, force, kind)
     store = Store.open(db, read_only=True)
     try:
         sel = select(store.con, opts)
         rep = explain(store.con, opts)
         charts = report_data.collect(store.con, sel)
-        with output.atomic_file(path, force) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        with output.atomic_file(path, force, kind) as tmp, open(tmp, "w", encoding="utf-8") as f:
             n = report_html.write(rep, charts, f)
             size = f.tell()
     finally:
