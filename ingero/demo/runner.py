@@ -25,6 +25,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -366,6 +367,17 @@ def explain_db(path: Path, from_ns: int | None = None) -> tuple[Any, dict[str, A
 # ---- entry point -----------------------------------------------------------
 
 
+def _check_replaceable_db(path: Path) -> None:
+    """--keep-db replaces only a DuckDB database (an earlier demo's): never a device, link or other file."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise IngeroError(f"--keep-db {path} exists and is not a regular file", "choose another path")
+    with open(path, "rb") as f:
+        if f.read(12)[8:12] != b"DUCK":  # DuckDB's file header: its magic at byte 8
+            raise IngeroError(f"--keep-db {path} exists and is not a DuckDB database: it is left alone",
+                              "choose another path, or move that file away yourself")
+
+
 def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
         fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None,
         report: Callable[[Path, int | None], str] | None = None) -> DemoResult:
@@ -380,7 +392,8 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
     tmp = Path(tempfile.mkdtemp(prefix=f"ingero-demo-{s.name}-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
     try:
         before_db = keep_db if keep_db is not None else tmp / "before.duckdb"
-        if keep_db is not None and keep_db.exists():
+        if keep_db is not None and os.path.lexists(keep_db):
+            _check_replaceable_db(keep_db)
             keep_db.unlink()
         after_db = tmp / "after.duckdb"
         # slow run and fixed run share the duration

@@ -174,3 +174,33 @@ def test_the_recognisers_read_content_not_names(db: Path, tmp_path: Path) -> Non
     assert not report_html.is_ours(tmp_path / "page.html")
     (tmp_path / "emptydir").mkdir()
     assert not parquet.is_ours(tmp_path / "emptydir")
+
+
+@pytest.mark.parametrize("what", ["text", "FIFO", "symlink"])
+def test_demo_keep_db_replaces_only_a_duckdb_database(tmp_path: Path, capsys, what: str) -> None:
+    target = tmp_path / "kept.duckdb"
+    if what == "text":
+        target.write_text("my notes, not a database\n")
+    elif what == "FIFO":
+        os.mkfifo(target)
+    else:
+        (tmp_path / "victim").write_text("precious")
+        target.symlink_to(tmp_path / "victim")
+    before = os.lstat(target)
+    assert main(["demo", "memcpy-bottleneck", "--synthetic", "--duration", "4", "--keep-db", str(target)]) == 2
+    _one_line(capsys, f"--keep-db {target} exists and is not a")
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_size) == (before.st_mode, before.st_ino, before.st_size)
+
+
+def test_demo_keep_db_replaces_an_earlier_database(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "kept.duckdb"
+    argv = ["demo", "memcpy-bottleneck", "--synthetic", "--duration", "4", "--no-fix", "--keep-db", str(target)]
+    import duckdb
+
+    assert main(argv) == 0
+    assert main(argv) == 0  # an earlier demo's database is replaced, as the option promises
+    capsys.readouterr()
+    con = duckdb.connect(str(target), read_only=True)
+    assert con.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM events").fetchone()[0] > 0
