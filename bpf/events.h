@@ -193,6 +193,15 @@ struct ingero_nvtx_text {
 	u16 cpu;
 };
 
+/* A sched_switch row packs what the thread waited for into fields its op
+ * leaves free: arg = runq_ns in its low SWITCH_RUNQ_BITS and, above them,
+ * the blocking system call's first argument + 1 (SWITCH_FD_MASK bits; its fd
+ * for read, recvfrom, fsync ...); ret = that system call's number (-1: none:
+ * preempted, or blocked outside one); stream = the waker (tgid << 32 | tid of
+ * the task that ran sched_waking) | SWITCH_WAKER_SEEN, 0 when none was seen. */
+#define SWITCH_RUNQ_BITS 40
+#define SWITCH_FD_MASK 0x7FFFFF
+#define SWITCH_WAKER_SEEN (1ULL << 63)
 /* ingero_event.call_flags: the thread's CUDA state when it went off CPU /
  * faulted (struct call_state in ingero.bpf.c keeps them per thread).
  * No bit set: the thread has made no traced CUDA call (queued is NULL). */

@@ -93,6 +93,9 @@ enum call_class {
 struct thread_state {
 	u64 ts;      /* switch-out of the current off-CPU interval; 0: on CPU (or never traced) */
 	u64 wake_ts; /* became runnable again (0 until woken) */
+	u64 waker;   /* who woke it: tgid << 32 | tid of the task running the wakeup (0: none seen) */
+	u32 wait_fd; /* at a blocking switch-out: the system call's first argument + 1, low 23 bits */
+	s16 wait_nr; /* at a blocking switch-out: the system call it is in (orig_ax), -1: none */
 	u32 tgid;
 	u32 other_pid;
 	s32 stack_id;
@@ -338,7 +341,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_getppid) TP_BODY(sys_enter_getppid)
 #include "bench.bpf.c"
 #else
 TP_DECLARE(sched, sched_switch)
-TP_DECLARE(sched, sched_wakeup)
+TP_DECLARE(sched, sched_waking)
 TP_DECLARE(sched, sched_wakeup_new)
 TP_DECLARE(sched, sched_process_fork)
 TP_DECLARE(sched, sched_process_exec)
@@ -347,7 +350,7 @@ TP_DECLARE(exceptions, page_fault_user)
 TP_DECLARE(block, block_rq_issue)
 TP_DECLARE(block, block_rq_complete)
 TRACEPOINT_PROBE(sched, sched_switch) TP_BODY(sched_switch)
-TRACEPOINT_PROBE(sched, sched_wakeup) TP_BODY(sched_wakeup)
+TRACEPOINT_PROBE(sched, sched_waking) TP_BODY(sched_waking)
 TRACEPOINT_PROBE(sched, sched_wakeup_new) TP_BODY(sched_wakeup_new)
 TRACEPOINT_PROBE(sched, sched_process_fork) TP_BODY(sched_process_fork)
 TRACEPOINT_PROBE(sched, sched_process_exec) TP_BODY(sched_process_exec)

@@ -6,7 +6,10 @@
  * - one OP_SCHED_SWITCH row per off-CPU interval of every traced thread,
  *   emitted at switch-in: ts = switch-out, duration = off-CPU time, kind =
  *   why it left, other_pid = the process that ran next, arg = runqueue
- *   latency (wakeup -> switch-in; the whole interval when preempted);
+ *   latency (wakeup -> switch-in; the whole interval when preempted), and
+ *   what it waited for: the system call it blocked in and its fd, and who
+ *   woke it (the task running sched_waking: the waker, or whatever an
+ *   interrupt interrupted); the packing is in events.h;
  * - host-wide per-process totals (struct ingero_proc_stat) harvested by user
  *   space once a second: names the competitors without a row per switch;
  * - targets follow fork, exec (TARGET_COMM) and exit.
@@ -52,12 +55,12 @@ static __always_inline void emit_off_cpu(struct thread_state *t, u32 tid, u64 en
 		return;
 	e->ts_ns = t->ts;
 	e->duration_ns = end - t->ts;
-	e->arg = runq_ns;
-	e->stream = 0;
+	e->arg = (runq_ns & ((1ULL << SWITCH_RUNQ_BITS) - 1)) | ((u64)t->wait_fd << SWITCH_RUNQ_BITS);
+	e->stream = t->waker;
 	e->pid = t->tgid;
 	e->tid = tid;
 	e->other_pid = t->other_pid;
-	e->ret = 0;
+	e->ret = t->wait_nr;
 	e->call_op = t->call_op;
 	e->call_flags = t->call_flags;
 	e->stack_id = t->stack_id;
@@ -96,6 +99,23 @@ static __always_inline void switch_out(struct tracepoint__sched__sched_switch *a
 {
 	close_unseen(t, args->prev_pid, now);
 	t->wake_ts = kind == KIND_PREEMPTED ? now : 0; /* runnable all along */
+	t->waker = 0;
+	t->wait_nr = -1;
+	t->wait_fd = 0;
+	if (kind != KIND_PREEMPTED) {
+		/* What it blocks in: the system call (the kernel's own pt_regs of the
+		 * task, through helpers, so no struct offset comes from headers that
+		 * need not match the running kernel), and its first argument. */
+		long nr = -1;
+		unsigned long a0 = 0;
+#ifdef CONFIG_X86_64
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+		bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax);
+		bpf_probe_read_kernel(&a0, sizeof(a0), &regs->di);
+#endif
+		t->wait_nr = nr >= 0 && nr < 0x7FFF ? nr : -1;
+		t->wait_fd = t->wait_nr >= 0 ? ((u32)a0 + 1) & SWITCH_FD_MASK : 0;
+	}
 	t->other_pid = next_tid ? next_tgid : 0;
 	t->stack_id = ingero_stack_id(args);
 	t->cpu = bpf_get_smp_processor_id();
@@ -184,16 +204,21 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 }
 
 /* Woken: its runqueue wait starts now.  Only an entry marked off CPU counts
- * (a thread woken before its switch-out completed keeps no wake time). */
+ * (a thread woken before its switch-out completed keeps no wake time).
+ * sched_waking, not sched_wakeup: it runs in the waker's context on the
+ * waker's CPU, where sched_wakeup of a remote wakeup runs on the target CPU
+ * in whatever task its IPI interrupted. */
 static __always_inline int on_wakeup(u32 tid)
 {
 	struct thread_state *t = thread_find(tid);
-	if (t && t->ts && t->wake_ts == 0)
+	if (t && t->ts && t->wake_ts == 0) {
 		t->wake_ts = bpf_ktime_get_ns();
+		t->waker = bpf_get_current_pid_tgid() | SWITCH_WAKER_SEEN; /* tgid 0: the idle task (an interrupt) */
+	}
 	return 0;
 }
 
-static __always_inline int on_sched_wakeup(struct tracepoint__sched__sched_wakeup *args)
+static __always_inline int on_sched_waking(struct tracepoint__sched__sched_waking *args)
 {
 	return on_wakeup(args->pid);
 }

@@ -193,7 +193,7 @@ HOST_OPS: tuple[str, ...] = tuple(
 # "category:name" -> the op stored (None: feeds state or the process_cpu table only).
 TRACEPOINTS: tuple[tuple[str, str | None], ...] = (
     ("sched:sched_switch", OP_NAMES[Op.SCHED_SWITCH]),
-    ("sched:sched_wakeup", None),
+    ("sched:sched_waking", None),
     ("sched:sched_wakeup_new", None),
     ("sched:sched_process_fork", None),
     ("sched:sched_process_exec", OP_NAMES[Op.PROC_EXEC]),

@@ -16,6 +16,11 @@ Column semantics follow ingero/store/schema.sql:
   dictionary-encoded like ``op``) and ``queued`` only for sched_switch and
   page_fault: ``in_call`` NULL outside every call, ``queued`` NULL for a
   thread that has made no traced CUDA call (no CALL_FLAG_SEEN);
+* sched_switch: ``runq_ns`` from arg's low SWITCH_RUNQ_BITS; what the thread
+  blocked in: ``syscall`` (a name, syscalls.py), ``wait_fd`` (above those bits,
+  for calls whose first argument is an fd), and who woke it: ``waker_pid`` /
+  ``waker_tid`` (from stream; 0 is the idle task: an interrupt); ``fd_target``
+  (what that fd was, read from /proc by the session) is passed in;
 * NCCL calls: ``peer`` from other_pid (send/recv peer, broadcast/reduce
   root), ``kind`` '<redop>:<dtype>'; ``comm`` comes from the call's
   extension record (ranks.NcclJoin), passed in as an array.
@@ -31,10 +36,14 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.ops import BYTES_OPS, NCCL_TRANSFERS
+from ingero.collect import syscalls
 from ingero.collect.records import (
     EVENT_DTYPE,
     KIND_NAME_TABLE,
     OP_NAME_TABLE,
+    SWITCH_FD_MASK,
+    SWITCH_RUNQ_BITS,
+    SWITCH_WAKER_SEEN,
     CallFlag,
     Kind,
     Op,
@@ -93,6 +102,8 @@ _CALL_STATE_MASK = _op_mask(CALL_STATE_OPS)
 _OP_DICT = pa.array([str(x) for x in OP_NAME_TABLE], type=pa.string())
 _KIND_DICT = pa.array([x if x is not None else "" for x in KIND_NAME_TABLE], type=pa.string())
 _KIND_NULL = np.array([x is None for x in KIND_NAME_TABLE])
+_SYSCALL_DICT = pa.array(syscalls.NAMES, type=pa.string())
+_RUNQ_MASK = np.int64((1 << SWITCH_RUNQ_BITS) - 1)
 
 EVENTS_SCHEMA = pa.schema(
     [
@@ -115,6 +126,11 @@ EVENTS_SCHEMA = pa.schema(
         ("queued", pa.bool_()),
         ("comm", pa.uint64()),
         ("peer", pa.int32()),
+        ("syscall", pa.dictionary(pa.uint16(), pa.string())),
+        ("wait_fd", pa.int32()),
+        ("fd_target", pa.string()),
+        ("waker_pid", pa.int32()),
+        ("waker_tid", pa.int32()),
     ]
 )
 
@@ -172,6 +188,8 @@ _OTHER_KEY = np.where(_OTHER_MASK | _PEER_MASK, np.uint64(0xFFFFFFFF) << _OTHER_
 # is whoever submitted, not a key: analyze/summaries.py sums its requests per process)
 _STATE_KEY = np.full(256, np.uint64(0xFF) << _KIND_SHIFT, dtype=np.uint64)
 _STATE_KEY[[int(Op.SCHED_SWITCH), int(Op.PAGE_FAULT)]] |= np.uint64(0xFFFF) << _CALL_SHIFT
+_STREAM_KEY = np.full(256, ~np.uint64(0), dtype=np.uint64)
+_STREAM_KEY[int(Op.SCHED_SWITCH)] = 0  # a switch's stream is its waker: many values, no summary key
 _TID_KEY = np.full(256, np.uint64(0xFFFFFFFF) << _TID_SHIFT, dtype=np.uint64)
 _TID_KEY[int(Op.BLOCK_IO)] = 0
 _FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: its product's high bits hash the attributes
@@ -235,7 +253,7 @@ def storage_order(records: np.ndarray) -> np.ndarray:
         # the attributes: stream ^ bytes ^ other_pid ^ kind, hashed
         np.take(_ARG_KEY, o, out=t)
         t &= w[:, _W_ARG]
-        t ^= w[:, _W_STREAM]
+        t ^= w[:, _W_STREAM] & np.take(_STREAM_KEY, o)
         t ^= np.take(_OTHER_KEY, o) & w[:, _W_OTHER]
         t ^= w[:, _W_KIND] & np.take(_STATE_KEY, o)
         t ^= w[:, _W_TID] & np.take(_TID_KEY, o)
@@ -272,6 +290,7 @@ def events_table(
     stack_ids: np.ndarray | None = None,
     stream_ops: frozenset[Op] = REGISTER_STREAM_OPS,
     comm: np.ndarray | None = None,
+    fd_targets: pa.Array | None = None,
 ) -> pa.Table:
     """Arrow table with the events columns of schema.sql for EVENT_DTYPE ``records``.
 
@@ -280,6 +299,8 @@ def events_table(
     ``stream_ops``: ops whose records carry a stream, ``stream_ops(settings.launch_streams)``;
     the default matches the default program (launch streams not read).
     ``comm``: events.comm per record (uint64, 0 = NULL), from ranks.NcclJoin; None: all NULL.
+    ``fd_targets``: events.fd_target per record (strings, NULL where none), from
+    FdTargets.resolve over ``wait_fds(records)``; None: all NULL.
     Same-width integer columns are reinterpreted (views), not copied.
     """
     if records.dtype != EVENT_DTYPE:
@@ -314,17 +335,55 @@ def events_table(
         pa.array(np.ascontiguousarray(records["cpu"]).view(np.int16)),
         _masked(kind == int(Kind.PREEMPTED), is_switch, pa.bool_()),
         _masked(np.ascontiguousarray(records["other_pid"]).view(np.int32), _OTHER_MASK[op], pa.int32()),
-        _masked(arg, is_switch, pa.int64()),
+        _masked(arg & _RUNQ_MASK, is_switch, pa.int64()),
         _masked(stack, stack >= 0, pa.int64()),
         *_call_state_columns(op, records),
         pa.nulls(n, pa.uint64()) if comm is None else _masked(comm, comm != 0, pa.uint64()),
         _peer_column(op, records),
+        *_wait_columns(is_switch, records, fd_targets),
     ]
     return pa.Table.from_arrays(cols, schema=EVENTS_SCHEMA)
 
 
 # one mask per stream_ops set (a session passes the same one on every flush)
 _stream_mask = functools.lru_cache(maxsize=None)(_op_mask)
+
+
+def wait_fds(records: np.ndarray) -> np.ndarray:
+    """Per record, the fd a sched_switch row's thread blocked on (-1: none): a call that takes an fd first."""
+    fd = np.full(len(records), -1, dtype=np.int32)
+    is_switch = records["op"] == int(Op.SCHED_SWITCH)
+    if not is_switch.any():
+        return fd
+    nr = records["ret"].astype(np.int32)
+    known = is_switch & (nr >= 0) & (nr < syscalls.TABLE_SIZE)
+    takes = known.copy()
+    takes[known] = syscalls.TAKES_FD[nr[known]]
+    packed = (records["arg"] >> np.uint64(SWITCH_RUNQ_BITS)) & np.uint64(SWITCH_FD_MASK)
+    takes &= packed > 0
+    fd[takes] = packed[takes].astype(np.int32) - 1
+    return fd
+
+
+def _wait_columns(is_switch: np.ndarray, records: np.ndarray,
+                  fd_targets: pa.Array | None) -> tuple[pa.Array, ...]:
+    """syscall, wait_fd, fd_target, waker_pid, waker_tid: sched_switch rows only."""
+    n = len(records)
+    if not is_switch.any():
+        return (pa.nulls(n, pa.dictionary(pa.uint16(), pa.string())), pa.nulls(n, pa.int32()),
+                pa.nulls(n, pa.string()), pa.nulls(n, pa.int32()), pa.nulls(n, pa.int32()))
+    nr = records["ret"].astype(np.int32)
+    named = is_switch & (nr >= 0) & (nr < syscalls.TABLE_SIZE)
+    syscall = pa.DictionaryArray.from_arrays(pa.array(np.where(named, nr, 0).astype(np.uint16), mask=~named),
+                                             _SYSCALL_DICT)
+    fd = wait_fds(records)
+    waker = np.ascontiguousarray(records["stream"])
+    seen = is_switch & ((waker & np.uint64(SWITCH_WAKER_SEEN)) != 0)
+    waker_pid = ((waker >> np.uint64(32)) & np.uint64(0x7FFFFFFF)).astype(np.int32)
+    waker_tid = (waker & np.uint64(0xFFFFFFFF)).astype(np.int32)
+    return (syscall, _masked(fd, fd >= 0, pa.int32()),
+            pa.nulls(n, pa.string()) if fd_targets is None else fd_targets,
+            _masked(waker_pid, seen, pa.int32()), _masked(waker_tid, seen, pa.int32()))
 
 
 def _peer_column(op: np.ndarray, records: np.ndarray) -> pa.Array:

@@ -121,6 +121,15 @@ class NcclExt(ctypes.Structure):
     ]
 
 
+# A sched_switch row's packing (events.h): arg = runq_ns | (fd + 1) << SWITCH_RUNQ_BITS,
+# ret = the system call blocked in (-1: none), stream = waker tgid << 32 | tid | SWITCH_WAKER_SEEN.
+SWITCH_RUNQ_BITS = 40
+SWITCH_FD_MASK = 0x7FFFFF
+SWITCH_WAKER_SEEN = 1 << 63
+DEFINE_MIRRORS = {"SWITCH_RUNQ_BITS": SWITCH_RUNQ_BITS, "SWITCH_FD_MASK": SWITCH_FD_MASK,
+                  "SWITCH_WAKER_SEEN": SWITCH_WAKER_SEEN}
+
+
 # NVTX messages: cut at NVTX_TEXT_MAX bytes, carried NVTX_TEXT_PART bytes per text record.
 NVTX_TEXT_MAX = 64
 NVTX_TEXT_PART = 36

@@ -32,7 +32,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, nvtx, nvtx_inject, probes, ranks, targets
+from ingero.collect import decode, fdtargets, nvtx, nvtx_inject, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
@@ -258,8 +258,9 @@ class TraceSession:
         stack_ids = None
         if self.stacks is not None:
             stack_ids = self._resolve_stacks(recs)
+        fd_targets = fdtargets.resolve(recs["pid"], decode.wait_fds(recs))
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
-                                    stream_ops=self.stream_ops, comm=comm)
+                                    stream_ops=self.stream_ops, comm=comm, fd_targets=fd_targets)
         derived = [rows for hook in self.opts.hooks for rows in hook.flush_rows(self, recs)]
         fields = {k: v for hook in self.opts.hooks for k, v in hook.session_fields(self).items()}
         # the table may hold views of pending_buf: the rest moves down only after the append

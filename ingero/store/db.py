@@ -32,7 +32,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -109,6 +109,8 @@ MIGRATIONS: dict[int, list[str]] = {
     12: [REAPPLY_SCHEMA],  # creates sampling (the overhead budget's periods)
     13: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summaries_pending_ns BIGINT"],
     14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
+    15: [f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {c}" for c in (
+        "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"

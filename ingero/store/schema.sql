@@ -107,7 +107,12 @@ CREATE TABLE IF NOT EXISTS events (
     in_call OP_NAME,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops
     queued BOOLEAN,              -- sched_switch, page_fault: TRUE when the thread issued a kernel launch or async copy (returning 0) since its last sync or synchronous copy returned, i.e. device work it queued may still run; FALSE otherwise; NULL for threads without a traced CUDA call yet and for other ops
     comm UBIGINT,                -- NCCL calls: the ncclComm_t (ncclCommInit*: the communicator created); NULL for other ops; NULL: before schema 10
-    peer INTEGER                 -- ncclSend / ncclRecv: the peer rank; ncclBroadcast / ncclReduce: the root rank; NULL otherwise
+    peer INTEGER,                -- ncclSend / ncclRecv: the peer rank; ncclBroadcast / ncclReduce: the root rank; NULL otherwise
+    syscall VARCHAR,             -- sched_switch: the system call the thread blocked in ('futex', 'read', 'recvfrom', 'fsync', 'clock_nanosleep', 'epoll_wait', ...; 'syscall_N' for others); NULL when preempted or blocked outside one (a fault); NULL: before schema 15
+    wait_fd INTEGER,             -- sched_switch: the file descriptor that call waited on (calls whose first argument is one: read, recvfrom, fsync, epoll_wait, ...); NULL otherwise
+    fd_target VARCHAR,           -- sched_switch: what wait_fd was, read from /proc/PID/fd at flush time: 'socket:[inode]', 'pipe:[inode]', a file's path, 'anon_inode:[eventfd]'; NULL when it could not be read (closed, process gone)
+    waker_pid INTEGER,           -- sched_switch: the process (tgid) whose task woke the thread (sched_waking runs in the waker's context); 0: the idle task, i.e. an interrupt on an idle CPU (disk, network, timer); NULL when preempted (never blocked) or no wake-up was seen
+    waker_tid INTEGER            -- sched_switch: the waking thread (0: the idle task)
 );
 
 -- A readable name per process: JOIN process_names USING (pid).

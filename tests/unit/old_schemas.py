@@ -44,6 +44,9 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 15 added what a switch waited for: events.syscall, wait_fd, fd_target, waker_pid, waker_tid
+    sql = _drop_trailing_columns(sql, ("syscall", "wait_fd", "fd_target", "waker_pid", "waker_tid"),
+                                 last="peer INTEGER", table="events")
     # 14 added sessions.call_cost_ns, 13 sessions.summaries_pending_ns
     sql = _drop_trailing_columns(sql, ("call_cost_ns",), last="summaries_pending_ns BIGINT", table="sessions")
     sql = _drop_trailing_columns(sql, ("summaries_pending_ns",), last="notes VARCHAR", table="sessions")

@@ -20,7 +20,7 @@ from old_schemas import old_schema
 from bench.bench_ingest import _realistic
 from ingero import ops
 from ingero.collect import decode
-from ingero.store.db import SCHEMA_VERSION, Store, schema_sql
+from ingero.store.db import MIGRATIONS, SCHEMA_VERSION, Store, schema_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFSET = 1_700_000_000 * 10**9
@@ -81,6 +81,8 @@ def stores():
     events_ddl = re.search(r"CREATE TABLE IF NOT EXISTS events \(.*?\n\);", ddl, re.S).group(0)
     assert "op VARCHAR NOT NULL" in events_ddl and "in_call VARCHAR" in events_ddl and "kind VARCHAR" in events_ddl
     old.con.execute(events_ddl)
+    for stmt in MIGRATIONS[15]:  # the columns added since, as that migration adds them
+        old.con.execute(stmt)
     for s in (enum, old):
         _fill(s)
     return enum, old

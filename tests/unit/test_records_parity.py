@@ -36,6 +36,8 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     for prefix in records.ENUM_MIRRORS:
         for const in _enum_constants(prefix):
             lines.append(f'printf("enum {const} %d\\n", (int){const});')
+    for name in records.DEFINE_MIRRORS:
+        lines.append(f'printf("define {name} %llu\\n", (unsigned long long)({name}));')
     lines.append("return 0; }")
     d = tmp_path_factory.mktemp("parity")
     (d / "p.c").write_text("\n".join(lines))
@@ -88,3 +90,8 @@ def test_bpf_op_classes_match_the_queued_contract() -> None:
     names = {cls: {records.OP_NAMES[records.Op[c[3:]]] for c in ops} for cls, ops in classes.items()}
     assert names["CLASS_ASYNC"] == records.ASYNC_OPS
     assert names["CLASS_SYNC"] == records.DRAINING_OPS
+
+
+def test_switch_row_packing_matches(c_layout: dict[str, int]) -> None:
+    for name, value in records.DEFINE_MIRRORS.items():
+        assert c_layout[f"define {name}"] == value, name
