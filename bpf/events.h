@@ -198,7 +198,9 @@ struct ingero_nvtx_text {
  * the blocking system call's first argument + 1 (SWITCH_FD_MASK bits; its fd
  * for read, recvfrom, fsync ...); ret = that system call's number (-1: none:
  * preempted, or blocked outside one); stream = the waker (tgid << 32 | tid of
- * the task that ran sched_waking) | SWITCH_WAKER_SEEN, 0 when none was seen. */
+ * the task that ran sched_waking, in a system call that wakes others; 0 for
+ * an interrupt: a timer, a disk or network completion) | SWITCH_WAKER_SEEN,
+ * 0 when no wake-up was seen. */
 #define SWITCH_RUNQ_BITS 40
 #define SWITCH_FD_MASK 0x7FFFFF
 #define SWITCH_WAKER_SEEN (1ULL << 63)

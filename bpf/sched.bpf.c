@@ -203,6 +203,37 @@ static __always_inline int on_sched_switch(struct tracepoint__sched__sched_switc
 	return 0;
 }
 
+/* Who runs this wakeup: the current task when it is in a system call that
+ * wakes others (a futex wake, a write or send to a pipe or socket, a signal,
+ * an exit that wakes a joiner), else 0: an interrupt -- a timer, a disk or
+ * network completion -- that ran in whatever task it interrupted (a user-mode
+ * task, a task in an unrelated call, a kernel thread, the idle task).
+ * x86-64 numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
+static __always_inline u64 waker_id(void)
+{
+	u64 id = bpf_get_current_pid_tgid();
+#ifdef CONFIG_X86_64
+	long nr = -1;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax);
+	switch (nr) {
+	case 1: case 18: case 20: case 296: case 328: /* write, pwrite64, writev, pwritev, pwritev2 */
+	case 44: case 46: case 307: case 48: /* sendto, sendmsg, sendmmsg, shutdown */
+	case 3: case 60: case 231: /* close, exit, exit_group (a joiner's futex) */
+	case 62: case 200: case 234: case 129: case 297: /* kill, tkill, tgkill, rt_(tg)sigqueueinfo */
+	case 202: case 449: /* futex, futex_waitv */
+	case 65: case 220: case 69: case 242: /* semop, semtimedop, msgsnd, mq_timedsend */
+	case 275: case 278: case 40: case 426: /* splice, vmsplice, sendfile, io_uring_enter */
+	case 56: case 435: case 61: case 247: /* clone, clone3, wait4, waitid */
+		return id;
+	default:
+		return 0;
+	}
+#else
+	return id;
+#endif
+}
+
 /* Woken: its runqueue wait starts now.  Only an entry marked off CPU counts
  * (a thread woken before its switch-out completed keeps no wake time).
  * sched_waking, not sched_wakeup: it runs in the waker's context on the
@@ -213,7 +244,7 @@ static __always_inline int on_wakeup(u32 tid)
 	struct thread_state *t = thread_find(tid);
 	if (t && t->ts && t->wake_ts == 0) {
 		t->wake_ts = bpf_ktime_get_ns();
-		t->waker = bpf_get_current_pid_tgid() | SWITCH_WAKER_SEEN; /* tgid 0: the idle task (an interrupt) */
+		t->waker = waker_id() | SWITCH_WAKER_SEEN;
 	}
 	return 0;
 }

@@ -11,7 +11,7 @@ import importlib
 
 import duckdb
 
-from ingero.analyze import activity, context, procs, sampling, windows
+from ingero.analyze import activity, context, procs, sampling, waits, windows
 from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext
 from ingero.analyze.rules import registry
@@ -117,6 +117,7 @@ def explain(con: duckdb.DuckDBPyConnection, opts: Options, *, source: str = "sum
 def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Report:
     ctx = context.resolve(con, opts, align=True)
     windows.build(ctx, source)
+    waits.build(ctx)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     # every process the rules may name, in one query (the rules' lookups then find them read)
     procs.lookup(con, [int(r[0]) for r in con.execute(NAMED_PIDS_SQL).fetchall()])

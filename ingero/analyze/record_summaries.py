@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from ingero import ops
 from ingero.analyze.summaries import HIST_PER_OCTAVE, LATE_EPS_NS, NS, SMALL_COPY_BYTES
-from ingero.collect.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, CallFlag, Kind, Op
+from ingero.collect.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, SWITCH_RUNQ_BITS, CallFlag, Kind, Op
 
 # What kind of windows row an op's records make (summaries.SUMMARY_SQL's branches).
 LAUNCH, CALL, SWITCH, FAULT, MARK = range(5)
@@ -65,6 +65,7 @@ _PT_MASK = np.full(256, ~_U(0), dtype=np.uint64)
 _PT_MASK[int(Op.BLOCK_IO)] = _U(0xFFFFFFFF)
 _SWITCH, _BLOCK_IO = int(Op.SCHED_SWITCH), int(Op.BLOCK_IO)
 _PREEMPTION = _U(int(Op.SCHED_SWITCH) | int(Kind.PREEMPTED) << 8)  # (attributes >> 32) & 0xFFFF of one
+_RUNQ_MASK = np.int64((1 << SWITCH_RUNQ_BITS) - 1)
 _BYTES_OPS = np.zeros(256, dtype=bool)  # ops whose arg is the bytes column
 _BYTES_OPS[[int(o) for o in ops.BYTES_OPS]] = True
 _SYNC = np.array([OP_NAME_TABLE[c] in ops.SYNC_OPS for c in range(256)])
@@ -160,6 +161,7 @@ def _keys(records: np.ndarray, offset_ns: int) -> tuple[np.ndarray, ...]:
         np.floor_divide(ts[a : a + k], NS, out=sec[a : a + k])
         dur[a : a + k] = w[:, 1].view(np.int64)
         arg[a : a + k] = w[:, 2].view(np.int64)
+    arg[op == int(Op.SCHED_SWITCH)] &= _RUNQ_MASK  # a switch's arg also holds its wait's fd (events.h)
     return pt, attr, other, sec, ts, dur, arg, op
 
 

@@ -1,4 +1,4 @@
-"""What the fd a blocked thread waited on was: ``/proc/PID/fd/N``'s link, read at flush time.
+"""What a blocked thread waited on, read from /proc at flush time: its fd's link, its name.
 
 A switch row holds the fd of the call its thread blocked in (decode.wait_fds);
 what that fd is -- ``socket:[inode]``, ``pipe:[inode]``, a file's path,
@@ -37,3 +37,24 @@ def resolve(pids: np.ndarray, fds: np.ndarray) -> pa.Array | None:
     for i in idx.tolist():
         out[i] = found[(int(pids[i]), int(fds[i]))]
     return pa.array(out, type=pa.string())
+
+
+def _comm(pid: int, tid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+            return f.read(64).decode(errors="replace").rstrip("\n")
+    except OSError:
+        return None
+
+
+def thread_names(pids: np.ndarray, tids: np.ndarray, known: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """(pid, tid, comm) of the threads in the records not in ``known`` (which it extends);
+    a thread gone before its first flush keeps no name."""
+    pairs = set(zip(pids.tolist(), tids.tolist())) - known
+    known |= pairs
+    out = []
+    for pid, tid in sorted(pairs):
+        name = _comm(pid, tid)
+        if name is not None:
+            out.append((pid, tid, name))
+    return out

@@ -191,6 +191,7 @@ class TraceSession:
         self.next_flush = time.monotonic() + FLUSH_INTERVAL_S
         self.events = 0
         self.drops_user = 0
+        self.named_threads: set[tuple[int, int]] = set()  # (pid, tid) whose thread_names row is written
         self.pct = _Percentiles()
         self.seen_pids: set[int] = set()
         # pids /proc could not be read for -> when their image started (exec time; None: unknown)
@@ -259,6 +260,8 @@ class TraceSession:
         if self.stacks is not None:
             stack_ids = self._resolve_stacks(recs)
         fd_targets = fdtargets.resolve(recs["pid"], decode.wait_fds(recs))
+        switches = recs[recs["op"] == int(Op.SCHED_SWITCH)]
+        names = fdtargets.thread_names(switches["pid"], switches["tid"], self.named_threads)
         table = decode.events_table(recs, session_id=self.session_id, offset_ns=self.offset_ns, stack_ids=stack_ids,
                                     stream_ops=self.stream_ops, comm=comm, fd_targets=fd_targets)
         derived = [rows for hook in self.opts.hooks for rows in hook.flush_rows(self, recs)]
@@ -274,6 +277,10 @@ class TraceSession:
                     self.store.append("ranks", pa.Table.from_pylist(rank_rows))
                 if nvtx_spans is not None:
                     self.store.append("spans", nvtx_spans)
+                if names:
+                    self.store.append("thread_names", pa.Table.from_pydict({
+                        "session_id": [self.session_id] * len(names), "pid": [n[0] for n in names],
+                        "tid": [n[1] for n in names], "name": [n[2] for n in names]}))
                 c0 = time.thread_time()
                 for name, rows in derived:
                     self.store.append(name, rows)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ingero.collect.records import CUDA_OPS, KIND_NAMES, OP_NAMES, Kind, Op
+from ingero.collect.records import CUDA_OPS, KIND_NAMES, OP_NAMES, SWITCH_RUNQ_BITS, Kind, Op
 from ingero.host import pid_alive
 
 # Histogram bucket upper bounds (seconds, Prometheus' `le`): 1 µs to 10 s in 1-5 steps.
@@ -46,6 +46,7 @@ RATE_WINDOW_S = 10.0
 assert all(1 <= o < Op.SCHED_SWITCH for o in CUDA_OPS)  # add() takes them as one slice of sorted ops
 _SWITCH, _FAULT, _BLOCK = int(Op.SCHED_SWITCH), int(Op.PAGE_FAULT), int(Op.BLOCK_IO)
 _PREEMPTED = int(Kind.PREEMPTED)
+_RUNQ_MASK = np.uint64((1 << SWITCH_RUNQ_BITS) - 1)  # a switch's arg also holds its wait's fd (events.h)
 
 
 @dataclass
@@ -175,7 +176,8 @@ class Aggregates:
                         _add(self.cuda.setdefault((known[k >> 6], OP_NAMES.get(k & 63, f"op{k & 63}")), Histo()), n, t, b)
                 if pf > sw:
                     self._add_switches(known, slot[c:pf - lo], dur[c:pf - lo],
-                                       np.ascontiguousarray(part["kind"][c:]), np.ascontiguousarray(part["arg"][c:]))
+                                       np.ascontiguousarray(part["kind"][c:]),
+                                       np.ascontiguousarray(part["arg"][c:]) & _RUNQ_MASK)
             if bio > pf:  # a count: the tracer records no fault latency (its blocking shows as off-CPU)
                 known_f = self._slots(np.ascontiguousarray(recs["pid"][pf:bio]).astype(np.int64))
                 known = self._known.tolist()

@@ -110,7 +110,8 @@ MIGRATIONS: dict[int, list[str]] = {
     13: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summaries_pending_ns BIGINT"],
     14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
     15: [f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {c}" for c in (
-        "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")],
+        "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")]
+        + [REAPPLY_SCHEMA],  # thread_names
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -533,6 +534,7 @@ TABLES = (
     "events",
     "process_names",
     "process_history",
+    "thread_names",
     "process_cpu",
     "process_memory",
     "stacks",

@@ -111,8 +111,8 @@ CREATE TABLE IF NOT EXISTS events (
     syscall VARCHAR,             -- sched_switch: the system call the thread blocked in ('futex', 'read', 'recvfrom', 'fsync', 'clock_nanosleep', 'epoll_wait', ...; 'syscall_N' for others); NULL when preempted or blocked outside one (a fault); NULL: before schema 15
     wait_fd INTEGER,             -- sched_switch: the file descriptor that call waited on (calls whose first argument is one: read, recvfrom, fsync, epoll_wait, ...); NULL otherwise
     fd_target VARCHAR,           -- sched_switch: what wait_fd was, read from /proc/PID/fd at flush time: 'socket:[inode]', 'pipe:[inode]', a file's path, 'anon_inode:[eventfd]'; NULL when it could not be read (closed, process gone)
-    waker_pid INTEGER,           -- sched_switch: the process (tgid) whose task woke the thread (sched_waking runs in the waker's context); 0: the idle task, i.e. an interrupt on an idle CPU (disk, network, timer); NULL when preempted (never blocked) or no wake-up was seen
-    waker_tid INTEGER            -- sched_switch: the waking thread (0: the idle task)
+    waker_pid INTEGER,           -- sched_switch: the process (tgid) whose thread woke it, from a system call that wakes others (a futex wake, a write or send to a pipe or socket, a signal, an exit); 0: an interrupt (a timer, a disk or network completion) or a kernel thread; NULL when preempted (never blocked) or no wake-up was seen
+    waker_tid INTEGER            -- sched_switch: the waking thread (0: an interrupt)
 );
 
 -- A readable name per process: JOIN process_names USING (pid).
@@ -266,6 +266,16 @@ CREATE TABLE IF NOT EXISTS process_history (
     comm VARCHAR,
     cmdline VARCHAR,             -- NULL when it exited before /proc could be read (name = its comm)
     ppid INTEGER
+);
+
+-- The name of each thread of a traced process that a switch row holds (schema 15): what
+-- explain calls the thread that held a lock or the GIL, the worker thread that fed the loop.
+-- Read from /proc/PID/task/TID/comm when the tracer first stores a row of the thread.
+CREATE TABLE IF NOT EXISTS thread_names (
+    session_id INTEGER,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    name VARCHAR                 -- the thread's comm (15 chars: prctl(PR_SET_NAME), threading's native name)
 );
 
 -- Which rank of which job each traced process is (schema 10).  One row per

@@ -15,6 +15,7 @@ from ingero.store.db import schema_sql
 IMPORT_V7 = "-- ---- Imported traces (schema 7)"
 HISTORY_V9 = "-- What each process was called over time"
 RANKS_V10 = "-- Which rank of which job each traced process is"
+THREADS_V15 = "-- The name of each thread of a traced process"
 WINDOWS_V11 = "-- ---- Per-second summaries (schema 11)"
 OP_ENUM_V11 = "CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM ("
 KIND_ENUM_V11 = "CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM ("
@@ -47,6 +48,9 @@ def old_schema(version: int) -> str:
     # 15 added what a switch waited for: events.syscall, wait_fd, fd_target, waker_pid, waker_tid
     sql = _drop_trailing_columns(sql, ("syscall", "wait_fd", "fd_target", "waker_pid", "waker_tid"),
                                  last="peer INTEGER", table="events")
+    head, sep, rest = sql.partition(THREADS_V15)  # and the thread_names table
+    assert sep, "schema.sql changed shape (thread_names): update this fixture"
+    sql = head + rest[rest.index(");\n") + 3:].lstrip("\n")
     # 14 added sessions.call_cost_ns, 13 sessions.summaries_pending_ns
     sql = _drop_trailing_columns(sql, ("call_cost_ns",), last="summaries_pending_ns BIGINT", table="sessions")
     sql = _drop_trailing_columns(sql, ("summaries_pending_ns",), last="notes VARCHAR", table="sessions")

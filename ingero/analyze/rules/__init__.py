@@ -14,6 +14,7 @@ from types import ModuleType
 RULE_MODULES = (
     "cpu_contention",
     "input_bound",
+    "lock_contention",
     "host_bound",
     "transfer_bound",
     "io_stall",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, units
+from ingero.analyze import baseline, procs, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit, Window
 
@@ -58,6 +58,9 @@ class Thresholds:
     # on something: more run in parallel) or this many CPUs are idle.
     saturated_worker_share: float = 0.8
     min_free_cpus: float = 0.5
+    # A process that took the CPU from the workers this share of the loop's wait for data is
+    # named as a cause (the loop waited on a worker that was itself preempted by it).
+    starver_share: float = 0.1
 
 
 T = Thresholds()
@@ -78,8 +81,10 @@ def _queued_wait_ns(r: baseline.Row) -> float:
 
 
 def wait_ns(r: baseline.Row) -> float:
-    """The loop's wait for data in window ``r`` that cost GPU time (see the module doc)."""
-    return r["sleep_out_idle_ns"] + _queued_wait_ns(r)
+    """The loop's wait for data in window ``r`` that cost GPU time (see the module doc): of its
+    waits, the part whose wake-up came from another process (waits.input_fraction, kept in the
+    row as ``input_fraction``; all of it where nothing was attributed: an older store)."""
+    return (r["sleep_out_idle_ns"] + _queued_wait_ns(r)) * r.get("input_fraction", 1.0)
 
 
 def _share(r: baseline.Row) -> float:
@@ -92,6 +97,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         return _from_marked_steps(con, ctx, ctx.marked_steps)
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
+        fed = waits.input_fraction(con, pid)
+        for r in rows:
+            r["input_fraction"] = fed.get(int(r["w"]), 1.0)
         s = baseline.split(rows, _share, T.min_wait_share)
         if not s.evidence:
             continue
@@ -169,6 +177,23 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             Culprit(w[0], names[w[0]].role(pid), f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
             for w in workers[:4]
         ]
+        # who starved the workers: followed from the loop's wake-ups (waits.py)
+        hogs = [h for h in waits.starvers(con, pid, ws) if h[1] >= T.starver_share * waited]
+        if hogs:
+            hog_names = procs.lookup(con, [h[0] for h in hogs])
+            pids_txt = " ".join(str(h[0]) for h in hogs)
+            root.append("the workers waited for a CPU taken by " + ", ".join(
+                f"{hog_names[h[0]].label} ({units.ns(h[1])} of the loop's wait)" for h in hogs[:4]))
+            culprits = [Culprit(h[0], hog_names[h[0]].name, f"took the CPU from the workers: {units.ns(h[1])} "
+                                f"of the loop's wait") for h in hogs[:4]] + culprits
+            free = _free_cores(con, ctx, [pid] + [w[0] for w in workers])
+            hog_fix = [f"renice -n 19 -p {pids_txt}   (the workers first: {', '.join(sorted({hog_names[h[0]].name for h in hogs}))} "
+                       f"took their CPU)"]
+            if free:
+                hog_fix.insert(0, f"taskset -acp {free} {pids_txt}   (move them off the cores the workers and the loop use)")
+            fix = hog_fix + fix
+            if severity == "MEDIUM" and wait >= T.high_wait_share:
+                severity = "HIGH"  # the deeper cause is named: the hogs
         chains.append(
             baseline.chain(
                 ID, TITLE, ctx, pid, s,
@@ -193,6 +218,19 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             )
         )
     return chains
+
+
+CORES_SQL = """
+SELECT DISTINCT cpu FROM events
+WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch' AND list_contains($pids, pid)
+"""
+
+
+def _free_cores(con, ctx: Context, pids: list[int]) -> str:
+    """The cores none of ``pids`` ran on, as a taskset list ('' when none)."""
+    used = {int(c) for (c,) in con.execute(CORES_SQL, {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns,
+                                                       "pids": pids}).fetchall() if c is not None}
+    return ",".join(str(c) for c in range(ctx.ncpu) if c not in used)
 
 
 def _fixes(ctx: Context, me: procs.Proc, n_workers: int, wait: float, top_worker: int | None,
