@@ -317,15 +317,14 @@ class RootTime:
 
 
 BY_ROOT_SQL = """
-SELECT root, root_pid, root_tid, any_value(detail ORDER BY ns DESC), any_value(via_call ORDER BY ns DESC),
-       sum(ns), sum(n)
+SELECT root, root_pid, root_tid, any_value(detail ORDER BY ns DESC), via_call, sum(ns), sum(n)
 FROM ing_block WHERE pid = $pid AND list_contains($ws, w)
-GROUP BY root, root_pid, root_tid ORDER BY sum(ns) DESC
+GROUP BY root, root_pid, root_tid, via_call ORDER BY sum(ns) DESC
 """
 
 
 def by_root(con, pid: int, ws: list[int]) -> list[RootTime]:
-    """The loop's blocked time in windows ``ws``, by root, largest first."""
+    """The loop's blocked time in windows ``ws``, by root and the call it blocked in, largest first."""
     return [RootTime(r, int(rp), int(rt), d or "", v or "", float(ns), float(n))
             for r, rp, rt, d, v, ns, n in con.execute(BY_ROOT_SQL, {"pid": pid, "ws": ws}).fetchall()]
 

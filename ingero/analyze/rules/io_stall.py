@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, units
+from ingero.analyze import baseline, procs, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 from ingero.analyze.rules import input_bound, memory_pressure
@@ -135,6 +135,19 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
             f"{units.count(top[2])} requests), request p99 {units.ns(top[3])}"
         )
     root.append(f"block I/O p99 latency up to {units.ns(p99)} in {len(ws)} of {len(rows)} windows")
+    # what the loop itself blocked in on the disk (waits.py): its flushes, its opens and reads
+    own_waits = [t for t in waits.by_root(con, pid, ws) if t.root == waits.DISK]
+    flushes = [t for t in own_waits if t.via_call in waits.FLUSH_CALLS]
+    if own_waits:
+        calls: dict[str, list[float]] = {}
+        for t in own_waits:
+            c = calls.setdefault(t.via_call or "fault", [0.0, 0.0])
+            c[0] += t.ns
+            c[1] += t.n
+        files = sorted({t.detail.split(" ", 1)[1] for t in own_waits if " " in t.detail})
+        root.append(f"{me.label} blocked on the disk in its own calls: " + ", ".join(
+            f"{c} {units.ns(v[0])}" for c, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:4])
+            + (f" on {', '.join(files[:3])}" if files else ""))
     effect = []
     if io_ns:
         effect.append(
@@ -158,7 +171,11 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     others = [names[i[0]] for i in issuers
               if i[0] not in traced and i[0] in names and i[0] != 0 and not names[i[0]].is_kernel_thread]
     own = [i for i in issuers if i[0] in traced]
-    if any(i[0] == pid and "write" in (i[4] or "") for i in own):
+    if flushes:
+        fix.append(f"{'/'.join(sorted({t.via_call for t in flushes}))} inside the step waits for the whole "
+                   "checkpoint to reach the disk: save from a background thread or process (torch.save to a "
+                   "buffer, then write and fsync off the loop; torch.distributed.checkpoint.async_save), or less often")
+    elif any(i[0] == pid and "write" in (i[4] or "") for i in own):
         fix.append("save checkpoints from a background thread or process (or less often), not inside the step")
     if others:
         fix.append("ionice -c 3 -p " + " ".join(str(p.pid) for p in others)
@@ -188,5 +205,6 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
             "io_wait_ns": io_ns,
             "block_p99_ns": p99,
             "throughput_drop": round(drop, 4),
+            "own_flush_ns": sum(t.ns for t in flushes),
         },
     )
