@@ -236,3 +236,34 @@ def has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     if once is not None:
         return once.has_table(table)
     return bool(con.execute(HAS_TABLE_SQL, {"table": table}).fetchone()[0])
+
+
+# Ranks of one job share their launcher's run id (TORCHELASTIC_RUN_ID, a Slurm job, a
+# rendezvous address) or a communicator.
+SAME_RANKS_JOB_SQL = """
+SELECT count(*) > 0 FROM ranks a JOIN ranks b
+  ON (a.job IS NOT NULL AND a.job = b.job) OR (a.comm_id IS NOT NULL AND a.comm_id = b.comm_id)
+WHERE a.pid = $a AND b.pid = $b
+"""
+MAX_ANCESTRY = 8  # parents followed up from a process (a launcher, a shell, a container's init)
+
+
+def _ancestors(con: duckdb.DuckDBPyConnection, pid: int) -> list[int]:
+    out, seen = [], {pid}
+    p = lookup(con, [pid]).get(pid)
+    while p is not None and p.ppid and p.ppid not in seen and len(out) < MAX_ANCESTRY:
+        out.append(p.ppid)
+        seen.add(p.ppid)
+        p = lookup(con, [p.ppid]).get(p.ppid)
+    return out
+
+
+def same_job(con: duckdb.DuckDBPyConnection, a: int, b: int) -> bool:
+    """Whether ``b`` belongs to ``a``'s job: one descends from the other (DataLoader workers, ranks
+    spawned by the script), or both are ranks of one launch (a shared run id or communicator).
+    Two scripts a shell or a test harness started side by side are two jobs, traced or not."""
+    if a == b:
+        return True
+    if b in _ancestors(con, a) or a in _ancestors(con, b):
+        return True
+    return has_table(con, "ranks") and bool(con.execute(SAME_RANKS_JOB_SQL, {"a": a, "b": b}).fetchone()[0])

@@ -127,15 +127,17 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         if other in names and names[other].is_kernel_thread:
             kernel.append(other)
             continue
-        # the job's own processes: traced with it, or its children (DataLoader workers)
-        mine = other in traced or (other in names and names[other].child_of(pid))
+        # the job's own processes: its workers, its parent launcher, ranks of the same launch;
+        # another traced job (two scripts sharing a core) is a culprit like any process
+        mine = procs.same_job(con, pid, other)
         bucket = own if mine else outsiders
         bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
     for other, comm, oncpu, took in busy:
-        if other in traced or other in outsiders or other in kernel or other in own:
+        if other in outsiders or other in kernel or other in own:
             continue
-        if other in names and names[other].child_of(pid):
-            own[other] = f"{units.ns(oncpu)} on CPU"
+        if procs.same_job(con, pid, other):
+            if other not in traced:
+                own[other] = f"{units.ns(oncpu)} on CPU"
             continue
         if other in names and names[other].is_kernel_thread:
             continue
