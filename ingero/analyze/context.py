@@ -54,6 +54,7 @@ class Derived:
     # straggler: (its chain, rule id, pid) of the late rank's own chain it explains; explain
     # lists the straggler chain first
     explains: list[tuple[Any, str, int]] = field(default_factory=list)
+    kinds: dict[int, Any] = field(default_factory=dict)  # kind.classify: pid -> kind.Kind (servers only)
 
 
 @dataclass

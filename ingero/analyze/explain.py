@@ -7,13 +7,15 @@ DuckDB connection (read-only file, in-memory, or one a daemon hands over).
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 
 import duckdb
 
-from ingero.analyze import activity, context, procs, sampling, waits, windows
+from ingero.analyze import activity, context, kind, procs, sampling, waits, windows
 from ingero.analyze.context import Context, Options
-from ingero.analyze.model import Analysed, Chain, Report, SystemContext
+from ingero.analyze.model import Analysed, Chain, Report, SystemContext, Workload
 from ingero.analyze.rules import registry
 
 # Counted from the window tables (no further pass over the events).
@@ -118,10 +120,13 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
     ctx = context.resolve(con, opts, align=True)
     windows.build(ctx, source)
     waits.build(ctx)
+    ctx.derived.kinds = kind.classify(ctx)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     # every process the rules may name, in one query (the rules' lookups then find them read)
     procs.lookup(con, [int(r[0]) for r in con.execute(NAMED_PIDS_SQL).fetchall()])
     device, steps = activity.resolve(ctx)
+    if steps is not None and steps.pid in ctx.derived.kinds:  # a server's steps are its requests
+        steps = dataclasses.replace(steps, unit="request")
     chains: list[Chain] = []
     rules = registry()
     for rule in rules:
@@ -133,7 +138,8 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
         _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
     _explainers_first(chains, ctx.derived.explains)
-    report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps)
+    report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps,
+                    workloads=_workloads(ctx))
     disagree = activity.nvml_disagreement(ctx, device) if device is not None else None
     if disagree:
         report.notes.append(disagree)
@@ -161,6 +167,12 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
     if opts.stack:
         report.stack = _stack(ctx, report)
     return report
+
+
+def _workloads(ctx: Context) -> list[Workload]:
+    names = procs.lookup(ctx.con, list(ctx.derived.kinds))
+    return [Workload(k.pid, k.kind, names[k.pid].label if k.pid in names else f"PID {k.pid}", k.evidence,
+                     k.requests_per_s) for k in ctx.derived.kinds.values()]
 
 
 def _analysed(ctx: Context) -> Analysed:

@@ -127,6 +127,18 @@ class StepStats:
     # share of the mean step spent in each part (data wait, host work, launches, copies,
     # device wait, CPU wait, faults and I/O, ...): adds up to 1 where known
     breakdown: dict[str, float] = field(default_factory=dict)
+    unit: str = "step"  # 'request' when the process is a server (analyze/kind.py): a step serves one
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a traced CUDA process is, from what it did (analyze/kind.py): only servers are listed."""
+
+    pid: int
+    kind: str  # 'inference server'
+    name: str
+    evidence: str
+    requests_per_s: float | None = None
 
 
 @dataclass
@@ -138,6 +150,7 @@ class Report:
     stack: dict[str, Any] | None = None  # explain --stack: top callers / preempted lines
     device: DeviceBusy | None = None  # None: neither measured nor inferable (no CUDA calls)
     steps: StepStats | None = None
+    workloads: list[Workload] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

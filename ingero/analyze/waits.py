@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
@@ -130,6 +130,16 @@ class Threads:
         return [t for t, p in self.pid_of.items() if p == pid]
 
 
+def fd_kind(target: str | None) -> str:
+    """'socket', 'pipe', 'file', 'anon' (eventfd, epoll ...) or '' of an fd_target."""
+    if not target:
+        return ""
+    if target.startswith("/"):
+        return "file"
+    head = target.split(":", 1)[0]
+    return {"socket": "socket", "pipe": "pipe", "anon_inode": "anon"}.get(head, "other")
+
+
 def _own_root(iv: Interval, tid: int, threads: Threads) -> Root | None:
     """The root an interval shows by itself, without following its waker (None: follow it)."""
     call = iv.syscall
@@ -191,8 +201,9 @@ def follow(iv: Interval, tid: int, threads: Threads, depth: int = 0,
         part = (min(w.end, iv.end) - max(w.start, iv.start)) / span
         if w.preempted:
             out[Root(CPU, w.other_pid, 0, f"preempted {threads.pid_of.get(waker, waker_pid)}:{waker}")] += part
-        else:
-            for root, share in follow(w, waker, threads, depth + 1, seen | {tid}).items():
+        else:  # what kept the waker waiting during the part of its wait inside ours
+            clipped = replace(w, start=max(w.start, iv.start))
+            for root, share in follow(clipped, waker, threads, depth + 1, seen | {tid}).items():
                 out[root] += part * share
     on_cpu = threads.on_cpu_ns(waker, iv.start, iv.end, running_at_end=True) / span
     rest = max(0.0, 1.0 - on_cpu - sum(out.values()))  # before the waker's first row: not known
@@ -231,14 +242,16 @@ WHERE session_id = $sid AND (comm LIKE 'kworker%' OR comm LIKE 'ksoftirqd%' OR c
 BLOCK_SCHEMA = pa.schema([
     ("pid", pa.int32()), ("tid", pa.int32()), ("w", pa.int64()), ("root", pa.string()),
     ("root_pid", pa.int32()), ("root_tid", pa.int32()), ("detail", pa.string()),
-    ("via_call", pa.string()), ("via_pid", pa.int32()), ("ns", pa.float64()), ("n", pa.float64()),
+    ("via_call", pa.string()), ("via_pid", pa.int32()), ("via_fd", pa.string()), ("ns", pa.float64()),
+    ("n", pa.float64()),
 ])
 
 
 def build(ctx: Context) -> None:
     """Create ing_block: pid, tid, w, root, root_pid, root_tid, detail, via_call (what the loop
     blocked in), via_pid (the process whose thread woke it, 0 for an interrupt, -1 when no
-    wake-up was seen: a trace without waker columns, a synthetic replay), ns (its blocked
+    wake-up was seen: a trace without waker columns, a synthetic replay), via_fd (the kind of
+    fd it waited on: socket, pipe, file, anon, '' for none), ns (its blocked
     time in w attributed to that root), n (intervals, fractional)."""
     con = ctx.con
     rows: list[tuple] = []
@@ -288,6 +301,7 @@ def _attribute(ctx: Context) -> list[tuple]:
             continue
         via = iv.syscall or ("fault" if iv.kind == "io" else "")
         via_pid = -1 if iv.waker_pid is None else int(iv.waker_pid)  # -1: no wake-up seen (an older trace)
+        via_fd = fd_kind(iv.fd_target)
         roots = follow(iv, tid, threads) if span >= MIN_FOLLOW_NS else {Root("short", detail=via): 1.0}
         # split at window boundaries, as the window tables split off-CPU time
         pieces = []
@@ -299,7 +313,7 @@ def _attribute(ctx: Context) -> list[tuple]:
             s = e
         for w, ns in pieces:
             for root, share in roots.items():
-                a = acc[(pid, tid, w, root.root, root.pid, root.tid, root.detail, via, via_pid)]
+                a = acc[(pid, tid, w, root.root, root.pid, root.tid, root.detail, via, via_pid, via_fd)]
                 a[0] += ns * share
                 a[1] += share * ns / span
     return [(*k, v[0], v[1]) for k, v in acc.items()]
@@ -356,7 +370,7 @@ def per_window(con, pid: int, root: str, *, root_pid: int | None = None, not_tid
 INPUT_SQL = """
 SELECT w, sum(ns),
        coalesce(sum(ns) FILTER (via_pid NOT IN (0, pid) AND root NOT IN ('disk', 'sleep', 'network', 'timer', 'fault')
-                                AND NOT list_contains($socket_calls, via_call)), 0)
+                                AND NOT list_contains($socket_calls, via_call) AND via_fd <> 'socket'), 0)
 FROM ing_block WHERE pid = $pid GROUP BY w
 """
 

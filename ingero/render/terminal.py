@@ -47,6 +47,10 @@ STEP_PARTS = (("data_wait", "data wait"), ("host", "host work"), ("launch", "lau
               ("faults_io", "faults/I-O"))
 
 
+# A server's step is a request: its data wait is the wait for the next request.
+REQUEST_PARTS = {"data_wait": "waiting for a request", "host": "request path (host)"}
+
+
 def device_lines(report: Report) -> list[str]:
     """What the device did and how the loop stepped, when known."""
     lines = []
@@ -58,17 +62,22 @@ def device_lines(report: Report) -> list[str]:
             nvml = "" if d.nvml_util is None else f"; NVML {units.pct(d.nvml_util)}"
             lines.append(f"Device: busy ~{units.pct(d.busy_share)} (inferred from the CUDA calls: "
                          f"{units.pct(d.low)}-{units.pct(d.high)}{nvml})")
+    for w in report.workloads:
+        lines.append(f"Workload: {w.name} is an {w.kind}: {w.evidence}")
     st = report.steps
     if st is not None:
         how = {"marked": "ProfilerStep marks", "nvtx": f"NVTX ranges '{st.marker}'"}.get(
             st.source, "the rhythm of the calls")
         # (with several traced processes, whose steps: the main CUDA process')
         whose = f" of PID {st.pid}" if st.pid is not None and len(report.analysed.processes) > 1 else ""
-        line = f"Steps{whose}: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, p99 {st.p99_ms:.2f} ms"
-        parts = [f"{label} {units.pct(st.breakdown[key])}" for key, label in STEP_PARTS if key in st.breakdown]
+        served = st.unit == "request"
+        line = (f"{'Requests' if served else 'Steps'}{whose}: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, "
+                f"p99 {st.p99_ms:.2f} ms")
+        names = dict(STEP_PARTS, **(REQUEST_PARTS if served else {}))
+        parts = [f"{names[key]} {units.pct(st.breakdown[key])}" for key, _ in STEP_PARTS if key in st.breakdown]
         lines.append(line)
         if parts:
-            lines.append(INDENT + "a step: " + " | ".join(parts))
+            lines.append(INDENT + f"a {st.unit}: " + " | ".join(parts))
     return lines
 
 

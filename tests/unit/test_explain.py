@@ -120,7 +120,8 @@ def test_cli_text_and_json(db: Path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["format_version"] == render_json.FORMAT_VERSION
-    assert set(doc) == {"format_version", "analysed", "system", "chains", "notes", "stack", "device", "steps"}
+    assert set(doc) == {"format_version", "analysed", "system", "chains", "notes", "stack", "device", "steps",
+                        "workloads"}
     chain = doc["chains"][0]
     assert set(chain) == {
         "rule_id", "severity", "title", "root", "effect", "contributing", "fix", "pids", "culprits",

@@ -22,6 +22,7 @@ RULE_MODULES = (
     "launch_bound",
     "sync_heavy",
     "gpu_idle",
+    "sizing",
     "straggler",
 )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, units
+from ingero.analyze import baseline, kind, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 from ingero.analyze.windows import SYNC_OPS
@@ -129,13 +129,15 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             continue
         # the job's own processes: its workers, its parent launcher, ranks of the same launch;
         # another traced job (two scripts sharing a core) is a culprit like any process
-        mine = procs.same_job(con, pid, other)
+        # (without parent pids, an older store: every traced process counts as the job's own)
+        mine = procs.same_job(con, pid, other) or (other in traced and names.get(other) is not None
+                                                    and names[other].ppid is None)
         bucket = own if mine else outsiders
         bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
     for other, comm, oncpu, took in busy:
         if other in outsiders or other in kernel or other in own:
             continue
-        if procs.same_job(con, pid, other):
+        if procs.same_job(con, pid, other) or (other in traced and other in names and names[other].ppid is None):
             if other not in traced:
                 own[other] = f"{units.ns(oncpu)} on CPU"
             continue
@@ -268,7 +270,10 @@ def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int
             # nice 19, 86).  The session's autogroup nice is what reaches across.
             fix.append(f"for p in {pids}; do echo 19 > /proc/$p/autogroup; done   "
                        "(autogroups are on: renice alone does not reach across sessions)")
-    if own_n:
+    if own_n and kind.of(ctx, me.pid).kind == kind.SERVER:
+        fix.append(f"the server's own processes take the loop's CPU: size its worker pool to the {ctx.ncpu} cores "
+                   "less the GPU loop's, and pin the loop (taskset) apart from them")
+    elif own_n:
         workers = max(1, ctx.ncpu - 1)
         fix.append(
             f"DataLoader(num_workers={workers}, persistent_workers=True)   "

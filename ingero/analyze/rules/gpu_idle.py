@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
+from ingero.analyze.rules import sizing
 
 ID = "gpu-idle"
 # Its effect is measured (NVML utilisation), not inferred: a busy point inferred from the
@@ -41,6 +42,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         return []
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
+        k = ctx.derived.kinds.get(pid)
+        if k is not None and k.wait_share >= sizing.T.min_request_wait_share:
+            continue  # a server waiting for its requests: the sizing verdict says it
         seen = [r for r in rows if int(r["w"]) in util]
         idle = [r for r in seen if util[int(r["w"])] < T.idle_util_pct]
         if not seen or len(idle) < T.min_window_share * len(seen):

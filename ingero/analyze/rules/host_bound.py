@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingero.analyze import activity, baseline, procs, samples, steps, timeline, units
+from ingero.analyze import activity, baseline, kind, procs, samples, steps, timeline, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Window
 from ingero.analyze.rules import sync_heavy
@@ -222,7 +222,12 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
         if host_share - impact >= 0.005:
             parts.append(f"{units.ns(step_ms * (host_share - impact) * 1e6)} more while work was queued")
         root.append(f"per step ({units.ns(found.median_ms * 1e6)} p50): {', '.join(parts)}")
-    if inline and by_samples and sampled.loader_share >= T.loader_sample_share:
+    served = kind.of(ctx, pid)
+    if served.kind == kind.SERVER:
+        inline = False  # a server builds no batches: its host work is the request path
+        root.append(f"an {served.kind}: {served.evidence}; the host work is its request path "
+                    "(preprocessing, formatting, Python)")
+    elif inline and by_samples and sampled.loader_share >= T.loader_sample_share:
         root.append(f"the DataLoader runs on the loop thread: {units.pct(sampled.loader_share)} of the CPU samples "
                     f"outside CUDA calls are in torch.utils.data (num_workers=0)")
     elif inline:
@@ -258,7 +263,10 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     elif sampled is None:
         contributing.append("trace with --stack to name the Python lines (a ~99 Hz CPU sample of the loop thread)")
 
-    fix = _fixes(ctx, me, inline, step_ms, impact, len(workers))
+    if served.kind == kind.SERVER:
+        fix = _server_fixes(me, served, impact)
+    else:
+        fix = _fixes(ctx, me, inline, step_ms, impact, len(workers))
     if tail >= 0.5 * host_idle:
         fix.insert(0, "the work between the step's last launch and its sync runs with the GPU done: launch the "
                       "next step's work before it, or read the results a step later (non_blocking copies) and "
@@ -298,6 +306,19 @@ def workers_needed(load_ms: float, step_ms: float, t: Thresholds = T) -> tuple[i
     rest_ms = max(step_ms - load_ms, 0.1)
     needed = math.ceil(load_ms / rest_ms) + 1
     return min(max(2, needed), t.max_suggested_workers), needed
+
+
+def _server_fixes(me: procs.Proc, served: kind.Kind, impact: float) -> list[str]:
+    """A server's host work per request is its request path: preprocessing, formatting, Python."""
+    per = (f", {impact * 1e3 / served.requests_per_s:.2f} ms of CPU per request at "
+           f"{served.requests_per_s:,.1f} requests/s" if served.requests_per_s else "")
+    return [
+        f"take preprocessing off the request path{per}: a compiled tokenizer (the tokenizers library's "
+        "encode_batch), or a tokenizer thread or process pool handing ready tensors to the GPU loop",
+        "batch requests: run one forward per batch of waiting requests (dynamic batching), so each host "
+        "step feeds the GPU more work",
+        f"py-spy top --pid {me.pid}   (see which Python lines of the request path take the CPU)",
+    ]
 
 
 def _fixes(ctx: Context, me: procs.Proc, inline: bool, step_ms: float | None, impact: float,
