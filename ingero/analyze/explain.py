@@ -27,18 +27,19 @@ SELECT (SELECT coalesce(sum(n), 0) FROM ing_cuda)
        (SELECT coalesce(sum(n), 0) FROM ing_cuda) AS cuda_events
 """
 
-# Traced processes are those that made CUDA calls; the others the tracer
-# followed (a launcher's helpers, DataLoader workers) are only counted.
-TRACED_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC, pid"
+# Traced processes are those that made CUDA calls (failed ones too: a process whose every
+# call failed has no loop thread, yet it is the one traced); the others the tracer followed
+# (a launcher's helpers, DataLoader workers) are only counted.
+TRACED_SQL = "SELECT pid FROM ing_cuda GROUP BY pid ORDER BY sum(n) DESC, pid"
 FOLLOWED_SQL = """
 SELECT count(DISTINCT pid) FROM (SELECT pid FROM ing_sched UNION ALL SELECT pid FROM ing_faults)
-WHERE pid NOT IN (SELECT pid FROM ing_loop)
+WHERE pid NOT IN (SELECT pid FROM ing_cuda)
 """
 
 # The processes of the window tables: the rules name them (the loop, the threads that took its
 # CPU, block-I/O issuers, fault-heavy processes, helpers).
 NAMED_PIDS_SQL = """
-SELECT pid FROM (SELECT pid FROM ing_loop UNION SELECT other_pid FROM ing_preempt UNION SELECT pid FROM ing_pcpu
+SELECT pid FROM (SELECT pid FROM ing_loop UNION SELECT pid FROM ing_failed UNION SELECT other_pid FROM ing_preempt UNION SELECT pid FROM ing_pcpu
                  UNION SELECT pid FROM ing_bio UNION SELECT pid FROM ing_faults UNION SELECT pid FROM ing_sched)
 WHERE pid IS NOT NULL
 """
@@ -128,9 +129,12 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
     if steps is not None and steps.pid in ctx.derived.kinds:  # a server's steps are its requests
         steps = dataclasses.replace(steps, unit="request")
     chains: list[Chain] = []
+    notices: list[Chain] = []
     rules = registry()
     for rule in rules:
-        chains.extend(rule.evaluate(con, ctx))
+        # a notice (failed calls) is about the calls themselves, not the loop's time: never
+        # ranked by a share of wall clock, listed before every timing chain
+        (notices if getattr(rule, "NOTICE", False) else chains).extend(rule.evaluate(con, ctx))
     device_side = {rule.ID for rule in rules if getattr(rule, "DEVICE_SIDE", False)}
     active_wall = {int(p): float(w) for p, w in con.execute(ACTIVE_WALL_SQL).fetchall()}
     for chain in chains:
@@ -138,6 +142,7 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
         _hold_to_the_device(chain, ctx, device_side)
     chains.sort(key=Chain.sort_key)
     _explainers_first(chains, ctx.derived.explains)
+    chains[:0] = notices
     report = Report(analysed=_analysed(ctx), system=_system(ctx), chains=chains, device=device, steps=steps,
                     workloads=_workloads(ctx))
     disagree = activity.nvml_disagreement(ctx, device) if device is not None else None

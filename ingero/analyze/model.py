@@ -62,6 +62,9 @@ class Chain:
     # as "explains N% of wall clock".  Set by explain from impact.
     share: float = 0.0
     numbers: dict[str, float] = field(default_factory=dict)  # key numbers, machine readable
+    # What the chain measures when it is no share of wall clock (a notice: "306,000 of 306,000
+    # CUDA calls failed"), printed instead of "explains N% of wall clock"; "" for timing chains.
+    headline: str = ""
 
     def sort_key(self) -> tuple[float, int]:
         return (-self.share, SEVERITY_RANK.get(self.severity, 9))

@@ -519,7 +519,7 @@ def _drains(ctx: Context, pid: int) -> int:
     """Every drain of ``pid`` in the range, sampled or not: the window tables count them all."""
     # device syncs and synchronous copies always drain; stream syncs when the slices saw them drain
     row = ctx.con.execute(
-        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND (list_contains($always, op) "
+        "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND cat <> 'failed' AND (list_contains($always, op) "
         "OR op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1))",
         {"pid": pid, "always": DEVICE_SYNC_OPS + SYNC_COPY_OPS}).fetchone()
     return int(row[0])

@@ -4,7 +4,9 @@
 that every rule reads; the events table itself is scanned only here, so
 explain stays linear in the number of events.
 
-  ing_cuda     pid, tid, w, op, cat, kind: count, host time, p99, bytes
+  ing_cuda     pid, tid, w, op, cat, kind: count, host time, p99, bytes (calls that returned an
+               error: rows of category 'failed' of their own, out of every other category)
+  ing_failed   pid, tid, w, op, kind, ret: the calls that returned an error
   ing_sched    pid, tid, w, kind, inside (category of events.in_call, the CUDA call the
                thread was in when switched out; 'none' outside any call), queued (events.queued),
                other_pid (who preempted, 0 for sleeps): count, off-CPU ns, runq ns
@@ -30,7 +32,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ingero import ops
-from ingero.analyze import sampling, summaries
+from ingero.analyze import return_codes, sampling, summaries
 from ingero.analyze.context import NS as NS_PER_S
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
@@ -249,10 +251,11 @@ WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 + $wns
 GROUP BY ALL
 """
 
+# (calls that failed do no GPU work: a process whose every call failed has no loop thread)
 LOOP_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_loop AS
 SELECT pid, arg_max(tid, n) AS tid, sum(n) AS cuda_n
-FROM (SELECT pid, tid, sum(n) AS n FROM ing_cuda GROUP BY ALL)
+FROM (SELECT pid, tid, sum(n) AS n FROM ing_cuda WHERE cat <> 'failed' GROUP BY ALL)
 GROUP BY pid
 """
 
@@ -292,6 +295,7 @@ WITH c AS (
         sum(bytes) FILTER (list_contains($sync_copy_ops, op)) AS sync_copy_bytes,
         sum(small_n) FILTER (cat = 'copy' AND kind = 'D2H') AS small_d2h_n
     FROM ing_cuda c JOIN ing_loop l ON c.pid = l.pid AND c.tid = l.tid
+    WHERE c.cat <> 'failed'
     GROUP BY ALL
 ), s AS (
     SELECT s.pid, s.w,
@@ -355,13 +359,56 @@ FROM c LEFT JOIN s USING (pid, w)
 WHERE c.w >= 0 AND c.w < $nw
 """.replace("{device_wait_ns}", DEVICE_WAIT_NS_SQL).replace("{copy_ns}", COPY_NS_SQL)
 
+# A CUDA call that returned an error (events.ret: cudaError_t, CUresult, ncclResult_t;
+# analyze/return_codes.py) did no GPU work: no kernel ran, nothing was copied or waited for
+# (NVIDIA's runtime without a driver fails every call in ~1 µs; a loop of them read as
+# "[HIGH] launch-bound").  ncclInProgress (a non-blocking communicator's call still running)
+# is no failure.  The failed calls of the range, per thread, window, op, kind and code, from
+# the raw rows (the per-second summaries hold no return codes; `ret <> 0` skips the row
+# groups whose zone maps say every call succeeded, so a run without failures pays ~nothing).
+FAILED_CALL_SQL = f"ret <> 0 AND NOT (ret = {return_codes.NCCL_IN_PROGRESS} AND op::VARCHAR LIKE 'nccl%')"
+FAILED_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_failed AS
+SELECT pid, tid, (timestamp - $t0) // $wns AS w, op::VARCHAR AS op, coalesce(kind, '') AS kind, ret,
+       count(*) AS n, sum(duration_ns)::DOUBLE AS dur_ns, coalesce(sum(bytes), 0)::DOUBLE AS bytes,
+       count(*) FILTER (bytes <= $small_copy_bytes) AS small_n, min(timestamp) AS first_ns, max(timestamp) AS last_ns
+FROM events
+WHERE {_FILTER} AND {_PID_FILTER} AND {FAILED_CALL_SQL} AND NOT list_contains($host_ops, op)
+GROUP BY ALL
+"""
+
+# ing_cuda without the failed calls: they are taken out of the rows that counted them (the
+# timing rules read launches, syncs and copies that did something) and kept as rows of
+# their own, category 'failed', so every count of calls still holds them.  Launch rows are
+# one per thread and window whatever the entry point (CUDA_SQL): matched by category there.
+SPLIT_FAILED_SQL = f"""
+CREATE OR REPLACE TEMP TABLE ing_cuda AS
+WITH f AS (
+    SELECT tid, w, cat, CASE WHEN cat = 'launch' THEN '' ELSE op END AS op_key,
+           CASE WHEN cat = 'launch' THEN '' ELSE kind END AS kind,
+           sum(n) AS n, sum(dur_ns) AS dur_ns, sum(bytes) AS bytes, sum(small_n) AS small_n
+    FROM (SELECT *, {_CAT} AS cat FROM ing_failed)
+    GROUP BY ALL
+)
+SELECT c.pid, c.tid, c.w, c.op, c.cat, c.kind, (c.n - coalesce(f.n, 0))::BIGINT AS n,
+       c.dur_ns - coalesce(f.dur_ns, 0) AS dur_ns, c.p99_ns, c.bytes - coalesce(f.bytes, 0) AS bytes,
+       (c.small_n - coalesce(f.small_n, 0))::BIGINT AS small_n
+FROM ing_cuda c LEFT JOIN f ON f.tid = c.tid AND f.w = c.w AND f.cat = c.cat AND f.kind = c.kind
+                           AND f.op_key = CASE WHEN c.cat = 'launch' THEN '' ELSE c.op END
+WHERE c.n > coalesce(f.n, 0)
+UNION ALL
+SELECT pid, tid, w, op, 'failed' AS cat, kind, sum(n)::BIGINT, sum(dur_ns), NULL::DOUBLE, sum(bytes),
+       sum(small_n)::BIGINT
+FROM ing_failed GROUP BY pid, tid, w, op, kind
+"""
+
 HELPER_SQL = """
 CREATE OR REPLACE TEMP TABLE ing_helper AS
 WITH traced AS (
     SELECT DISTINCT pid FROM ing_sched
     UNION SELECT DISTINCT pid FROM ing_faults
 ), helpers AS (
-    SELECT pid FROM traced WHERE pid NOT IN (SELECT pid FROM ing_loop)
+    SELECT pid FROM traced WHERE pid NOT IN (SELECT pid FROM ing_cuda)  -- (failed calls are CUDA calls)
 ), s AS (
     SELECT pid, w, sum(off_ns) FILTER (kind = 'preempted') AS preempt_ns,
            sum(runq_ns) FILTER (kind <> 'preempted') AS wake_runq_ns,
@@ -580,6 +627,9 @@ def build(ctx: Context, source: str = "summaries") -> None:
         run(S_LATE_SQL.format(w=w, l=late), *base, "sync_ops")
         run(S_FAULTS_SQL.format(w=w), *base, *cats)
         run(S_BIO_SQL.format(w=w), "sid", "t0", "t1", "wns")
+    run(FAILED_SQL, *base, "host_ops", "small_copy_bytes")
+    if con.execute("SELECT count(*) FROM ing_failed").fetchone()[0]:
+        run(SPLIT_FAILED_SQL, *cats)
     sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

@@ -28,7 +28,8 @@ def command() -> None:
 @command.command("explain")
 @click.argument("root")
 @click.option("--job", default=None, help="The job to explain (default: the one with the newest segment).")
-@click.option("--since", type=DURATION, default=None, help="The last DURATION before the job's newest segment (default 1h).")
+@click.option("--since", type=DURATION, default=None,
+              help="The last DURATION before the end of the job's newest data (default 1h).")
 @json_option
 def explain_cmd(root: str, job: str | None, since: float | None, as_json: bool) -> None:
     """Cross-node causal chains: the straggler node and its own cause, causes shared by several
@@ -54,7 +55,7 @@ def status_cmd(root: str, job: str | None, as_json: bool) -> None:
     from ingero.fleet.status import status
     from ingero.render import table
 
-    result, notes = status(root, job)
+    result, notes = status(root, job, times="ns" if as_json else "utc")
     (table.write_json if as_json else table.write_text)(result, sys.stdout)
     for note in notes:
         click.echo(f"note: {note}", err=True)

@@ -143,6 +143,33 @@ def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams
     finally:
         for hook in opts.hooks:
             hook.close()
+    failed = _failed_calls_line(summary)
+    if failed:
+        summary.notes.append(failed)
     view.finish(summary)
     if publisher is not None:
         click.echo(f"ingero: {publisher.summary()}", err=True)
+
+
+def _failed_calls_line(summary) -> str | None:
+    """One line when CUDA calls of the session returned an error (read back from the store)."""
+    import duckdb
+
+    from ingero import ops
+    from ingero.analyze.return_codes import session_failures
+    from ingero.errors import IngeroError
+    from ingero.render.counts import failed_calls_sentence
+    from ingero.store.db import Store
+
+    try:
+        store = Store.open(summary.db_path, read_only=True)
+    except IngeroError:
+        return None  # (the trace's own lines say what happened to the store)
+    try:
+        failures = session_failures(store.con, summary.session_id)
+    except duckdb.Error:
+        return None
+    finally:
+        store.close()
+    calls = sum(st.count for name, st in summary.ops.items() if name not in ops.HOST_OPS)
+    return failed_calls_sentence(failures, calls) if failures else None

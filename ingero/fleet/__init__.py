@@ -6,7 +6,7 @@
   segment.py    one segment's tables, read from the local store (explain over its span)
   publish.py    the TraceHook: closes segments as the trace runs, catches up from the store
   dataset.py    the reader: partition and time pruning, version checks, a DuckDB over it
-  findings.py   fleet explain: straggler (MAD), shared causes, busy hosts -> Chain objects
+  findings.py   fleet explain: straggler (MAD; two nodes directly), shared causes, busy hosts -> Chain objects
   status.py     nodes, last segment, drops, clock skew
 
 docs/fleet.md documents the dataset.

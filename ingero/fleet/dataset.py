@@ -134,7 +134,7 @@ def _hour_start(date: str | None, hour: str | None) -> int:
 def catalog(url: str, *, tables: Iterable[str] = schema.TABLES, job: str | None = None,
             since_s: float | None = None, whole: bool = False) -> Catalog:
     """The files a question reads.  ``whole``: every file of the job(s) (fleet query, status);
-    otherwise the last ``since_s`` (default 1 h) before the job's newest segment."""
+    otherwise the last ``since_s`` (default 1 h) before the end of the job's newest data."""
     root = layout.open_root(url)
     check_root(root)
     notes: list[str] = []
@@ -151,10 +151,9 @@ def catalog(url: str, *, tables: Iterable[str] = schema.TABLES, job: str | None 
             notes.append(f"job {job}: the newest of {len(all_jobs)} jobs in the dataset (pass --job for another)")
     start = end = None
     if not whole:
-        end = all_jobs[layout.safe(job)] + HOUR_NS
+        end = _newest_data_end(root, layout.safe(job), all_jobs[layout.safe(job)] + HOUR_NS)
         span = since_s if since_s is not None else DEFAULT_SINCE_S
-        start = max(0, _newest_segment_end(root, layout.safe(job), end) - int(span * NS))
-        end = _newest_segment_end(root, layout.safe(job), end)
+        start = max(0, end - int(span * NS))
     cat = Catalog(root, {}, job, start, end, notes)
     for table in tables:
         cat.files[table] = _walk(cat, table, None if job is None else layout.safe(job))
@@ -162,19 +161,43 @@ def catalog(url: str, *, tables: Iterable[str] = schema.TABLES, job: str | None 
     return cat
 
 
-def _newest_segment_end(root: layout.Root, job: str, hour_end: int) -> int:
-    """The end of the job's newest segment, from the names in its newest hour partitions."""
-    newest = 0
+# What a nodes row says of where its data ends: the segment's end, or the end of its loop's
+# last active window when the loop stopped before it (a trace that ended mid-segment).
+_END_COLUMNS = pa.schema([("segment_end_ns", pa.int64()), ("loop_last_ns", pa.int64()), ("segment_ns", pa.int64())])
+LOOP_WINDOW_NS = NS  # a segment's windows are one second (segment.py)
+
+
+def _newest_data_end(root: layout.Root, job: str, hour_end: int) -> int:
+    """The end of the job's newest data: over each node's newest segment in the newest hour
+    partition, its nodes row's end (the segment's end, or the loop's last window's when the loop
+    stopped before it).  ``--since`` counts back from here.  A file that cannot be read counts
+    to its segment's start plus the longest segment (what its name alone allows)."""
+    newest: dict[str, list[tuple[int, str]]] = {}  # node -> [(first_ts, path)] of its newest segment
     start = hour_end - HOUR_NS
+    t = datetime.fromtimestamp(start / NS, tz=timezone.utc)
     for n in _ls(root, root.join("table=nodes", f"job={job}")):
         if _value(n, "node") is None:
             continue
-        t = datetime.fromtimestamp(start / NS, tz=timezone.utc)
-        for f in _ls(root, f"{n.path}/date={t:%Y-%m-%d}/hour={t:%H}"):
-            m = layout.NAME_RE.match(f.base_name)
-            if m:
-                newest = max(newest, int(m["first_ts"]))
-    return newest + MAX_SEGMENT_NS if newest else hour_end
+        files = [(int(m["first_ts"]), f.path) for f in _ls(root, f"{n.path}/date={t:%Y-%m-%d}/hour={t:%H}")
+                 if f.type == pafs.FileType.File and (m := layout.NAME_RE.match(f.base_name))]
+        if files:
+            top = max(ts for ts, _ in files)
+            newest[n.path] = [x for x in files if x[0] == top]
+    if not newest:
+        return hour_end
+    ends = []
+    for files in newest.values():
+        try:
+            tab = ds.dataset([p for _, p in files], schema=_END_COLUMNS, filesystem=root.fs,
+                             format="parquet").to_table()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError):
+            ends.append(files[0][0] + MAX_SEGMENT_NS)
+            continue
+        for seg_end, loop_last, seg_ns in zip(*(tab.column(c).to_pylist() for c in _END_COLUMNS.names)):
+            if seg_end is None:
+                seg_end = files[0][0] + (seg_ns or MAX_SEGMENT_NS)
+            ends.append(min(seg_end, loop_last + LOOP_WINDOW_NS) if loop_last is not None else seg_end)
+    return max(ends) if ends else hour_end
 
 
 def _walk(cat: Catalog, table: str, job: str | None) -> list[FileRef]:

@@ -5,7 +5,9 @@ Three findings, each from the run itself (no fixed step time, no peer list):
 fleet-straggler   the slowest node, when its step time lies more than z_min
                   robust deviations above its peers' median (modified
                   z-score on the median absolute deviation of the other
-                  nodes; Iglewicz & Hoaglin's 3.5), with
+                  nodes; Iglewicz & Hoaglin's 3.5); of two nodes, the slower
+                  when min_slowdown slower than the other (compared
+                  directly: one peer has no spread); with
                   its own local cause (its segments' strongest chain) and what
                   a synchronous collective per step costs the others: each
                   waits (straggler step - own step) per step.
@@ -15,6 +17,9 @@ fleet-shared      one local cause (rule) on at least half of the nodes (two or
 fleet-busy-host   processes outside the traced job using at least half a
                   core on average on a node; MEDIUM when that node's loop also
                   waited for a CPU at least 25% of its wall clock.
+
+Every node's own top chain is listed beside the findings (``top_chain``); a fix names the PIDs of
+the node it is for, and a finding's evidence windows are those of the node(s) it is about.
 
 Clocks: every node's facts carry its time-sync state and the kernel's error
 bound.  A finding compares per-node durations (each node's own clock) and
@@ -51,7 +56,9 @@ class Thresholds:
     # ... and the straggler must be at least this much slower than the median to matter.
     min_slowdown: float = 1.15
     high_slowdown: float = 1.5
-    min_nodes: int = 3  # a MAD of two values is half their difference: no outlier can stand out
+    # Nodes needed to judge a straggler: with two, one is compared with the other directly (the
+    # slowdown floors only); from three on, by the peers' MAD as well.
+    min_nodes: int = 2
     # A local chain counts for a node when its mean share over the node's segments reaches this.
     min_local_share: float = 0.10
     # Processes outside the job using this many cores on average make a busy host ...
@@ -127,7 +134,7 @@ class Node:
                 "others_cores": round(self.others_cpu_s / max(1e-9, (self.end_ns - self.start_ns) / NS), 3),
                 "drops_kernel": self.drops_kernel, "drops_user": self.drops_user, "gpus": self.gpus,
                 "clock_synced": self.synced, "clock_max_error_us": self.max_error_us,
-                "first_ns": self.start_ns, "last_ns": self.end_ns}
+                "first_ns": self.start_ns, "last_ns": self.end_ns, "windows": self.windows}
 
 
 @dataclass
@@ -243,37 +250,72 @@ def clock_line(nodes: dict[str, Node], need_ns: int) -> str | None:
     return None
 
 
-def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresholds = T) -> tuple[Chain | None, str | None]:
-    """The straggler chain (or None) and what the judgement rested on."""
-    timed = {n: x.step_ms for n, x in nodes.items() if x.step_ms is not None and x.steps > 0}
-    if len(timed) >= t.min_nodes:
-        metric, vals, worse, unit = "step time", timed, 1, "ms"
-    else:
-        rates = {n: x.launches / (x.wall_ns / NS) for n, x in nodes.items() if x.wall_ns > 0 and x.launches > 0}
-        if len(rates) < t.min_nodes:
-            return None, f"straggler: needs {t.min_nodes} nodes with steps or kernel launches, found {max(len(timed), len(rates))}"
-        metric, vals, worse, unit = "kernel launches/s", rates, -1, "/s"
-    # the candidate is the worst node; it is judged against its peers' median and MAD (leave one
-    # out: with a handful of nodes the outlier would otherwise widen the very spread it is judged by)
+@dataclass(frozen=True)
+class Judged:
+    """Which node is slowest by ``metric`` and how far from its peers (straggler's judgement)."""
+
+    metric: str
+    unit: str
+    worse: int  # +1: a larger value is slower (step time), -1: a smaller one (launches/s)
+    vals: dict[str, float]
+    slow: str
+    med: float  # the peers' median (with two nodes: the other node's value)
+    ratio: float  # how many times slower than ``med``
+    mad: float | None  # None: two nodes, compared directly
+    z: float | None
+    basis: str
+    outlier: bool
+
+
+def judge(vals: dict[str, float], metric: str, unit: str, worse: int, t: Thresholds = T) -> Judged:
+    """The slowest node against its peers: with three or more, by the modified z-score of the
+    peers' MAD (leave one out: with a handful of nodes the outlier would otherwise widen the very
+    spread it is judged by) and the slowdown floor; with two, directly by the slowdown floor (a
+    MAD of one peer is zero: no spread to stand out of, but one node set the pace of both)."""
     slow = max(vals, key=lambda n: (worse * vals[n], n))
     peers = [v for n, v in vals.items() if n != slow]
     med = median(peers)
+    ratio = (vals[slow] / med if med else float("inf")) if worse > 0 else (med / vals[slow] if vals[slow] else float("inf"))
+    if len(vals) == 2:
+        fast = next(n for n in vals if n != slow)
+        basis = (f"straggler judged by {metric} across 2 nodes: {slow} against {fast} directly, "
+                 f"{vals[slow]:.2f} vs {med:.2f} {unit} ({ratio:.2f}x; threshold {t.min_slowdown}x)")
+        return Judged(metric, unit, worse, vals, slow, med, ratio, None, None, basis, ratio >= t.min_slowdown)
     mad = median([abs(v - med) for v in peers])
     scale = max(t.mad_scale * mad, t.rel_floor * med)
-    z = {n: worse * (v - med) / scale for n, v in vals.items()}
-    ratio = (vals[slow] / med) if worse > 0 else (med / vals[slow] if vals[slow] else float("inf"))
+    z = worse * (vals[slow] - med) / scale
     basis = (f"straggler judged by {metric} across {len(vals)} nodes: {slow} against its peers' median {med:.2f} {unit}, MAD {mad:.2f} {unit}, "
              f"threshold {t.z_min} robust deviations (scale {scale:.2f} {unit}) and {t.min_slowdown}x")
-    if z[slow] <= t.z_min or ratio < t.min_slowdown:
+    return Judged(metric, unit, worse, vals, slow, med, ratio, mad, z, basis, z > t.z_min and ratio >= t.min_slowdown)
+
+
+def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresholds = T) -> tuple[Chain | None, str | None]:
+    """The straggler chain (or None) and what the judgement rested on."""
+    timed = {n: x.step_ms for n, x in nodes.items() if x.step_ms is not None and x.steps > 0}
+    rates = {n: x.launches / (x.wall_ns / NS) for n, x in nodes.items() if x.wall_ns > 0 and x.launches > 0}
+    if len(timed) >= t.min_nodes and len(timed) >= len(rates):  # steps, unless launches cover more nodes
+        j = judge(timed, "step time", "ms", 1, t)  # type: ignore[arg-type]
+    else:
+        if len(rates) < t.min_nodes:
+            return None, f"straggler: needs {t.min_nodes} nodes with steps or kernel launches, found {max(len(timed), len(rates))}"
+        j = judge(rates, "kernel launches/s", "/s", -1, t)
+    metric, vals, unit, slow, med, ratio = j.metric, j.vals, j.unit, j.slow, j.med, j.ratio
+    basis = j.basis
+    if not j.outlier:
         return None, basis
     me = nodes[slow]
     others = {n: x for n, x in nodes.items() if n != slow}
-    root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} median of its {len(peers)} peers "
-            f"({ratio:.2f}x slower, {z[slow]:.1f} robust deviations above; MAD {mad:.2f} {unit})"]
+    if j.mad is None:
+        fast = next(n for n in vals if n != slow)
+        root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} on {fast}, the other node "
+                f"({ratio:.2f}x slower)"]
+    else:
+        root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} median of its {len(vals) - 1} peers "
+                f"({ratio:.2f}x slower, {j.z:.1f} robust deviations above; MAD {j.mad:.2f} {unit})"]
     fix: list[str] = []
     culprits: list[Culprit] = []
     windows: list[Window] = []
-    own = [c for c in local.get(slow, []) if c.severity in ("HIGH", "MEDIUM") and c.share >= t.min_local_share]
+    own = [c for c in local.get(slow, []) if _counts(c, t)]
     own = own or local.get(slow, [])
     if own:
         c = own[0]
@@ -297,11 +339,12 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
             per.append((n, wait_ms, x.steps, lost, lost / (x.wall_ns / NS) if x.wall_ns else None))
         if per:
             mean_wait = sum(p[1] for p in per) / len(per)
-            effect.append(f"each of the other {len(per)} nodes waits for it at every collective (synchronous data "
+            who = "the other node waits" if len(per) == 1 else f"each of the other {len(per)} nodes waits"
+            effect.append(f"{who} for it at every collective (synchronous data "
                           f"parallel: one all-reduce per step): {mean_wait:.2f} ms per step on average, "
                           f"{lost_total:.1f} s in all over the range")
             for n, wait_ms, steps, lost, share in per[:8]:
-                tail = f" (+{share:.0%} on its own {x.wall_ns / NS:.0f} s)" if share is not None else ""
+                tail = f" (+{share:.0%} on its own {others[n].wall_ns / NS:.0f} s)" if share is not None else ""
                 effect.append(f"  {n}: {wait_ms:.2f} ms x {steps:,} steps = {lost:.1f} s{tail}")
             if len(per) > 8:
                 effect.append(f"  … and {len(per) - 8} more nodes")
@@ -328,11 +371,11 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
     impact = 1 - 1 / ratio if ratio > 0 else 0.0
     chain = Chain(rule_id="fleet-straggler", severity="HIGH" if ratio >= t.high_slowdown else "MEDIUM",
                   title=f"Straggler node: {slow} sets the job's pace", root=root, effect=effect, fix=fix,
-                  contributing=contributing, culprits=culprits, evidence_windows=windows[:200],
+                  contributing=contributing, culprits=culprits, evidence_windows=windows,
                   windows_total=me.windows or len(windows), impact=round(impact, 4), share=round(impact, 4),
-                  numbers={"value": round(vals[slow], 4), "median": round(med, 4), "mad": round(mad, 4),
-                           "z": round(z[slow], 2), "ratio": round(ratio, 4), "others_lost_s": round(lost_total, 3),
-                           "nodes": len(vals)})
+                  numbers={"value": round(vals[slow], 4), "median": round(med, 4),
+                           **({} if j.mad is None else {"mad": round(j.mad, 4), "z": round(j.z or 0.0, 2)}),
+                           "ratio": round(ratio, 4), "others_lost_s": round(lost_total, 3), "nodes": len(vals)})
     chain.numbers["node"] = slow  # type: ignore[assignment]
     return chain, basis
 
@@ -348,14 +391,42 @@ SHARED_HINTS = {
     "launch-bound": "every node issues many tiny kernels: the model code (fuse kernels, CUDA graphs)",
     "sync-heavy": "every node syncs every step: the training code (.item() per step)",
     "gpu-idle": "every node's device idles: the input pipeline or the host code they share",
+    "failed-calls": "every node's CUDA calls fail: what they share (the image's CUDA runtime, the driver, the "
+                    "job's code) is the cause, not one host",
 }
+# A notice (failed calls) is counted in calls, not a share of wall clock: it is shared whatever its share.
+NOTICES = frozenset({"failed-calls"})
+# Nodes whose own fix lines a fleet chain lists (each with its own PIDs); the rest are counted.
+MAX_NODE_FIXES = 8
+
+
+def _counts(c: LocalChain, t: Thresholds) -> bool:
+    """A node's local chain that counts as its cause (HIGH/MEDIUM, and min_local_share of its wall
+    clock unless a notice)."""
+    return c.severity in ("HIGH", "MEDIUM") and (c.share >= t.min_local_share or c.rule_id in NOTICES)
+
+
+def node_fixes(hits: list[tuple[str, LocalChain]], per_node: int = 2) -> list[str]:
+    """The nodes' own fix lines: a line every node has word for word once ("on every node: …"),
+    the others per node, each with that node's PIDs (a fix names the PIDs of its own node only)."""
+    lines = {node: c.fix[:per_node] for node, c in hits}
+    common = [x for x in next(iter(lines.values()), []) if all(x in v for v in lines.values())] if len(lines) > 1 else []
+    out = [f"on every node: {x}" for x in common]
+    nodes = sorted(lines)
+    for node in nodes[:MAX_NODE_FIXES]:
+        out.extend(f"on {node}: {x}" for x in lines[node] if x not in common)
+    rest = [n for n in nodes[MAX_NODE_FIXES:] if any(x not in common for x in lines[n])]
+    if rest:
+        out.append(f"on the {len(rest)} other nodes ({', '.join(rest[:5])}{' …' if len(rest) > 5 else ''}): "
+                   "their own lines, with their PIDs: `ingero explain` on each")
+    return out
 
 
 def shared(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresholds = T) -> list[Chain]:
     rules: dict[str, list[tuple[str, LocalChain]]] = {}
     for node, chains in local.items():
         for c in chains:
-            if c.severity in ("HIGH", "MEDIUM") and c.share >= t.min_local_share:
+            if _counts(c, t):
                 rules.setdefault(c.rule_id, []).append((node, c))
     out = []
     n = len(nodes)
@@ -372,12 +443,14 @@ def shared(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresh
         clock = clock_line({k: nodes[k] for k in names if k in nodes}, 1 * NS)
         if clock:
             contributing.append(clock)
-        fix = [hint] + [f"on every node: {line}" for line in hits[0][1].fix[:2]]
+        fix = [hint] + node_fixes(sorted(hits))
+        # the evidence: each node's own windows of the cause, out of those nodes' windows
+        windows = sorted((w for _, c in hits for w in c.windows), key=lambda w: (w.start_ns, w.end_ns))
         out.append(Chain(rule_id="fleet-shared", severity="HIGH" if len(hits) == n else "MEDIUM",
                          title=f"Shared cause: {rule} on {len(hits)} of {n} nodes", root=root,
                          effect=[f"the job as a whole is {rule}: fixing one node would not help"], fix=fix,
                          contributing=contributing, impact=round(mean_share, 4), share=round(mean_share, 4),
-                         windows_total=sum(nodes[k].windows for k in names if k in nodes),
+                         evidence_windows=windows, windows_total=sum(nodes[k].windows for k in names if k in nodes),
                          numbers={"nodes": len(hits), "of": n, "mean_share": round(mean_share, 4)}))
     return out
 
@@ -391,7 +464,21 @@ def _top_names(tops: list[dict]) -> str:
     return ", ".join(f"{k} {v:.1f} CPU-s" for k, v in best) or "unnamed"
 
 
-def busy_hosts(nodes: dict[str, Node], skip: set[str], t: Thresholds = T) -> list[Chain]:
+def _renice(tops: list[dict]) -> str:
+    """renice of the busiest processes outside the job, by their PIDs on their own node."""
+    by: dict[int, str] = {}
+    for x in sorted(tops, key=lambda x: -float(x.get("cpu_s") or 0)):
+        try:
+            by.setdefault(int(x["pid"]), str(x.get("name")))
+        except (KeyError, TypeError, ValueError):
+            continue
+    pids = list(by)[:3]
+    return f"renice -n 19 -p {' '.join(map(str, pids))}   ({', '.join(by[p] for p in pids)})" if pids else ""
+
+
+def busy_hosts(nodes: dict[str, Node], skip: set[str], local: dict[str, list[LocalChain]] | None = None,
+               t: Thresholds = T) -> list[Chain]:
+    """``local``: the nodes' own chains; a node's cpu-contention windows are the busy host's evidence."""
     out = []
     for name, x in sorted(nodes.items()):
         span_s = (x.end_ns - x.start_ns) / NS
@@ -402,12 +489,15 @@ def busy_hosts(nodes: dict[str, Node], skip: set[str], t: Thresholds = T) -> lis
             continue
         wait = x.cpu_wait_ns / x.wall_ns if x.wall_ns else 0.0
         sev = "MEDIUM" if wait >= t.busy_cpu_wait_share else "LOW"
+        renice = _renice(x.others_top)
+        waits = [w for c in (local or {}).get(name, []) if c.rule_id == "cpu-contention" for w in c.windows]
         out.append(Chain(rule_id="fleet-busy-host", severity=sev, title=f"Busy host: {name} runs work outside the job",
                          root=[f"{name}: processes outside the traced job used {cores:.2f} of {x.ncpu} cores on average: "
                                f"{_top_names(x.others_top)}"],
                          effect=[f"its loop waited for a CPU {wait:.0%} of its wall clock"],
-                         fix=[f"on {name}: move or renice what is not the job (see `ingero explain` there)"],
-                         impact=round(wait, 4), share=round(wait, 4), windows_total=x.windows,
+                         fix=[*([f"on {name}: {renice}"] if renice else []),
+                              f"on {name}: move what is not the job off its cores (see `ingero explain` there)"],
+                         evidence_windows=waits, impact=round(wait, 4), share=round(wait, 4), windows_total=x.windows,
                          numbers={"others_cores": round(cores, 3), "cpu_wait_share": round(wait, 4)}))
     return out
 
@@ -422,7 +512,7 @@ def explain(con: duckdb.DuckDBPyConnection, cat: Catalog, t: Thresholds = T) -> 
     if slow is not None:
         chains.append(slow)
     chains.extend(shared(nodes, local, t))
-    chains.extend(busy_hosts(nodes, {slow.numbers["node"]} if slow is not None else set(), t))  # type: ignore[arg-type]
+    chains.extend(busy_hosts(nodes, {slow.numbers["node"]} if slow is not None else set(), local, t))  # type: ignore[arg-type]
     chains.sort(key=Chain.sort_key)
     if basis:
         notes.append(basis)
@@ -443,4 +533,14 @@ def explain(con: duckdb.DuckDBPyConnection, cat: Catalog, t: Thresholds = T) -> 
                         cuda_events=int(sum(x.ops for x in nodes.values())),
                         processes=[f"node {n}" for n in sorted(nodes)], drops_kernel=dk, drops_user=du)
     return Report(analysed=analysed, system=SystemContext(ncpu=None), chains=chains, notes=notes), \
-        [x.to_dict() for x in nodes.values()]
+        [{**x.to_dict(), "top_chain": top_chain(local.get(x.name, []))} for x in nodes.values()]
+
+
+def top_chain(chains: list[LocalChain]) -> dict[str, Any] | None:
+    """A node's own strongest chain over the range (its segments' chains merged, by severity, then
+    share), as each node's row lists it: every node's cause is seen, not only a straggler's."""
+    if not chains:
+        return None
+    c = chains[0]
+    return {"rule_id": c.rule_id, "severity": c.severity, "title": c.title, "share": round(c.share, 4),
+            "root": c.root, "fix": c.fix, "windows": len(c.windows)}

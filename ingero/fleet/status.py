@@ -22,8 +22,23 @@ FROM s GROUP BY ALL ORDER BY job, node
 """
 
 
-def status(url: str, job: str | None = None) -> tuple[QueryResult, list[str]]:
-    """One row per node, and notes (partial answers, the skew between nodes)."""
+# The times of a status row, printed as UTC times for a reader (--json keeps the ns).
+TIME_COLUMNS = ("last_segment_end_ns", "last_written_ns")
+
+
+def readable(result: QueryResult) -> QueryResult:
+    """``result`` with its ns timestamps as UTC times ('2026-11-19 10:00:00 UTC'), named without _ns."""
+    idx = [i for i, c in enumerate(result.columns) if c in TIME_COLUMNS]
+    cols = [c[:-3] if i in idx else c for i, c in enumerate(result.columns)]
+    types = ["VARCHAR" if i in idx else t for i, t in enumerate(result.types)]
+    rows = [tuple(dataset.iso(None if v is None else int(v)) if i in idx else v for i, v in enumerate(r))
+            for r in result.rows]
+    return QueryResult(cols, types, rows, result.truncated)
+
+
+def status(url: str, job: str | None = None, *, times: str = "ns") -> tuple[QueryResult, list[str]]:
+    """One row per node, and notes (partial answers, the skew between nodes).  ``times``: 'ns'
+    (epoch nanoseconds, --json) or 'utc' (readable, the text table)."""
     cat = dataset.catalog(url, tables=("nodes",), job=job, whole=True)
     con = dataset.connect(cat, ("nodes",))
     cur = con.execute(STATUS_SQL)
@@ -41,7 +56,7 @@ def status(url: str, job: str | None = None) -> tuple[QueryResult, list[str]]:
     else:
         notes.append(f"clock skew between nodes: at most {skew_ms:.3f} ms (the two largest adjtimex error bounds)")
     notes.append(f"read {cat.count(('nodes',))} nodes files")
-    return result, notes
+    return (readable(result) if times == "utc" else result), notes
 
 
 def query(url: str, sql: str, max_rows: int) -> tuple[QueryResult, list[str]]:

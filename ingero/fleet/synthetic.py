@@ -32,6 +32,7 @@ class NodeSpec:
     max_error_us: int = 500
     # seconds of the run (from its start) that are the chains' evidence windows; None: all of them
     evidence_s: list[int] | None = None
+    pid: int = 4242  # the training process (each node its own)
 
 
 def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_ns: int = 1_795_000_000 * NS,
@@ -43,7 +44,7 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
     seg_ns = segment_s * NS
     nseg = -(-seconds // segment_s)
     for spec in nodes:
-        pid = 4242
+        pid = spec.pid
         per_seg_events = events_per_node // nseg if events_per_node else 0
         for k in range(nseg):
             t0 = start_ns + k * seg_ns
@@ -67,7 +68,7 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
                 rows.append({"session_id": 1, "segment_start_ns": t0, "segment_end_ns": t0 + seg_ns, "rank": i,
                              "rule_id": c["rule_id"], "severity": c.get("severity", "HIGH"),
                              "title": c.get("title", c["rule_id"]), "share": c.get("share", 0.4),
-                             "impact": c.get("share", 0.4), "correlation": None, "pids": [pid],
+                             "impact": c.get("share", 0.4), "correlation": None, "pids": c.get("pids", [pid]),
                              "culprits": json.dumps(c.get("culprits", [])),
                              "evidence_windows": [{"start_ns": start_ns + x * NS, "end_ns": start_ns + (x + 1) * NS}
                                                   for x in ev],

@@ -29,3 +29,11 @@ def stale_calls_sentence(n: int) -> str:
 def probe_misses_sentence(n: int) -> str:
     return (f"the kernel skipped {_plural(n, 'run')} of ingero's BPF programs (another BPF program "
             "or a bpf() syscall held the CPU); each may have lost a row (sessions.probe_misses)")
+
+
+def failed_calls_sentence(failures: dict[str, int], calls: int) -> str:
+    """The end of a trace: how many CUDA calls returned an error, by error name (most first)."""
+    n = sum(failures.values())
+    names = ", ".join(f"{k} {v:,}" for k, v in list(failures.items())[:3]) + (", …" if len(failures) > 3 else "")
+    return (f"{n:,} of {max(n, calls):,} CUDA calls failed ({names}): `ingero explain` lists them by op "
+            "and times only the calls that succeeded")

@@ -110,7 +110,8 @@ def _block(out: IO[str], label: str, lines: list[str]) -> None:
 
 
 def write_chain(chain: Chain, out: IO[str]) -> None:
-    out.write(f"[{chain.severity}] {chain.title}   (explains {units.pct(chain.share)} of wall clock)\n")
+    measure = chain.headline or f"explains {units.pct(chain.share)} of wall clock"
+    out.write(f"[{chain.severity}] {chain.title}   ({measure})\n")
     _block(out, "Root", chain.root)
     _block(out, "Effect", chain.effect)
     _block(out, "Contributing", chain.contributing)

@@ -4,13 +4,15 @@ Real `ingero trace --cmd` on demos/workloads/train.py (the simulated CUDA runtim
 segments.  One node's loop shares its core with CPU hogs: `fleet explain` must name that node,
 the hog, and what the others lost; a healthy run gives no HIGH or MEDIUM chain (its runs' first
 and last windows are partial, and fleet explain does not judge them).  A publisher killed with
-SIGKILL leaves no visible partial file, and the next one on the same store fills the gap.
+SIGKILL leaves no visible partial file, and the next one on the same store fills the gap.  The
+hog's dataset without one healthy node is two nodes: the slower is compared with the other directly.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +111,26 @@ def test_three_nodes_one_with_a_cpu_hog(tmp_path: Path, simcuda):
     # by step time (" ms x N steps = S s") or, where a node's steps were not found, by launch rate
     assert len(lost) == 2 and all(" s (+" in line for line in lost), chain["effect"]
     assert chain["numbers"]["others_lost_s"] > 0
+    # every node's own top chain is listed: node-b's is the contention
+    tops = {n["node"]: n["top_chain"] for n in out["nodes"]}
+    assert tops["node-b"]["rule_id"] == "cpu-contention", tops
+    # the same dataset without node-c: two nodes, compared directly
+    two = tmp_path / "two"
+    for table in ds.iterdir():
+        for node in ("node-a", "node-b"):
+            src = table / "job=j20" / f"node={node}"
+            if src.exists():  # (a table a node never wrote, e.g. ranks without NCCL)
+                shutil.copytree(src, two / table.name / "job=j20" / f"node={node}")
+    r = fleet("explain", str(two), "--json")
+    assert r.returncode == 0, r.stderr
+    out2 = json.loads(r.stdout)
+    assert {n["node"] for n in out2["nodes"]} == {"node-a", "node-b"}
+    chain2 = out2["chains"][0]
+    assert (chain2["rule_id"], chain2["numbers"]["node"], chain2["numbers"]["nodes"]) == ("fleet-straggler", "node-b", 2)
+    assert chain2["root"][0].endswith("on node-a, the other node (%.2fx slower)" % chain2["numbers"]["ratio"]), chain2["root"]
+    assert chain2["root"][1].startswith("its own cause on node-b: [HIGH] CPU scheduling contention"), chain2["root"]
+    assert chain2["fix"][0].startswith("on node-b: "), chain2["fix"]
+    assert 0 < len(chain2["evidence_windows"]) <= chain2["windows_total"]
 
 
 def test_three_healthy_nodes_give_no_high_or_medium_chain(tmp_path: Path, simcuda):

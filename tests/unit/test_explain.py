@@ -126,6 +126,7 @@ def test_cli_text_and_json(db: Path):
     assert set(chain) == {
         "rule_id", "severity", "title", "root", "effect", "contributing", "fix", "pids", "culprits",
         "evidence_windows", "windows_total", "correlation", "correlation_note", "impact", "share", "numbers",
+        "headline",
     }
     assert chain["rule_id"] == "cpu-contention" and chain["culprits"][0]["pid"] == STRESS
     assert set(chain["evidence_windows"][0]) == {"start_ns", "end_ns"}

@@ -12,6 +12,7 @@ from importlib import import_module
 from types import ModuleType
 
 RULE_MODULES = (
+    "failed_calls",  # a notice, listed first: the calls that did no GPU work
     "cpu_contention",
     "input_bound",
     "lock_contention",
