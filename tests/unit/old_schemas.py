@@ -18,6 +18,7 @@ RANKS_V10 = "-- Which rank of which job each traced process is"
 WINDOWS_V11 = "-- ---- Per-second summaries (schema 11)"
 OP_ENUM_V11 = "CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM ("
 KIND_ENUM_V11 = "CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM ("
+CGROUP_V15 = "-- ---- CPU limits (schema 15)"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -44,6 +45,9 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 15 added cgroup_cpu (appended at the end)
+    assert sql.count(CGROUP_V15) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(CGROUP_V15)].rstrip("\n") + "\n"
     # 14 added sessions.call_cost_ns, 13 sessions.summaries_pending_ns
     sql = _drop_trailing_columns(sql, ("call_cost_ns",), last="summaries_pending_ns BIGINT", table="sessions")
     sql = _drop_trailing_columns(sql, ("summaries_pending_ns",), last="notes VARCHAR", table="sessions")
