@@ -24,8 +24,9 @@ own cgroup is always read, and every ancestor that has a quota.
 
 Counters are kept as read and as their increase since the previous reading
 of the same cgroup (none on its first reading).  A process that left the
-traced set (it exited) gets one more reading of its cgroups, so the last
-partial second of its throttling is stored too.
+traced set, or left a cgroup (moved, or exiting: the kernel moves an exiting
+task to the root cgroup), gets one more reading of the cgroups it left, so the
+last partial second of its throttling there is stored too.
 """
 
 from __future__ import annotations
@@ -250,18 +251,21 @@ class CgroupSampler:
 
     def sample(self, pids) -> list[dict]:
         now = time.time_ns()
-        current: dict[int, list[Level]] = {}
+        fresh: dict[int, list[Level]] = {}
         for pid in sorted(pids):
             levels = levels_of(pid, self.hier, self.proc)
             if levels:
-                current[pid] = levels
-        # a process that left the traced set: its cgroups once more, for its last partial second
+                fresh[pid] = levels
+        # a process that left the traced set, or moved (an exiting task is moved to the root
+        # cgroup before it is reaped): the cgroups it left once more, for its last partial second
+        current = dict(fresh)
         for pid, levels in self._levels.items():
-            if pid not in current:
-                current[pid] = levels
-        rows = self._rows(now, current)
-        self._levels = {p: lv for p, lv in current.items() if p in pids}
-        return rows
+            now_in = {lv.directory for lv in fresh.get(pid, ())}
+            left = [lv for lv in levels if lv.directory not in now_in]
+            if left:
+                current[pid] = fresh.get(pid, []) + left
+        self._levels = fresh
+        return self._rows(now, current)
 
     def finish(self) -> list[dict]:
         """The last reading of every cgroup seen (the trace ends): what the last second added."""

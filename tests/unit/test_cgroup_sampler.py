@@ -213,3 +213,18 @@ def test_the_hook_stores_the_rows_in_the_second_and_at_the_end(tmp_path):
                              "FROM cgroup_cpu ORDER BY timestamp, own DESC").fetchall()
     assert rows == [(3, 4242, K8S, True, 20000, None, None, 30), (3, 4242, K8S_POD, False, 50000, None, None, 3),
                     (3, 4242, K8S, True, 20000, 5, 500_000_000, 35), (3, 4242, K8S_POD, False, 50000, 0, 0, 3)]
+
+
+def test_a_process_that_moves_gets_the_cgroup_it_left_read_once_more(tmp_path):
+    """An exiting task is moved to the root cgroup before it is reaped: its old cgroup's last
+    second still counts."""
+    root = _v2_tree(tmp_path)
+    proc = _proc(tmp_path, 4242, f"0::{K8S}\n")
+    s = cg.CgroupSampler(root=root, proc=proc)
+    s.sample({4242})
+    (proc / "4242" / "cgroup").write_text("0::/\n")
+    _write(root / K8S.lstrip("/"), cpu__stat=_v2_stat(42, 32, 2_700_000, 3_100_000))
+    rows = s.sample({4242})
+    assert [(r["cgroup"], r["own"], r["throttled_n"]) for r in rows] == [
+        ("/", True, None), (K8S, True, 2), (K8S_POD, False, 0)]
+    assert [r["cgroup"] for r in s.sample({4242})] == ["/"]

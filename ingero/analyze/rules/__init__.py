@@ -13,6 +13,7 @@ from types import ModuleType
 
 RULE_MODULES = (
     "cpu_contention",
+    "cpu_quota",
     "input_bound",
     "host_bound",
     "transfer_bound",
