@@ -21,6 +21,8 @@ explain stays linear in the number of events.
   ing_loop     pid, tid: the thread issuing most CUDA calls of each CUDA process
   ing_win      pid, w: the loop thread's metrics joined into one row (rules' main input)
   ing_helper   pid, w: traced processes without CUDA calls (DataLoader workers)
+  ing_cgroup, ing_quota  the cgroup CPU quota's throttling (analyze/quota.py), and
+               ing_win.quota_wait_ns: the part of the loop's CPU wait it explains
 
 Window index w = (timestamp - start) // window_ns.  An off-CPU interval that
 crosses a window boundary is split: its remainder (up to one window) counts
@@ -32,7 +34,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ingero import ops
-from ingero.analyze import return_codes, sampling, summaries
+from ingero.analyze import quota, return_codes, sampling, summaries
 from ingero.analyze.context import NS as NS_PER_S
 from ingero.analyze.context import Context
 from ingero.store.derive import events_relation
@@ -647,3 +649,4 @@ def build(ctx: Context, source: str = "summaries") -> None:
         },
     )
     con.execute(HELPER_SQL)
+    quota.build(ctx)  # the CPU wait the cgroup's quota explains: ing_win.quota_wait_ns

@@ -1,4 +1,4 @@
-"""The host samplers as a trace hook: memory, system and GPU metrics, once a second.
+"""The host samplers as a trace hook: memory, system, GPU metrics and cgroup CPU limits, once a second.
 
 Their rows go into the second's one transaction (``write_second``), beside
 the session's own process_cpu rows: one commit per second, not four (on an
@@ -21,6 +21,7 @@ class SamplerHook(TraceHook):
         self.system: Any = None
         self.gpu: Any = None
         self.memory: Any = None
+        self.cgroup: Any = None
         self.note: str | None = None
 
     def on_start(self, sess: Any) -> list[str] | None:
@@ -30,6 +31,9 @@ class SamplerHook(TraceHook):
             self.memory = memory
         except ImportError:
             self.memory = None
+        from ingero.sample.cgroup import CgroupSampler  # (the standard library only)
+
+        self.cgroup = CgroupSampler()
         try:
             from ingero.sample.system import SystemSampler
 
@@ -59,3 +63,17 @@ class SamplerHook(TraceHook):
             rows = self.gpu.sample()
             if rows:
                 store.append("gpu_metrics", pa.Table.from_pylist([{**r, "session_id": session_id} for r in rows]))
+        if self.cgroup is not None:
+            self._append_cgroup(sess, self.cgroup.sample(frozenset(sess.traced or ())))
+
+    def on_end(self, sess: Any) -> None:
+        # the cgroups' last reading: the throttling of the trace's last partial second (a job
+        # that exited since the last second has no /proc entry left to find its cgroup by)
+        if self.cgroup is not None:
+            with sess.store.transaction():
+                self._append_cgroup(sess, self.cgroup.finish())
+
+    @staticmethod
+    def _append_cgroup(sess: Any, rows: list[dict]) -> None:
+        if rows:
+            sess.store.append("cgroup_cpu", pa.Table.from_pylist([{**r, "session_id": sess.session_id} for r in rows]))

@@ -74,6 +74,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      events (a tracer still running, or killed before writing them).
 #  14: sessions.call_cost_ns: what tracing one CUDA call costs its thread,
 #      calibrated at the trace's start.
+#  15: cgroup_cpu: each traced process's cgroup CPU quota and throttling
+#      counters, once a second (sample/cgroup.py).  Older sessions have none.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -111,7 +113,7 @@ MIGRATIONS: dict[int, list[str]] = {
     14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
     15: [f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {c}" for c in (
         "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")]
-        + [REAPPLY_SCHEMA],  # thread_names
+        + [REAPPLY_SCHEMA],  # creates thread_names and cgroup_cpu
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -547,6 +549,7 @@ TABLES = (
     "windows",
     "window_late_waits",
     "sampling",
+    "cgroup_cpu",
 )
 
 

@@ -369,3 +369,35 @@ CREATE TABLE IF NOT EXISTS sampling (
     ops VARCHAR NOT NULL,             -- comma list of the sampled op names
     call_cost_ns DOUBLE               -- what one traced call cost its thread (the tracer's calibration)
 );
+
+-- ---- CPU limits (schema 15): what a cgroup's CPU quota let the job run.
+
+-- Each traced process's cgroup CPU quota and throttling counters, read once a
+-- second (ingero/sample/cgroup.py): its own cgroup, and every ancestor with a
+-- quota of its own (a pod's limit above its container's throttles it too, and
+-- the kernel counts that in the ancestor's cpu.stat).  v2: cpu.max, cpu.stat;
+-- v1: the cpu controller's cpu.cfs_quota_us, cpu.cfs_period_us, cpu.stat.
+-- Rows of the same cgroup and second carry the same counters (one per process
+-- in it): sum the amounts of one process's rows, not of several.
+CREATE TABLE IF NOT EXISTS cgroup_cpu (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL,       -- when read
+    interval_ns BIGINT,              -- since the previous reading of the same cgroup; NULL on its first (the amounts below are then NULL)
+    pid INTEGER NOT NULL,            -- a traced process in the cgroup or below it
+    cgroup VARCHAR NOT NULL,         -- the cgroup's path in its hierarchy, as /proc/PID/cgroup names it: '/kubepods/burstable/pod<uid>/<id>', '/system.slice/docker-<id>.scope'
+    own BOOLEAN,                     -- TRUE: the process's own cgroup; FALSE: an ancestor whose quota limits it too
+    cgroup_version SMALLINT,         -- 1 (the v1 cpu controller) or 2
+    mount VARCHAR,                   -- where that hierarchy was mounted: the cgroup's files are in mount || cgroup
+    container_id VARCHAR,            -- the 64-hex container id the path names (docker, containerd, CRI-O, podman); NULL when none
+    pod_uid VARCHAR,                 -- the Kubernetes pod uid the path names (kubepods ... pod<uid>); NULL when none
+    quota_us BIGINT,                 -- CPU time the cgroup may use per period (v2 cpu.max, v1 cpu.cfs_quota_us); NULL: no limit ('max', -1)
+    period_us BIGINT,                -- the period (v2 cpu.max, v1 cpu.cfs_period_us); quota_us / period_us is the limit in CPUs
+    nr_periods BIGINT,               -- cpu.stat as read: periods in which the cgroup had runnable tasks, since it was made
+    nr_throttled BIGINT,             -- cpu.stat as read: periods at whose end it was throttled (its quota spent)
+    throttled_total_ns BIGINT,       -- cpu.stat as read: time its run queues were throttled, summed over CPUs (v2 throttled_usec, v1 throttled_time)
+    usage_total_ns BIGINT,           -- CPU time its tasks used (v2 cpu.stat usage_usec; v1 cpuacct.usage where cpuacct shares the hierarchy, else NULL)
+    periods_n BIGINT,                -- in the interval: nr_periods' increase
+    throttled_n BIGINT,              -- in the interval: nr_throttled's increase
+    throttled_ns BIGINT,             -- in the interval: throttled_total_ns' increase
+    usage_ns BIGINT                  -- in the interval: usage_total_ns' increase
+);

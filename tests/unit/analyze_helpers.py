@@ -141,6 +141,7 @@ class Trace:
     names: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
+    cgroups: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = T0
 
     # -- building blocks ---------------------------------------------------
@@ -287,6 +288,39 @@ class Trace:
                                 "rss_bytes": int(rss), "swap_bytes": 0})
         return self
 
+    def cgroup(self, pid: int, start_s: float, end_s: float, *, path: str = "/job", quota_us: int | None = 20_000,
+               period_us: int = 100_000, throttled_share: float = 0.0, usage_share: float | None = 0.2,
+               version: int = 1, own: bool = True, mount: str = "/sys/fs/cgroup/cpu", phase_s: float = 0.3,
+               container_id: str | None = None, pod_uid: str | None = None) -> "Trace":
+        """cgroup_cpu readings of ``pid``'s cgroup once a second from start_s to end_s, ``phase_s``
+        past each whole second (as the sampler reads, off the windows' edges): per second
+        ``throttled_share`` of it throttled, in every period when above 0, and ``usage_share`` of
+        a CPU used (None: not readable, v1 without cpuacct).  The first reading has no interval."""
+        totals = {"nr_periods": 0, "nr_throttled": 0, "throttled_total_ns": 0, "usage_total_ns": 0}
+        per_s = S // (period_us * 1_000)  # periods a second
+        prev = None
+        for s_ in range(int(start_s), int(end_s) + 1):
+            ts = T0 + s_ * S + int(phase_s * S)
+            row = {"session_id": SESSION, "timestamp": ts, "pid": pid, "cgroup": path, "own": own,
+                   "cgroup_version": version, "mount": mount, "container_id": container_id, "pod_uid": pod_uid,
+                   "quota_us": quota_us, "period_us": period_us, "interval_ns": None, "periods_n": None,
+                   "throttled_n": None, "throttled_ns": None, "usage_ns": None}
+            if prev is not None:
+                inc = {"nr_periods": per_s, "nr_throttled": per_s if throttled_share > 0 else 0,
+                       "throttled_total_ns": int(throttled_share * S),
+                       "usage_total_ns": int((usage_share or 0.0) * S)}
+                for k, v in inc.items():
+                    totals[k] += v
+                row.update(interval_ns=ts - prev, periods_n=inc["nr_periods"], throttled_n=inc["nr_throttled"],
+                           throttled_ns=inc["throttled_total_ns"],
+                           usage_ns=inc["usage_total_ns"] if usage_share is not None else None)
+            row.update(totals)
+            if usage_share is None:
+                row["usage_total_ns"] = None
+            self.cgroups.append(row)
+            prev = ts
+        return self
+
     def system(self, start_s: float, end_s: float, **fields: Any) -> "Trace":
         for s in range(int(start_s), int(end_s)):
             row = {"session_id": SESSION, "timestamp": T0 + (s + 1) * S, "cpu_pct": 45.0,
@@ -312,7 +346,7 @@ class Trace:
         for table, rows in (("events", with_call_state(self.events)), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),
                             ("process_names", self.names), ("process_memory", self.memory),
-                            ("spans", self.spans)):
+                            ("spans", self.spans), ("cgroup_cpu", self.cgroups)):
             if rows:
                 store.append(table, pa.Table.from_pylist(rows))
         return store

@@ -19,6 +19,7 @@ THREADS_V15 = "-- The name of each thread of a traced process"
 WINDOWS_V11 = "-- ---- Per-second summaries (schema 11)"
 OP_ENUM_V11 = "CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM ("
 KIND_ENUM_V11 = "CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM ("
+CGROUP_V15 = "-- ---- CPU limits (schema 15)"
 SOURCE_V3 = "    source VARCHAR               -- text of that line, when readable\n"
 
 
@@ -45,7 +46,10 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
-    # 15 added what a switch waited for: events.syscall, wait_fd, fd_target, waker_pid, waker_tid
+    # 15 added cgroup_cpu (appended at the end)
+    assert sql.count(CGROUP_V15) == 1, "schema.sql changed shape: update this fixture"
+    sql = sql[: sql.index(CGROUP_V15)].rstrip("\n") + "\n"
+    # and what a switch waited for: events.syscall, wait_fd, fd_target, waker_pid, waker_tid
     sql = _drop_trailing_columns(sql, ("syscall", "wait_fd", "fd_target", "waker_pid", "waker_tid"),
                                  last="peer INTEGER", table="events")
     head, sep, rest = sql.partition(THREADS_V15)  # and the thread_names table

@@ -20,8 +20,10 @@ def _fill(store: Store, seconds: int, per_s: int) -> None:
     n = len(ts)
     for table in TIME_TABLES:
         cols = {"session_id": pa.array(np.ones(n, np.int32)), "timestamp": pa.array(ts)}
-        if table in ("events", "process_cpu"):
+        if table in ("events", "process_cpu", "cgroup_cpu"):
             cols["pid"] = pa.array(np.full(n, 7, np.int32))
+        if table == "cgroup_cpu":
+            cols["cgroup"] = pa.array(["/job"] * n)
         if table == "events":
             cols["op"] = pa.array(["sched_switch"] * n)
         store.append(table, pa.table(cols))

@@ -14,6 +14,7 @@ from types import ModuleType
 RULE_MODULES = (
     "failed_calls",  # a notice, listed first: the calls that did no GPU work
     "cpu_contention",
+    "cpu_quota",
     "input_bound",
     "lock_contention",
     "host_bound",

@@ -8,7 +8,10 @@ latency after its wakeups.  Voluntary sleeps (waiting in a sync, on a queue)
 are not contention and are not counted.  Nor is a preemption inside a sync
 that spins or yields (CUDA's default) while the GPU still works: the sync
 would have waited anyway; only the interval the sync returned right after
-counts, from when the device finished in it (windows.LATE_SQL).
+counts, from when the device finished in it (windows.LATE_SQL).  Nor is the
+part of the wait the cgroup's CPU quota explains (ing_win.quota_wait_ns,
+analyze/quota.py): that is cpu-quota's, and whoever ran while the loop was
+throttled took nothing from it.
 """
 
 from __future__ import annotations
@@ -76,10 +79,17 @@ def evaluate(con, ctx: Context) -> list[Chain]:
     loops = baseline.loop_threads(ctx)
     traced = {int(r[0]) for r in con.execute(TRACED_SQL).fetchall()}
     for pid, rows in baseline.windows_by_pid(ctx).items():
-        chain = _evaluate_pid(con, ctx, pid, loops.get(pid, pid), rows, traced)
+        chain = _evaluate_pid(con, ctx, pid, loops.get(pid, pid), _beyond_quota(rows), traced)
         if chain:
             chains.append(chain)
     return chains
+
+
+def _beyond_quota(rows: list[baseline.Row]) -> list[baseline.Row]:
+    """The rows with cpu_wait_ns less the part the CPU quota explains (copies: the rows are shared)."""
+    if not any(r.get("quota_wait_ns") for r in rows):
+        return rows
+    return [{**r, "cpu_wait_ns": max(0.0, r["cpu_wait_ns"] - r["quota_wait_ns"])} for r in rows]
 
 
 def _share(r: baseline.Row) -> float:
@@ -229,7 +239,8 @@ def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split
     wait = sum(r["cpu_wait_ns"] for r in rows)
     # on CPU = wall clock minus every off-CPU interval (sleeps, D state, preempted)
     oncpu = sum(max(0.0, r["wall_ns"] - r["off_ns"]) for r in rows)
-    wanted = oncpu + wait
+    # runnable: on CPU, or waiting for a CPU (the wait for the quota too, cpu-quota's part)
+    wanted = oncpu + wait + sum(r.get("quota_wait_ns", 0.0) for r in rows)
     out = [
         f"no clean window to compare with (CPU wait in {len(s.evidence)} of {len(rows)} active windows): "
         f"of the {units.ns(wanted)} the loop was runnable it ran {units.ns(oncpu)} "
