@@ -10,6 +10,7 @@ import click
 from ingero import values
 from ingero.commands.options import DURATION, Value, json_option
 from ingero.daemon import protocol
+from ingero.render import safe
 
 _MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP)
 
@@ -57,7 +58,7 @@ def status_cmd(root: str, job: str | None, as_json: bool) -> None:
     result, notes = status(root, job)
     (table.write_json if as_json else table.write_text)(result, sys.stdout)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {safe.text(note)}", err=True)  # notes name nodes
 
 
 @command.command("query")
@@ -79,4 +80,4 @@ def query_cmd(root: str, sql: str, as_json: bool, as_csv: bool, max_rows: int) -
     writer = table.write_json if as_json else table.write_csv if as_csv else table.write_text
     writer(result, sys.stdout)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {safe.text(note)}", err=True)  # notes name nodes
