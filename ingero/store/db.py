@@ -28,6 +28,7 @@ from ingero.errors import IngeroError, first_line
 # re-exported: callers imported them from here before they moved to ingero.host
 from ingero.host import group_gid, invoking_user, pid_alive, private_umask, sched_autogroup_enabled  # noqa: F401
 from ingero.store import derive
+from ingero.store.query import USER_SQL_SETTINGS
 from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_full, open_error, write_error
 
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
@@ -114,15 +115,6 @@ MIGRATIONS: dict[int, list[str]] = {
 
 DEFAULT_DB_NAME = "ingero.duckdb"
 
-# Locked-down settings for SQL typed by users.  enable_external_access=false
-# refuses COPY TO/FROM, read_csv/read_text of paths, ATTACH, INSTALL/LOAD;
-# lock_configuration refuses SET so none of it can be turned back on.
-USER_SQL_CONFIG = {
-    "enable_external_access": False,
-    "autoload_known_extensions": False,
-    "autoinstall_known_extensions": False,
-    "lock_configuration": True,
-}
 
 
 _PARAM = re.compile(r"\$(\w+)")
@@ -600,11 +592,12 @@ TABLES = (
 
 
 def open_for_user_sql(path: Path | str | None = None) -> duckdb.DuckDBPyConnection:
-    """A read-only connection for SQL typed by a user: no files, network, extensions or SET."""
+    """A read-only connection for SQL typed by a user: no files, network, extensions or SET, and the
+    memory and threads of store.query's caps."""
     path = Path(path) if path is not None else default_db_path()
     _require_existing(path)
     try:
-        return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_CONFIG))
+        return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_SETTINGS))
     except duckdb.Error as exc:
         _raise_open_error(path, exc)
         raise  # unreachable: _raise_open_error always raises
