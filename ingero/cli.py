@@ -16,6 +16,7 @@ import click
 
 from ingero import __version__
 from ingero.errors import IngeroError
+from ingero.render import safe
 
 # name -> module in ingero.commands exposing a click command called `command`.
 COMMANDS = ("trace", "explain", "query", "check", "demo", "status", "import", "export", "report", "mcp", "fleet")
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="ingero", standalone_mode=False)
     except IngeroError as exc:
-        click.echo(f"ingero: {exc}", err=True)
+        # a message may quote a file's or a traced process's text: one printable line
+        click.echo(f"ingero: {safe.text(exc)}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("ingero: aborted", err=True)

@@ -57,7 +57,10 @@ def command(since: float | None, from_ns: int | None, to_ns: int | None, session
         json.dump(reply["json"], sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(reply["text"])
+        from ingero.render import safe
+
+        # the text a tracer sent (or an older tracer, unsanitised): its own line breaks kept
+        sys.stdout.write(safe.lines(reply["text"]))
 
 
 def _explain_file(con: Any, opts: Any) -> dict[str, Any]:

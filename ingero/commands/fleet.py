@@ -8,8 +8,9 @@ import sys
 import click
 
 from ingero import values
-from ingero.commands.options import DURATION, Value, json_option
+from ingero.commands.options import DURATION, TIMEOUT, Value, json_option
 from ingero.daemon import protocol
+from ingero.render import safe
 
 _MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP)
 
@@ -58,7 +59,7 @@ def status_cmd(root: str, job: str | None, as_json: bool) -> None:
     result, notes = status(root, job, times="ns" if as_json else "utc")
     (table.write_json if as_json else table.write_text)(result, sys.stdout)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {safe.text(note)}", err=True)  # notes name nodes
 
 
 @command.command("query")
@@ -67,8 +68,10 @@ def status_cmd(root: str, job: str | None, as_json: bool) -> None:
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="CSV output.")
 @click.option("--max-rows", type=_MAX_ROWS, default=protocol.DEFAULT_MAX_ROWS, show_default=True,
-              help="Return at most this many rows.")
-def query_cmd(root: str, sql: str, as_json: bool, as_csv: bool, max_rows: int) -> None:
+              help=f"Return at most this many rows (at most {protocol.MAX_ROWS_CAP}).")
+@click.option("--timeout", "timeout_s", type=TIMEOUT, default=protocol.DEFAULT_TIMEOUT_S, show_default=True,
+              help=f"Stop the query after this long (at most {protocol.MAX_TIMEOUT_S:.0f}s); Ctrl-C stops it too.")
+def query_cmd(root: str, sql: str, as_json: bool, as_csv: bool, max_rows: int, timeout_s: float) -> None:
     """Read-only SQL over every node: tables events, windows, chains, processes, ranks, nodes,
     each with job, node, date, hour columns (docs/fleet.md)."""
     from ingero.fleet.status import query
@@ -76,8 +79,8 @@ def query_cmd(root: str, sql: str, as_json: bool, as_csv: bool, max_rows: int) -
 
     if as_json and as_csv:
         raise click.UsageError("--json and --csv cannot be combined")
-    result, notes = query(root, sql, max_rows)
+    result, notes = query(root, sql, max_rows, timeout_s)
     writer = table.write_json if as_json else table.write_csv if as_csv else table.write_text
     writer(result, sys.stdout)
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {safe.text(note)}", err=True)  # notes name nodes

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ingero.commands.options import db_option, resolve_db
+from ingero.render import safe
 
 EPILOG = """\b
 Examples:
@@ -48,7 +49,7 @@ def command(files: tuple[Path, ...], db_path: Path | None, calls_only: bool) -> 
             result = import_trace(store, path, calls_only=calls_only, command=shlex.join(words))
             imported += 1
             for line in summary_lines(result):
-                click.echo(line)
+                click.echo(safe.text(line))  # names from the imported file
     finally:
         store.close()
         if created and not imported:  # a bad first file leaves no empty database behind

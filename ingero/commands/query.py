@@ -56,12 +56,15 @@ def command(sql: str | None, db_path: Path | None, as_json: bool, as_csv: bool, 
     if as_json and as_csv:
         raise click.UsageError("--json and --csv cannot be combined")
     from ingero.daemon import access, client
+    from ingero.daemon.sqlguard import check_sql
     from ingero.store.query import check_sql_text, from_reply, run_on
 
     check_sql_text(sql)
+    # the same guard and caps as the tracer's socket (store/query.py): one read-only statement,
+    # rows, row and reply bytes, DuckDB memory, the time limit and Ctrl-C
     result = access.read(
         resolve_db(db_path), user_sql=True, timeout_s=timeout_s,
-        local=lambda con: run_on(con, sql, max_rows),
+        local=lambda con: run_on(con, check_sql(con, sql), max_rows),
         remote=lambda sock: from_reply(client.query_reply(sql, socket_path=sock, max_rows=max_rows,
                                                           timeout_s=timeout_s)))
     writer = table.write_json if as_json else table.write_csv if as_csv else table.write_text

@@ -21,7 +21,7 @@ import duckdb
 
 from ingero.daemon import client, protocol
 from ingero.errors import IngeroError
-from ingero.store.db import DatabaseLocked, DatabaseUnreadable, Store, open_for_user_sql
+from ingero.store.db import DatabaseLocked, DatabaseUnreadable, Store, check_db_path, open_for_user_sql
 
 T = TypeVar("T")
 
@@ -123,7 +123,7 @@ def current_status(db_path: Path | str) -> dict[str, Any]:
     from ingero.daemon.state import collect_status
 
     db_path = Path(db_path)
-    if not db_path.exists():
+    if not check_db_path(db_path):  # a FIFO or a device is refused here, never opened
         denied: list[client.SocketDenied] = []
         if client.find_socket(db_path, denied=denied) is None and denied:
             raise denied[0]

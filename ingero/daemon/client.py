@@ -197,10 +197,13 @@ def _request_once(req: dict[str, Any], path: Path, timeout_s: float) -> dict[str
 
 
 def query_reply(sql: str, *, socket_path: Path | str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """The whole SQL reply: columns, types, rows, truncated, elapsed_s."""
-    return request({"sql": sql, "max_rows": max_rows, "timeout_s": timeout_s},
-                   socket_path=socket_path, timeout_s=timeout_s)
+                timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int | None = None) -> dict[str, Any]:
+    """The whole SQL reply: columns, types, rows, truncated, elapsed_s (``max_bytes``: a smaller
+    reply cap than the server's)."""
+    req: dict[str, Any] = {"sql": sql, "max_rows": max_rows, "timeout_s": timeout_s}
+    if max_bytes is not None:
+        req["max_bytes"] = max_bytes
+    return request(req, socket_path=socket_path, timeout_s=timeout_s)
 
 
 def query(sql: str, *, socket_path: Path | str | None = None, max_rows: int = DEFAULT_MAX_ROWS,

@@ -3,7 +3,7 @@
 One message = 4-byte big-endian length + UTF-8 JSON object.  A connection
 carries one request and one response.  Requests:
 
-    {"sql": "...", "max_rows": 10000, "timeout_s": 30}
+    {"sql": "...", "max_rows": 10000, "timeout_s": 30, "max_bytes": 67108864}   (the last three optional)
     {"op": "status"}
     {"op": "explain", "args": {...}}
 
@@ -14,17 +14,15 @@ for ops, {"ok": false, "error": "one line", "hint": "..."} on failure.
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import json
 import socket
 import struct
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ingero import values
 from ingero.errors import IngeroError
+from ingero.store import query as caps
 
 _HEADER = struct.Struct(">I")
 
@@ -37,12 +35,14 @@ MAX_RESPONSE_BYTES = 1 << 30
 # of 100,000 nested arrays overflowed (RecursionError, no reply).
 MAX_DEPTH = 8
 
-# Per-request limits, applied by decode_request (the server's, shared with the client).
-DEFAULT_MAX_ROWS = 10_000
-MAX_ROWS_CAP = 200_000
-DEFAULT_TIMEOUT_S = 30.0
-MAX_TIMEOUT_S = 300.0
-MAX_SQL_CHARS = 256 * 1024
+# Per-request limits, applied by decode_request: store.query's caps, the same for every path
+# that runs a user's SQL (named here too: the CLI's options and the client read them from here).
+DEFAULT_MAX_ROWS = caps.DEFAULT_MAX_ROWS
+MAX_ROWS_CAP = caps.MAX_ROWS_CAP
+DEFAULT_TIMEOUT_S = caps.DEFAULT_TIMEOUT_S
+MAX_TIMEOUT_S = caps.MAX_TIMEOUT_S
+MAX_SQL_CHARS = caps.MAX_SQL_CHARS
+MAX_REPLY_BYTES = caps.MAX_REPLY_BYTES
 MAX_PIDS = 1024
 
 
@@ -50,21 +50,8 @@ class ProtocolError(Exception):
     """The peer sent something that is not a framed JSON object."""
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time, datetime.timedelta,
-                          decimal.Decimal, uuid.UUID)):
-        return str(value)
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return str(value)
-
-
 def encode(obj: dict[str, Any]) -> bytes:
-    body = json.dumps(obj, default=_json_default, separators=(",", ":"), allow_nan=True).encode()
+    body = json.dumps(obj, default=caps.json_default, separators=(",", ":"), allow_nan=True).encode()
     return _HEADER.pack(len(body)) + body
 
 
@@ -137,6 +124,7 @@ class Request:
     sql: str | None = None
     max_rows: int = DEFAULT_MAX_ROWS
     timeout_s: float = DEFAULT_TIMEOUT_S
+    max_bytes: int = MAX_REPLY_BYTES  # the reply's encoded rows (MCP asks for less)
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -187,7 +175,7 @@ def decode_request(obj: Any, ops: Any = ("status", "explain")) -> Request:
     if not isinstance(obj, dict):
         raise BadRequest({"request": "not a JSON object"})
     errors: dict[str, str] = {}
-    known = {"sql", "op", "args", "max_rows", "timeout_s"}
+    known = {"sql", "op", "args", "max_rows", "timeout_s", "max_bytes"}
     for k in obj:
         if k not in known:
             errors[str(k)[:40]] = f"unknown field (known: {', '.join(sorted(known))})"
@@ -205,16 +193,21 @@ def decode_request(obj: Any, ops: Any = ("status", "explain")) -> Request:
         if obj.get("max_rows") is not None:
             max_rows = _field(errors, "max_rows", lambda v: values.parse_count(v, "max_rows", cap=MAX_ROWS_CAP),
                               obj["max_rows"])
+        max_bytes = MAX_REPLY_BYTES
+        if obj.get("max_bytes") is not None:
+            max_bytes = _field(errors, "max_bytes",
+                               lambda v: values.parse_count(v, "max_bytes", cap=MAX_REPLY_BYTES), obj["max_bytes"])
         if "op" in obj or "args" in obj:
             errors["op"] = "a request is either sql or an op, not both"
         if errors:
             raise BadRequest(errors)
-        return Request("sql", sql=sql, max_rows=max_rows, timeout_s=timeout)
+        return Request("sql", sql=sql, max_rows=max_rows, timeout_s=timeout, max_bytes=max_bytes)
     op = obj.get("op")
     if not isinstance(op, str) or op not in ops:
         errors["op"] = f"unknown op {str(op)[:40]!r} (ops: {', '.join(sorted(ops))}, or sql)"
-    if "max_rows" in obj:
-        errors["max_rows"] = "only for sql"
+    for k in ("max_rows", "max_bytes"):
+        if k in obj:
+            errors[k] = "only for sql"
     raw = obj.get("args") or {}
     args: dict[str, Any] = {}
     if not isinstance(raw, dict):

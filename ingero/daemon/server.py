@@ -41,26 +41,19 @@ from ingero.daemon.sqlguard import check_sql
 from ingero.daemon.state import collect_status
 from ingero.errors import IngeroError, first_line
 from ingero.host import GROUP, group_gid, invoking_user
+from ingero.store import query as caps
 
 SOCKET_NAME = "ingero.sock"
 ROOT_SOCKET_DIR = Path("/run/ingero")
 DEFAULT_GROUP = GROUP
 
-# Client-facing limits.  Defaults suit an interactive query; the caps stop one
-# client from holding the tracer's memory (every row is JSON in RAM) or a
-# read transaction (which pins old row versions) for long.  The per-request
-# ones are checked by protocol.decode_request, with the CLI's parsers.
-DEFAULT_MAX_ROWS = protocol.DEFAULT_MAX_ROWS
-MAX_ROWS_CAP = protocol.MAX_ROWS_CAP
-DEFAULT_TIMEOUT_S = protocol.DEFAULT_TIMEOUT_S
-MAX_TIMEOUT_S = protocol.MAX_TIMEOUT_S
-# A reply larger than this is refused.  It is counted while rows are fetched
-# (FETCH_CHUNK rows at a time, each row under MAX_ROW_BYTES, checked inside
-# DuckDB before it reaches Python), so the tracer never holds much more than
-# this per query: SELECT repeat('x', 1e9) used to take it from 361 MiB to 4.2 GiB.
-MAX_REPLY_BYTES = 64 << 20
-MAX_ROW_BYTES = 1 << 20
-FETCH_CHUNK = 64
+# Client-facing limits: store.query's caps, the same for every path that runs a user's SQL
+# (rows, time, reply and row bytes, DuckDB memory and threads); the per-request ones are
+# checked by protocol.decode_request, with the CLI's parsers.
+DEFAULT_MAX_ROWS = caps.DEFAULT_MAX_ROWS
+MAX_ROWS_CAP = caps.MAX_ROWS_CAP
+DEFAULT_TIMEOUT_S = caps.DEFAULT_TIMEOUT_S
+MAX_TIMEOUT_S = caps.MAX_TIMEOUT_S
 # Queries run at once; each uses DuckDB worker threads too, and the tracer
 # must keep up on 2 cores.  Further clients wait up to BUSY_WAIT_S for a turn;
 # beyond MAX_PENDING connections they are told "busy, retry" at once (like
@@ -72,9 +65,6 @@ BUSY_WAIT_S = 10.0
 # busy reply), so the backlog only has to hold a burst of connects: 200 clients
 # connecting at once got EAGAIN with 16.  The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 512
-# DuckDB worker threads of the whole instance (writer and queries): the tracer
-# shares the host with the training job.
-DUCKDB_THREADS = 2
 # A client has this long to send its request (stops idle connections pinning a slot).
 REQUEST_READ_TIMEOUT_S = 5.0
 # How often the accept loop wakes to notice stop().
@@ -83,11 +73,8 @@ ACCEPT_POLL_S = 0.5
 STOP_WAIT_S = 5.0
 STOPPING = "interrupted: tracer stopping"
 
-# DuckDB memory for the whole tracer process (writer + queries).  DuckDB's
-# default is 80% of RAM, which a long-running daemon on a training host must
-# not take; 1 GB leaves room for the training job while keeping sorts and
-# joins of a day of events in memory (see the RSS measurement in the report).
-DEFAULT_MEMORY_LIMIT_BYTES = 1 << 30
+# DuckDB memory for the whole tracer process (writer + queries): store.query's cap.
+DEFAULT_MEMORY_LIMIT_BYTES = caps.MEMORY_LIMIT_BYTES
 
 
 def socket_name(db_path: Path | str | None = None) -> str:
@@ -124,25 +111,9 @@ def default_socket_path(db_path: Path | str | None = None) -> Path:
     return socket_dirs()[0] / socket_name(db_path)
 
 
-def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None = DEFAULT_MEMORY_LIMIT_BYTES) -> None:
-    """Bound memory, cut off files/network/extensions and lock the configuration, for the whole DB instance.
-
-    These are instance-wide settings: set through any cursor they hold for the writer
-    connection and every cursor.  Measured on duckdb 2.0: the writer's own appends
-    (register of an Arrow table + INSERT ... SELECT), DELETE and CHECKPOINT keep working
-    afterwards; read_text/COPY TO/ATTACH/INSTALL/LOAD fail with PermissionException and SET
-    with "the configuration has been locked".  Idempotent.
-    """
-    locked = con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]
-    if locked:
-        return
-    if memory_limit_bytes:
-        con.execute(f"SET memory_limit = '{int(memory_limit_bytes)}B'")
-    con.execute(f"SET threads = {int(DUCKDB_THREADS)}")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
+# Bound memory, cut off files/network/extensions and lock the configuration, for the whole DB
+# instance (runtime.py and the benchmarks call it on the tracer's connection).
+lock_down = caps.lock_down
 
 
 
@@ -477,12 +448,12 @@ class QueryServer:
     def _run_sql(self, req: protocol.Request) -> dict[str, Any]:
         t0 = time.monotonic()
 
-        def run(cur: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-            return fetch_bounded(cur, check_sql(cur, req.sql or ""), req.max_rows)
+        def run(cur: duckdb.DuckDBPyConnection) -> caps.QueryResult:
+            return caps.fetch_bounded(cur, check_sql(cur, req.sql or ""), req.max_rows, req.max_bytes)
 
-        reply = self._in_read_txn(run, req.timeout_s)
-        reply["elapsed_s"] = round(time.monotonic() - t0, 6)
-        return reply
+        res = self._in_read_txn(run, req.timeout_s)
+        return {"ok": True, "columns": res.columns, "types": res.types, "rows": res.rows,
+                "truncated": res.truncated, "elapsed_s": round(time.monotonic() - t0, 6)}
 
 
 def _busy_reply(why: str) -> dict[str, Any]:
@@ -492,49 +463,3 @@ def _busy_reply(why: str) -> dict[str, Any]:
 
 def _stopping_reply() -> dict[str, Any]:
     return {"ok": False, "error": STOPPING, "hint": "retry after it exits; the database is then readable directly"}
-
-
-def _bounded_sql(stmt: str, types: list[str]) -> str:
-    """The SELECT wrapped so that DuckDB refuses a row over MAX_ROW_BYTES before Python sees it."""
-    cols = [f"_c{i}" for i in range(len(types))]
-    size = " + ".join(
-        f"coalesce(strlen({c}), 0)" if t == "VARCHAR" else f"coalesce(octet_length({c}), 0)" if t == "BLOB"
-        else f"coalesce(strlen(CAST({c} AS VARCHAR)), 0)" for c, t in zip(cols, types))
-    return (f"SELECT * FROM ({stmt}) AS _ingero_q({', '.join(cols)}) WHERE CASE WHEN {size} > {MAX_ROW_BYTES} "
-            f"THEN error('a row of the result is larger than {MAX_ROW_BYTES >> 20} MiB') ELSE true END")
-
-
-def fetch_bounded(cur: duckdb.DuckDBPyConnection, stmt: str, max_rows: int) -> dict[str, Any]:
-    """Run ``stmt`` and fetch at most ``max_rows`` rows, counting the reply's encoded size as
-    rows arrive: past MAX_REPLY_BYTES it is refused before more rows are fetched."""
-    names = None
-    kind = str(cur.extract_statements(stmt)[0].type).rsplit(".", 1)[-1]
-    if kind == "SELECT":  # the others (EXPLAIN, PRAGMA) describe the DB: small replies
-        rel = cur.sql(stmt)  # planned, not run: names and types only
-        names, types = list(rel.columns), [str(t) for t in rel.types]
-        cur.execute(_bounded_sql(stmt, types) if types else stmt)
-    else:
-        cur.execute(stmt)
-    desc = cur.description or []
-    rows: list[list[Any]] = []
-    size = 0
-    truncated = False
-    while True:
-        chunk = cur.fetchmany(FETCH_CHUNK)
-        if not chunk:
-            break
-        for r in chunk:
-            if len(rows) == max_rows:
-                truncated = True
-                break
-            row = list(r)
-            size += len(protocol.encode({"r": row})) - 8
-            if size > MAX_REPLY_BYTES:
-                raise IngeroError(f"result too large: more than {MAX_REPLY_BYTES >> 20} MiB after {len(rows)} rows",
-                                  "select fewer columns or rows, or aggregate in SQL")
-            rows.append(row)
-        if truncated:
-            break
-    columns = names if names is not None and len(names) == len(desc) else [d[0] for d in desc]
-    return {"ok": True, "columns": columns, "types": [str(d[1]) for d in desc], "rows": rows,
-            "truncated": truncated}

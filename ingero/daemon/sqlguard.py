@@ -1,8 +1,9 @@
-"""Which SQL the daemon agrees to run for a client.
+"""Which SQL ingero agrees to run for a user: on the tracer's socket, a file, MCP or a fleet dataset.
 
-The daemon answers queries on a cursor of the tracer's own (writable, root)
-connection, so read-only-ness cannot come from how the database was opened.
-Three independent layers keep client SQL harmless:
+Every path that runs a user's SQL asks ``check_sql`` first (the caps are
+store/query.py's).  The daemon answers queries on a cursor of the tracer's
+own (writable, root) connection, so read-only-ness cannot come from how the
+database was opened.  Three independent layers keep client SQL harmless:
 
 1. ``check_sql`` (here): DuckDB's own parser splits the text; exactly one
    statement, of a read-only type, or it is refused with one clear line.
@@ -34,14 +35,14 @@ _PRAGMA_NAME = re.compile(r"^\s*PRAGMA\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECAS
 
 # statement type name -> why it is refused (one line, what to do instead).
 _REFUSED = {
-    "COPY": "COPY is refused: the daemon never reads or writes files for a client "
+    "COPY": "COPY is refused: a query never reads or writes files "
             "(use `ingero query --json` and redirect the output)",
-    "EXPORT": "EXPORT is refused: the daemon never writes files for a client",
+    "EXPORT": "EXPORT is refused: a query never writes files",
     "ATTACH": "ATTACH is refused: only the ingero database is queryable",
     "DETACH": "DETACH is refused: only the ingero database is queryable",
     "LOAD": "INSTALL/LOAD is refused: no extensions are loaded for client SQL",
-    "SET": "SET is refused: the daemon's configuration is locked",
-    "VARIABLE_SET": "SET is refused: the daemon's configuration is locked",
+    "SET": "SET is refused: the configuration of a query's connection is locked",
+    "VARIABLE_SET": "SET is refused: the configuration of a query's connection is locked",
     "CREATE": "CREATE is refused: queries are read-only",
     "CREATE_FUNC": "CREATE is refused: queries are read-only",
     "INSERT": "INSERT is refused: queries are read-only",
@@ -92,7 +93,7 @@ def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
     try:
         return con.extract_statements(sql)
     except duckdb.Error as exc:
-        raise IngeroError(f"SQL does not parse: {first_line(exc)}", "check the query syntax") from None
+        raise IngeroError(f"bad SQL: {first_line(exc)}", "check the query syntax") from None
 
 
 
@@ -107,7 +108,7 @@ def check_sql(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     stmts = _parse(con, sql)
     if len(stmts) != 1:
         raise IngeroError(
-            f"refused: {len(stmts)} statements; the daemon runs exactly one statement per query",
+            f"refused: {len(stmts)} statements; a query is exactly one statement",
             "send one SELECT at a time",
         )
     stmt = stmts[0]

@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 from ingero.errors import IngeroError, first_line
 from ingero.fleet import layout, schema
 from ingero.fleet.publish import MAX_SEGMENT_S
+from ingero.store.query import lock_down
 
 NS = 1_000_000_000
 HOUR_NS = 3600 * NS
@@ -292,10 +293,7 @@ def connect(cat: Catalog, tables: Iterable[str]) -> duckdb.DuckDBPyConnection:
         d = ds.dataset(files, schema=full, filesystem=cat.root.fs, format="parquet", partitioning=PARTITIONING,
                        partition_base_dir=base)
         con.register(table, d)
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")
+    lock_down(con)  # the caps every user-SQL path has (store/query.py): no files, memory, threads, locked
     return con
 
 

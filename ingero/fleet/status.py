@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ingero.daemon.access import run_interruptible
 from ingero.daemon.sqlguard import check_sql
 from ingero.fleet import dataset, findings, schema
-from ingero.store.query import QueryResult, run_on
+from ingero.store.query import DEFAULT_TIMEOUT_S, QueryResult, check_sql_text, run_on
 
 STATUS_SQL = """
 WITH s AS (
@@ -59,13 +60,15 @@ def status(url: str, job: str | None = None, *, times: str = "ns") -> tuple[Quer
     return (readable(result) if times == "utc" else result), notes
 
 
-def query(url: str, sql: str, max_rows: int) -> tuple[QueryResult, list[str]]:
+def query(url: str, sql: str, max_rows: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[QueryResult, list[str]]:
     """User SQL over every table of the dataset: one read-only statement (the same guard as `ingero query`),
-    on a DuckDB that can reach no file, network or extension."""
+    on a DuckDB that can reach no file, network or extension, under the same caps (store/query.py):
+    rows, row and reply bytes, DuckDB memory, ``timeout_s``, and Ctrl-C."""
+    check_sql_text(sql)
     cat = dataset.catalog(url, whole=True)
     con = dataset.connect(cat, schema.TABLES)
-    stmt = check_sql(con, sql)
-    return run_on(con, stmt, max_rows), cat.notes
+    result = run_interruptible(con, lambda c: run_on(c, check_sql(c, sql), max_rows), timeout_s)
+    return result, cat.notes
 
 
 def explain(url: str, *, job: str | None, since_s: float | None):

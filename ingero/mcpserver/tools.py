@@ -26,9 +26,11 @@ from ingero.daemon import access, client, protocol
 from ingero.daemon.sqlguard import check_sql
 from ingero.errors import IngeroError
 
-# An assistant reads every row it gets: the socket's defaults suit a terminal, these a context window.
+# An assistant reads every row it gets: the socket's defaults suit a terminal, these a context window
+# (the other caps, time, DuckDB memory, a row's size, are store.query's, as on every path).
 DEFAULT_ROWS = 200
 MAX_ROWS = 2_000
+MAX_REPLY_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = protocol.DEFAULT_TIMEOUT_S
 CUDA_OP_NAMES = frozenset(OP_NAMES[o] for o in CUDA_OPS)
 
@@ -47,18 +49,18 @@ def _jsonable(value: Any) -> Any:
 
 def query(db: Path, sql: str, max_rows: Any = DEFAULT_ROWS, timeout_s: Any = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """One read-only statement through the guard: columns, rows, truncated; evidence: the SQL."""
-    from ingero.store.query import from_reply, run_on
+    from ingero.store.query import check_sql_text, from_reply, run_on
 
+    check_sql_text(sql)  # before anything quotes it back (evidence, errors)
     rows_cap = values.parse_count(max_rows, "max_rows", cap=MAX_ROWS)
     limit_s = values.parse_duration(timeout_s, "timeout_s", cap_s=protocol.MAX_TIMEOUT_S)
-    if not isinstance(sql, str) or not sql.strip():
-        raise IngeroError("empty query", "pass one SELECT statement over the ingero tables")
 
     def local(con: Any) -> Any:
-        return run_on(con, check_sql(con, sql), rows_cap)
+        return run_on(con, check_sql(con, sql), rows_cap, MAX_REPLY_BYTES)
 
     def remote(sock: Path) -> Any:
-        return from_reply(client.query_reply(sql, socket_path=sock, max_rows=rows_cap, timeout_s=limit_s))
+        return from_reply(client.query_reply(sql, socket_path=sock, max_rows=rows_cap, timeout_s=limit_s,
+                                             max_bytes=MAX_REPLY_BYTES))
 
     res = access.read(db, user_sql=True, timeout_s=limit_s, local=local, remote=remote)
     return {"columns": res.columns, "types": res.types, "rows": _jsonable([list(r) for r in res.rows]),

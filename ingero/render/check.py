@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ingero.render import safe
+
 
 def text(results: Sequence[Any], ready: bool) -> str:
     """``results``: check.Check rows (name, ok, required, detail, fix)."""
@@ -15,4 +17,5 @@ def text(results: Sequence[Any], ready: bool) -> str:
         if not c.ok and c.fix:
             lines.append(f"         {' ' * width}  fix: {c.fix}")
     lines.append("ready: `sudo ingero trace` can run" if ready else "not ready: fix the lines marked missing")
-    return "\n".join(lines)
+    # details name files and libraries found on the host (a process's maps): untrusted text
+    return "\n".join(safe.text(line) for line in lines)

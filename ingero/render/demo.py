@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TextIO
 
-from ingero.render import terminal
+from ingero.render import safe, terminal
 
 
 def scenario_list(scenarios: Any) -> str:
@@ -24,19 +24,19 @@ def write(result: Any, keep_db: Path | None, out: TextIO) -> None:
     """A demo's run (demo.runner.DemoResult): the slow run's explain, the verdict, before/after."""
     s = result.scenario
     if result.mode == "synthetic":
-        out.write(f"synthetic replay (why: {result.reason})\n")
+        out.write(safe.text(f"synthetic replay (why: {result.reason})") + "\n")
     else:
         out.write("live: real eBPF trace of the workload on the simulated CUDA runtime\n")
-    out.write(f"Scenario {s.name}: {s.story}\n")
+    out.write(safe.text(f"Scenario {s.name}: {s.story}") + "\n")
     out.write(f"CUDA wait policy: {result.policy}\n\n")
     terminal.write(result.before.report, out)
     out.write("\n")
     if s.expected_rule is not None:
         verdict = "named the cause" if result.diagnosed else (
             f"expected {s.expected_rule}, explain ranked {result.top_rule or 'nothing'} first")
-        out.write(f"Diagnosis: {verdict}\n")
+        out.write(safe.text(f"Diagnosis: {verdict}") + "\n")
     if result.after is not None:
-        out.write(f"Fix applied: {s.fix}\n")
+        out.write(safe.text(f"Fix applied: {s.fix}") + "\n")
         before_after(result.before.summary, result.after.summary, out)
         after_chains = [c for c in (result.after.report_dict or {}).get("chains", [])
                         if c.get("severity") in ("HIGH", "MEDIUM")]
@@ -44,9 +44,9 @@ def write(result: Any, keep_db: Path | None, out: TextIO) -> None:
                   + (", ".join(f"[{c['severity']}] {c['rule_id']}" for c in after_chains) or "no causal chains")
                   + "\n")
     if keep_db is not None:
-        out.write(f"Trace kept in {keep_db}: ingero explain --db {keep_db}\n")
+        out.write(safe.text(f"Trace kept in {keep_db}: ingero explain --db {keep_db}") + "\n")
     if result.report_line:
-        out.write(f"Report of the slow run: {result.report_line}\n")
+        out.write(safe.text(f"Report of the slow run: {result.report_line}") + "\n")
 
 
 ROWS = (

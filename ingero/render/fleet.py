@@ -6,6 +6,7 @@ from typing import IO, Any
 
 from ingero.analyze.model import Report
 from ingero.render import json as json_view
+from ingero.render import safe
 from ingero.render.terminal import span_text, write_chains
 
 
@@ -21,7 +22,7 @@ def write(report: Report, nodes: list[dict[str, Any]], out: IO[str]) -> None:
     for n in nodes:
         wait = "-" if n["cpu_wait_share"] is None else f"{n['cpu_wait_share']:.0%}"
         clock = "synced" if n["clock_synced"] else "not synced"
-        out.write(f"  {n['node']:<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} {n['others_cores']:>12.2f}  {clock}\n")
+        out.write(f"  {safe.text(n['node']):<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} {n['others_cores']:>12.2f}  {clock}\n")
     _top_chains(nodes, out)
     write_chains(report, out, "Cross-node Causal Chains:",
                  "No cross-node causal chains: no straggler, no cause shared by several nodes, no busy host.")
@@ -35,12 +36,13 @@ def _top_chains(nodes: list[dict[str, Any]], out: IO[str]) -> None:
     for n in nodes:
         c = n.get("top_chain")
         if c is None:
-            out.write(f"  {n['node']}: no chain of its own in the range\n")
+            out.write(f"  {safe.text(n['node'])}: no chain of its own in the range\n")
             continue
         share = f"{c['share']:.0%} of its wall clock, " if c["share"] else ""  # (a notice counts calls: none)
-        out.write(f"  {n['node']}: [{c['severity']}] {c['title']}   ({share}{c['windows']} of {n['windows']} windows)\n")
+        out.write(safe.text(f"  {n['node']}: [{c['severity']}] {c['title']}   ({share}{c['windows']} of "
+                            f"{n['windows']} windows)") + "\n")
         if c["root"]:
-            out.write(f"  {' ' * len(str(n['node']))}  {c['root'][0]}\n")
+            out.write(safe.text(f"  {' ' * len(str(n['node']))}  {c['root'][0]}") + "\n")
 
 
 def to_dict(report: Report, nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Three forms from the same objects (ingero.traceapi StartInfo / TickStats /
 TraceSummary): a rich table redrawn in place on a terminal, one plain line a
 second when stdout is not a terminal, and NDJSON (one object per second,
-then one summary object) with --json.
+then one summary object) with --json.  Start lines and notes name traced
+processes: they go through the sanitiser (render/safe.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from typing import IO, Any
 
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceSummary
-from ingero.render import counts
+from ingero.render import counts, safe
 
 
 def _ms(ns: float | None) -> str:
@@ -56,7 +57,7 @@ class LiveView:
             return
         out = self.err if not self.tty else self.stream
         for line in info.lines:
-            print(f"ingero: {line}", file=out)
+            print(f"ingero: {safe.text(line)}", file=out)
         print(f"ingero: session {info.session_id} -> {info.db_path}  (Ctrl-C to stop)", file=out)
         out.flush()
         if self.tty:
@@ -85,11 +86,12 @@ class LiveView:
             return
         if self.tty and self._live is not None:
             for note in t.notes:
-                self._console.print(f"ingero: {note}")
+                # markup off: a note naming a process must not be read as rich markup either
+                self._console.print(f"ingero: {safe.text(note)}", markup=False, highlight=False)
             self._live.update(self._table(t))
             return
         for note in t.notes:
-            print(f"ingero: {note}", file=self.stream)
+            print(f"ingero: {safe.text(note)}", file=self.stream)
         ops = ", ".join(f"{name} {st.count} p99 {_ms(st.p99_ns)}" for name, st in sorted(t.ops.items()))
         print(
             f"{t.elapsed_s:6.1f}s  {t.events} events  {t.events_per_s:,.0f}/s  "
@@ -141,7 +143,7 @@ class LiveView:
             return
         out = self.stream
         for note in s.notes:
-            print(f"ingero: {note}", file=out)
+            print(f"ingero: {safe.text(note)}", file=out)
         drops = s.drops_kernel + s.drops_user
         print(
             f"ingero: session {s.session_id} closed ({s.ended_by}) after {s.elapsed_s:.1f}s: "

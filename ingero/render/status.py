@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ingero.render import counts
+from ingero.render import counts, safe
 
 
 def _fmt_bytes(n: int) -> str:
@@ -24,7 +24,12 @@ def _fmt_time(ns: int | None) -> str:
 
 
 def lines(st: dict[str, Any]) -> list[str]:
-    """Human-readable lines for ``ingero status`` (the command prints them)."""
+    """Human-readable lines for ``ingero status`` (the command prints them); the targets hold traced
+    processes' names and the payload may come from a tracer's socket: each line is sanitised."""
+    return [safe.text(line) for line in _lines(st)]
+
+
+def _lines(st: dict[str, Any]) -> list[str]:
     s = st.get("session")
     size = _fmt_bytes(st["db_bytes"]) + (f" + WAL {_fmt_bytes(st['wal_bytes'])}" if st["wal_bytes"] else "")
     if st.get("source") == "none":

@@ -1,4 +1,9 @@
-"""Query results as a text table, JSON or CSV: pure functions of a QueryResult."""
+"""Query results as a text table, JSON or CSV: pure functions of a QueryResult.
+
+Values are whatever the store holds (a traced process's name, an imported op name, a fleet node's
+chain text): the text table, and CSV written to a terminal, show them through the sanitiser
+(render/safe.py); JSON escapes control characters itself, CSV into a file or pipe keeps the bytes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import csv
 import json
 from typing import IO, Any
 
+from ingero.render import safe
 from ingero.store.query import QueryResult
 
 MAX_CELL = 80  # wider cells are cut in the text table (JSON/CSV keep everything)
@@ -16,7 +22,7 @@ def _cell(value: Any) -> str:
         return "NULL"
     if isinstance(value, float):
         return f"{value:.6g}"
-    text = str(value)
+    text = safe.text(value)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
@@ -30,13 +36,13 @@ def write_text(result: QueryResult, out: IO[str]) -> None:
         all(isinstance(row[i], (int, float)) or row[i] is None for row in result.rows) and bool(result.rows)
         for i in range(len(result.columns))
     ]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(result.columns)]
+    widths = [max([len(safe.text(c))] + [len(r[i]) for r in cells]) for i, c in enumerate(result.columns)]
 
     def line(values: list[str]) -> str:
         parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
         return "  ".join(parts).rstrip()
 
-    out.write(line(list(result.columns)) + "\n")
+    out.write(line([safe.text(c) for c in result.columns]) + "\n")
     out.write("  ".join("-" * w for w in widths) + "\n")
     for row in cells:
         out.write(line(row) + "\n")
@@ -66,11 +72,15 @@ def write_json(result: QueryResult, out: IO[str]) -> None:
     out.write("\n")
 
 
-def write_csv(result: QueryResult, out: IO[str]) -> None:
+def write_csv(result: QueryResult, out: IO[str], terminal: bool | None = None) -> None:
+    """CSV; on a terminal (``terminal`` None: whether ``out`` is one) every value goes through the
+    sanitiser, elsewhere the values are written as stored."""
+    shown = safe.to_terminal(out) if terminal is None else terminal
+    clean = safe.text if shown else (lambda v: v)
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(result.columns)
+    w.writerow([clean(c) for c in result.columns])
     for row in result.rows:
-        w.writerow(["" if v is None else v for v in row])
+        w.writerow(["" if v is None else clean(v) for v in row])
 
 
 def write_schema(tables: list[Any], out: IO[str]) -> None:

@@ -6,9 +6,15 @@ from typing import IO, Any
 
 from ingero.analyze import units
 from ingero.analyze.model import Chain, Report
-from ingero.render import counts
+from ingero.render import counts, safe
 
 INDENT = "  "
+
+
+def _put(out: IO[str], line: str = "") -> None:
+    """One line of the view: names from the trace in it (processes, NVTX ranges, source lines) are
+    untrusted, so the whole line goes through the sanitiser, its own line breaks included."""
+    out.write(safe.text(line) + "\n")
 
 
 def span_text(seconds: float) -> str:
@@ -103,15 +109,15 @@ def _block(out: IO[str], label: str, lines: list[str]) -> None:
     if not lines:
         return
     head = f"{INDENT}{label}: "
-    out.write(head + lines[0] + "\n")
+    _put(out, head + lines[0])
     pad = " " * len(head)
     for line in lines[1:]:
-        out.write(pad + line + "\n")
+        _put(out, pad + line)
 
 
 def write_chain(chain: Chain, out: IO[str]) -> None:
     measure = chain.headline or f"explains {units.pct(chain.share)} of wall clock"
-    out.write(f"[{chain.severity}] {chain.title}   ({measure})\n")
+    _put(out, f"[{chain.severity}] {chain.title}   ({measure})")
     _block(out, "Root", chain.root)
     _block(out, "Effect", chain.effect)
     _block(out, "Contributing", chain.contributing)
@@ -121,21 +127,21 @@ def write_chain(chain: Chain, out: IO[str]) -> None:
         ev += f", cause/effect correlation {chain.correlation:+.2f} across {chain.windows_total} windows"
         if chain.correlation_note:
             ev += f" ({chain.correlation_note})"
-    out.write(f"{INDENT}Evidence: {ev}  [{chain.rule_id}]\n")
+    _put(out, f"{INDENT}Evidence: {ev}  [{chain.rule_id}]")
 
 
 def write_chains(report: Report, out: IO[str], heading: str, none: str) -> None:
     """The report's chains under ``heading`` (``none`` when it has none), then its notes."""
     if report.chains:
-        out.write(heading + "\n")
+        _put(out, heading)
         for chain in report.chains:
-            out.write("\n")
+            _put(out)
             write_chain(chain, out)
-        out.write("\n")
+        _put(out)
     else:
-        out.write(none + "\n")
+        _put(out, none)
     for note in report.notes:
-        out.write(f"Note: {note}\n")
+        _put(out, f"Note: {note}")
 
 
 def _site(item: dict[str, Any]) -> str:
@@ -180,18 +186,18 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
 
 
 def write(report: Report, out: IO[str]) -> None:
-    out.write(system_line(report) + "\n")
+    _put(out, system_line(report))
     for line in device_lines(report):
-        out.write(line + "\n")
+        _put(out, line)
     span = (report.analysed.end_ns - report.analysed.start_ns) / 1e9
     write_chains(report, out, f"Causal Chains (last {span_text(span)}):",
                  "No causal chains: nothing on the host explains a slowdown in this range.")
     if report.stack is not None:
         for line in _stack_lines(report.stack):
-            out.write(line + "\n")
-    out.write(analysed_line(report) + "\n")
+            _put(out, line)
+    _put(out, analysed_line(report))
     if not report.chains and report.analysed.processes:
-        out.write("Processes: " + ", ".join(report.analysed.processes[:8]) + "\n")
+        _put(out, "Processes: " + ", ".join(report.analysed.processes[:8]))
 
 
 __all__ = ["write", "span_text", "units"]

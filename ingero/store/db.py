@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from ingero.errors import IngeroError, first_line
 # re-exported: callers imported them from here before they moved to ingero.host
 from ingero.host import group_gid, invoking_user, pid_alive, private_umask, sched_autogroup_enabled  # noqa: F401
 from ingero.store import derive
+from ingero.store.query import USER_SQL_SETTINGS
 from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_full, open_error, write_error
 
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
@@ -118,15 +120,6 @@ MIGRATIONS: dict[int, list[str]] = {
 
 DEFAULT_DB_NAME = "ingero.duckdb"
 
-# Locked-down settings for SQL typed by users.  enable_external_access=false
-# refuses COPY TO/FROM, read_csv/read_text of paths, ATTACH, INSTALL/LOAD;
-# lock_configuration refuses SET so none of it can be turned back on.
-USER_SQL_CONFIG = {
-    "enable_external_access": False,
-    "autoload_known_extensions": False,
-    "autoinstall_known_extensions": False,
-    "lock_configuration": True,
-}
 
 
 _PARAM = re.compile(r"\$(\w+)")
@@ -170,13 +163,59 @@ def schema_sql() -> str:
     return resources.files("ingero.store").joinpath("schema.sql").read_text()
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_db_path(path: Path) -> bool:
+    """Whether a database file exists at ``path``; refused with one line when ``path`` (or its WAL)
+    is a directory, FIFO, device or socket.
+
+    Checked with stat, which never opens the file: DuckDB's open() of a FIFO blocks until a writer
+    comes (`explain --db FIFO` hung, deaf to Ctrl-C), and a device node is not ours to write.
+    A symlink to a regular file is followed, as DuckDB would.
+    """
+    for p, what in ((path, "--db"), (path.with_name(path.name + ".wal"), "the WAL of --db")):
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            if p is path:
+                return False
+            continue
+        except PermissionError:
+            raise DatabaseUnreadable(path) from None
+        except OSError as exc:  # a symlink loop, a name too long
+            raise IngeroError(f"cannot use --db {path}: {exc.strerror or exc}", "pass --db with a file path") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise IngeroError(
+                f"{what} {p} is {_kind(st.st_mode)}, not a database file",
+                "pass --db with an ingero DuckDB file, or a new path for one",
+            )
+    return True
+
+
 def _require_existing(path: Path) -> None:
     """Readers never create a database: a missing file is the user's to fix."""
-    if not path.exists():
+    if not check_db_path(path):
         raise IngeroError(
             f"no ingero database at {path}",
             "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH",
         )
+
+
+def _remove_created(path: Path) -> None:
+    """A database this open created and could not finish (a full disk): removed with its WAL, so
+    that no empty or half-written file is left for the next command to refuse."""
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                p.unlink()
+        except OSError:
+            pass
 
 
 class DatabaseLocked(IngeroError):
@@ -259,7 +298,7 @@ class Store:
             store = cls(con, path, True)
             store._check_version()
             return store
-        created = not path.exists()
+        created = not check_db_path(path)
         # Traces hold every traced process's command line: the DB, and the WAL DuckDB
         # creates again after each checkpoint, are 0600 (0640 with an `ingero` group).
         # Process-wide, since the WAL appears later; an existing file keeps its mode.
@@ -270,6 +309,10 @@ class Store:
                 _give_to_invoking_user(path.parent)
             con = duckdb.connect(str(path))
         except (duckdb.Error, OSError) as exc:
+            os.umask(old_umask)
+            locked = "lock" in first_line(exc).lower()  # another process made it and holds it: theirs
+            if created and not locked:
+                _remove_created(path)
             _raise_open_error(path, exc)
         store = cls(con, path, False)
         store._old_umask = old_umask
@@ -281,6 +324,8 @@ class Store:
             store._apply_schema()
         except BaseException:
             store.close()
+            if created:  # we hold it (DuckDB's lock): a new file left without the schema and marker goes
+                _remove_created(path)
             raise
         if created:
             _give_to_invoking_user(path)
@@ -554,11 +599,12 @@ TABLES = (
 
 
 def open_for_user_sql(path: Path | str | None = None) -> duckdb.DuckDBPyConnection:
-    """A read-only connection for SQL typed by a user: no files, network, extensions or SET."""
+    """A read-only connection for SQL typed by a user: no files, network, extensions or SET, and the
+    memory and threads of store.query's caps."""
     path = Path(path) if path is not None else default_db_path()
     _require_existing(path)
     try:
-        return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_CONFIG))
+        return duckdb.connect(str(path), read_only=True, config=dict(USER_SQL_SETTINGS))
     except duckdb.Error as exc:
         _raise_open_error(path, exc)
         raise  # unreachable: _raise_open_error always raises

@@ -71,15 +71,16 @@ def test_query_max_rows_truncates(db: Path, capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize(
     "sql, fragment",
     [
-        ("COPY events TO '/tmp/ingero-leak.csv'", "refused: "),
+        # the guard every path shares (daemon/sqlguard.py), then DuckDB's own refusal of file access
+        ("COPY events TO '/tmp/ingero-leak.csv'", "COPY is refused: a query never reads or writes files"),
         ("SELECT * FROM read_text('/etc/shadow')", "refused: "),
         ("SELECT * FROM read_csv('/etc/passwd')", "refused: "),
-        ("ATTACH '/tmp/other.duckdb' AS o", "refused: "),
-        ("INSTALL httpfs", "refused: "),
-        ("LOAD httpfs", "refused: "),
-        ("SET enable_external_access = true", "refused: "),
-        ("DELETE FROM events", "refused: "),
-        ("DROP TABLE events", "refused: "),
+        ("ATTACH '/tmp/other.duckdb' AS o", "ATTACH is refused"),
+        ("INSTALL httpfs", "INSTALL/LOAD is refused"),
+        ("LOAD httpfs", "INSTALL/LOAD is refused"),
+        ("SET enable_external_access = true", "SET is refused"),
+        ("DELETE FROM events", "DELETE is refused: queries are read-only"),
+        ("DROP TABLE events", "DROP is refused: queries are read-only"),
         ("SELEC 1", "bad SQL: "),
         ("SELECT * FROM no_such_table", "bad SQL: "),
     ],

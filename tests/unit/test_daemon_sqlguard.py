@@ -66,7 +66,7 @@ def test_read_only_statements_pass(con, sql):
         ("EXPLAIN COPY events TO '/tmp/x'", "EXPLAIN is only allowed for a SELECT"),
         ("PIVOT events ON op", "expands to several statements"),
         ("", "empty query"),
-        ("SELEC 1", "SQL does not parse"),
+        ("SELEC 1", "bad SQL: Parser Error"),
     ],
 )
 def test_escapes_are_refused_with_their_reason(con, sql, message):

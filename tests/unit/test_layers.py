@@ -53,7 +53,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "fleet": {"collect", "sample", "store", "analyze", "export", "daemon"},
     "commands": {"collect", "sample", "importer", "store", "analyze", "render", "export", "daemon", "demo", "check",
                  "metrics", "mcpserver", "fleet", "cli"},
-    "cli": {"commands"},
+    # cli prints the one error line, through render's sanitiser (a message may quote untrusted text)
+    "cli": {"commands", "render"},
     "__main__": {"cli"},
 }
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ingero.daemon import client, server
+from ingero.store import query as caps
 from ingero.daemon.server import QueryServer
 from ingero.demo.synthetic import event_batch
 from ingero.errors import IngeroError
@@ -60,14 +61,14 @@ def test_a_huge_value_is_refused_inside_duckdb(served, monkeypatch):
     # finding 2: SELECT repeat('x', 1e9) was refused only after encoding (4.2 GiB RSS)
     _, _, sock = served
     with pytest.raises(IngeroError, match="a row of the result is larger than 1 MiB"):
-        client.query(f"SELECT repeat('x', {2 * server.MAX_ROW_BYTES}) AS s", socket_path=sock)
+        half = caps.MAX_ROW_BYTES // 2 + 10  # two values each under the cap, a row over it
+        client.query(f"SELECT repeat('x', {half}) AS a, repeat('y', {half}) AS b", socket_path=sock)
 
 
 def test_reply_size_is_counted_while_fetching(served, monkeypatch):
     _, _, sock = served
-    monkeypatch.setattr(server, "MAX_REPLY_BYTES", 50_000)
-    with pytest.raises(IngeroError, match="result too large: more than 0 MiB after"):
-        client.query("SELECT repeat('y', 1000) FROM range(1000)", socket_path=sock)
+    with pytest.raises(IngeroError, match="^result too large: more than 50,000 bytes after 49 rows — "):
+        client.query_reply("SELECT repeat('y', 1000) FROM range(1000)", socket_path=sock, max_bytes=50_000)
     cols, rows = client.query("SELECT 1 AS a, 2 AS a", socket_path=sock)
     assert cols == ["a", "a"] and rows == [[1, 2]]
 
