@@ -3,7 +3,8 @@
 Top-level keys: format_version, analysed, system, chains, notes, stack.  Each
 chain: rule_id, severity, title, root, effect, contributing, fix, pids,
 culprits [{pid, name, detail}], evidence_windows [{start_ns, end_ns}],
-windows_total, correlation, correlation_note, impact, numbers.
+windows_total, correlation, correlation_note, impact, share, numbers, headline (what a
+notice counts instead of a share of wall clock: failed-calls; notices come first).
 """
 
 from __future__ import annotations
