@@ -218,6 +218,8 @@ static __always_inline u64 waker_id(void)
 	bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax);
 	switch (nr) {
 	case 1: case 18: case 20: case 296: case 328: /* write, pwrite64, writev, pwritev, pwritev2 */
+	case 0: case 17: case 19: case 295: case 327: /* read, pread64, readv, preadv, preadv2: a reader frees a full pipe's writer */
+	case 45: case 47: case 299: /* recvfrom, recvmsg, recvmmsg: the same for a socket's */
 	case 44: case 46: case 307: case 48: /* sendto, sendmsg, sendmmsg, shutdown */
 	case 3: case 60: case 231: /* close, exit, exit_group (a joiner's futex) */
 	case 62: case 200: case 234: case 129: case 297: /* kill, tkill, tgkill, rt_(tg)sigqueueinfo */

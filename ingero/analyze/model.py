@@ -21,6 +21,7 @@ class Culprit:
     pid: int
     name: str
     detail: str = ""  # e.g. "1,204 preemptions, 31.0 s on CPU"
+    tid: int | None = None  # a thread of it named as the cause (a lock or GIL holder); None: the process
 
 
 @dataclass(frozen=True)

@@ -151,3 +151,41 @@ def top_lines(ctx: Context, tid: int, ws: list[int], limit: int = 5, idle_first:
         key=lambda x: (-(x.idle_samples if idle_first else x.samples), -x.samples, x.site.file or "", x.site.line or 0),
     )
     return Sampled(total, outside, loader_n, tuple(lines[:limit]), idle_n)
+
+
+# Frames of the interpreter's own library and installed packages: a user's line is the first
+# frame outside them, counted from the innermost (json.dumps runs in json/encoder.py).
+LIBRARY_PARTS = ("/lib/python", "/site-packages/", "/dist-packages/", "<frozen ")
+
+
+def _is_library(file: str | None) -> bool:
+    return not file or file.startswith("<") or any(p in file for p in LIBRARY_PARTS)
+
+
+def user_lines(ctx: Context, tid: int, ws: list[int], limit: int = 3) -> tuple[int, list[tuple[Site, int]]]:
+    """(samples outside CUDA calls with a Python stack, [(the innermost frame of the user's own
+    code, its samples)]) of thread ``tid`` in windows ``ws``: where a helper thread (a GIL
+    holder) spends its CPU, in the caller's terms."""
+    con = ctx.con
+    p = {"sid": ctx.session_id, "tid": tid, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
+         "ws": ws or [-1]}
+    counts = {int(sid): int(n) for sid, n, _ in con.execute(SAMPLES_SQL, p).fetchall() if sid is not None}
+    if not counts:
+        return 0, []
+    frames: dict[int, list[tuple]] = {}
+    for sid, _depth, file, line, function, source in con.execute(FRAMES_SQL, {"ids": list(counts)}).fetchall():
+        frames.setdefault(int(sid), []).append((file, line, function, source))
+    by_site: dict[Site, int] = {}
+    total = 0
+    for sid, n in counts.items():
+        fr = frames.get(sid)
+        if not fr:
+            continue
+        total += n
+        mine = next((f for f in fr if not _is_library(f[0])), fr[0])
+        if mine[0] is None:
+            continue
+        site = Site(*mine)
+        by_site[site] = by_site.get(site, 0) + n
+    ranked = sorted(by_site.items(), key=lambda kv: (-kv[1], kv[0].file, kv[0].line or 0))
+    return total, ranked[:limit]

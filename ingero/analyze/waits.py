@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from ingero.analyze.context import Context
-from ingero.analyze.procs import has_column
+from ingero.analyze.procs import has_column, same_job
 
 # Blocked intervals shorter than this are not followed (a futex hand-off of a
 # few µs says nothing about the loop's time; they are summed as 'short').
@@ -383,11 +383,13 @@ def input_fraction(con, pid: int) -> dict[int, float]:
 
 STARVERS_SQL = """
 SELECT root_pid, sum(ns), any_value(via_pid ORDER BY ns DESC) FROM ing_block
-WHERE pid = $pid AND list_contains($ws, w) AND root = 'cpu' AND via_pid NOT IN (0, pid) AND root_pid NOT IN (0, pid)
+WHERE pid = $pid AND list_contains($ws, w) AND root = 'cpu' AND via_pid NOT IN (-1, 0, pid) AND root_pid NOT IN (0, pid)
 GROUP BY root_pid ORDER BY sum(ns) DESC
 """
 
 
 def starvers(con, pid: int, ws: list[int]) -> list[tuple[int, float, int]]:
-    """(pid, ns, worker pid): processes that took the CPU from the workers the loop waited on."""
-    return [(int(p), float(ns), int(v)) for p, ns, v in con.execute(STARVERS_SQL, {"pid": pid, "ws": ws}).fetchall()]
+    """(pid, ns, worker pid): processes outside the job that took the CPU from the workers the
+    loop waited on (its workers preempting each other share the job's cores: no culprit)."""
+    rows = con.execute(STARVERS_SQL, {"pid": pid, "ws": ws}).fetchall()
+    return [(int(p), float(ns), int(v)) for p, ns, v in rows if not same_job(con, pid, int(p))]

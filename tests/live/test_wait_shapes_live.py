@@ -57,7 +57,7 @@ pytestmark = pytest.mark.live
 
 WL = workloads.HERE
 DURATION_S = 7
-PENDING = pytest.mark.xfail(strict=False, reason="#37 mechanism pending")
+PENDING = pytest.mark.xfail(strict=True, reason="#37 mechanism pending")
 # The rule id of a chain whose root is a lock (the GIL) held by another thread of the same
 # process.  #37 names the chain ("a lock/GIL chain names the holding thread"), not its id: the
 # lead sets it here when the rule lands.

@@ -46,6 +46,9 @@ class Thresholds:
     # major faults per stalled window.
     swap_bytes: float = 1e6
     major_faults: float = 100
+    # Where the job itself writes, another process is named (and ioniced) only when it issued at
+    # least this share of the job's own bytes.
+    min_other_io_share: float = 0.5
 
 
 T = Thresholds()
@@ -171,6 +174,12 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     others = [names[i[0]] for i in issuers
               if i[0] not in traced and i[0] in names and i[0] != 0 and not names[i[0]].is_kernel_thread]
     own = [i for i in issuers if i[0] in traced]
+    if flushes or own:
+        # the job's own writes and flushes explain the stall: another process is named only when
+        # it moved a comparable share of the bytes (a neighbour's trickle is no cause)
+        own_bytes = sum(float(i[1] or 0) for i in own)
+        others = [p for p in others
+                  if next(float(i[1] or 0) for i in issuers if i[0] == p.pid) >= T.min_other_io_share * own_bytes]
     if flushes:
         fix.append(f"{'/'.join(sorted({t.via_call for t in flushes}))} inside the step waits for the whole "
                    "checkpoint to reach the disk: save from a background thread or process (torch.save to a "
@@ -186,7 +195,9 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
                    "DataLoader(prefetch_factor=4) to hide read latency")
     if not fix:
         fix.append("put the dataset / checkpoints on local NVMe; DataLoader prefetch_factor=4 hides read latency")
-    culprits = [Culprit(i[0], names[i[0]].name, f"{units.size(i[1])} block I/O") for i in issuers[:3]]
+    named = {p.pid for p in others} | {i[0] for i in own}
+    ordered = sorted((i for i in issuers if i[0] in named), key=lambda i: i[0] not in traced)  # the job's own first
+    culprits = [Culprit(i[0], names[i[0]].name, f"{units.size(i[1])} block I/O") for i in ordered[:3]]
     return baseline.chain(
         ID, TITLE, ctx, pid, s,
         severity=severity,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, units, waits
+from ingero.analyze import baseline, procs, samples, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 
@@ -90,6 +90,14 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         if s.has_baseline and drop > 0:
             effect.append(f"CUDA ops/s down {units.pct(drop)} from clean windows "
                           f"({units.count(base_rate)} → {units.count(ev_rate)})")
+        contributing = []
+        sampled, lines = samples.user_lines(ctx, int(top_tid), ws)
+        if sampled:
+            contributing.append(f"{label} sampled on CPU {sampled:,} times at ~99 Hz; its own lines:")
+            contributing += [f"  {n / sampled * 100:4.1f}%  {site.short()}  {site.function}"
+                             + (f": {site.source.strip()}" if site.source else "") for site, n in lines]
+        else:
+            contributing.append(f"trace with --stack to name the Python line {label} runs")
         fix = [f"py-spy dump --pid {pid}   (the Python line {label} runs while it holds {what})"]
         if gil:
             fix.append(f"move {label}'s work out of the process or out of Python: a multiprocessing worker or a "
@@ -102,8 +110,9 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             ID, TITLE, ctx, pid, s,
             severity="HIGH" if impact >= T.high_share else "MEDIUM",
             root=root, effect=effect, fix=fix,
-            culprits=[Culprit(pid, f"thread {h[4] or '?'} (TID {h[0]})", f"{units.ns(h[1])} of the loop's wait")
-                      for h in holders[:4]],
+            contributing=contributing,
+            culprits=[Culprit(pid, f"thread {h[4] or '?'} (TID {h[0]})", f"{units.ns(h[1])} of the loop's wait",
+                              tid=int(h[0])) for h in holders[:4]],
             corr=baseline.evidence_correlation(s, share, baseline.ops_rate, expect=-1),
             corr_note="CUDA ops/s fall as the wait for the lock grows",
             impact=impact,

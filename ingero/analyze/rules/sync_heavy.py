@@ -30,6 +30,9 @@ class Thresholds:
     min_syncs_per_s: float = 100.0
     # Steady-state property: at least this share of active windows.
     min_window_share: float = 0.5
+    # A device busy this share of the range has no idle for the syncs to cost: other threads'
+    # or streams' work fills it (4 server threads syncing their own streams kept it 97% busy).
+    max_device_busy_share: float = 0.9
 
 
 T = Thresholds()
@@ -53,6 +56,9 @@ def _busy_note(ctx: Context, pid: int) -> str:
 def evaluate(con, ctx: Context) -> list[Chain]:
     chains = []
     for pid, rows in baseline.windows_by_pid(ctx).items():
+        busy = ctx.device_busy.get(pid)
+        if busy is not None and busy >= T.max_device_busy_share:
+            continue
         ev = [r for r in rows if _heavy(r)]
         if not ev or len(ev) < T.min_window_share * len(rows):
             continue
