@@ -57,7 +57,6 @@ pytestmark = pytest.mark.live
 
 WL = workloads.HERE
 DURATION_S = 7
-PENDING = pytest.mark.xfail(strict=True, reason="#37 mechanism pending")
 # The rule id of a chain whose root is a lock (the GIL) held by another thread of the same
 # process.  #37 names the chain ("a lock/GIL chain names the holding thread"), not its id: the
 # lead sets it here when the rule lands.
@@ -314,7 +313,6 @@ def test_gil_workload_made_its_shape(gil):
     assert n > 0
 
 
-@PENDING
 def test_gil_chain_names_the_logger_thread(gil):
     t = gil.truth
     first = gil.report["chains"][0] if gil.report["chains"] else None
@@ -325,13 +323,11 @@ def test_gil_chain_names_the_logger_thread(gil):
     assert any("metrics-logger" in f for f in first["fix"]), first["fix"]
 
 
-@PENDING
 def test_gil_wait_is_not_read_as_data_loading(gil):
     rules = {c["rule_id"] for c in chains_of(gil.report, gil.truth["pid"])}
     assert not rules & {"input-bound", "host-bound"}, summary(gil.report)
 
 
-@PENDING
 def test_gil_chain_names_the_logger_line_with_stack(gil):
     chains = [c for c in gil.report["chains"] if c["rule_id"] == LOCK_RULE]
     assert len(chains) == 1, summary(gil.report)
@@ -376,7 +372,6 @@ def test_ckpt_workload_made_its_shape(ckpt):
     assert io_n > 0 and written >= t["bytes_written"]
 
 
-@PENDING
 def test_ckpt_is_an_io_stall_naming_the_writes_and_fsync(ckpt):
     t = ckpt.truth
     first = ckpt.report["chains"][0] if ckpt.report["chains"] else None
@@ -393,7 +388,6 @@ def test_ckpt_is_an_io_stall_naming_the_writes_and_fsync(ckpt):
     assert any("checkpoint" in f.lower() or "fsync" in f for f in first["fix"]), first["fix"]
 
 
-@PENDING
 def test_ckpt_is_not_host_bound(ckpt):
     rules = {c["rule_id"] for c in chains_of(ckpt.report, ckpt.truth["pid"])}
     assert "host-bound" not in rules, summary(ckpt.report)
@@ -412,7 +406,6 @@ def test_starved_workload_made_its_shape(starved):
     assert set(t["workers"]) <= traced and not set(hogs) & traced
 
 
-@PENDING
 def test_starved_workers_chain_names_the_hogs(starved):
     t = starved.truth
     hogs = starved.extra["hogs"]
@@ -434,7 +427,6 @@ def test_two_jobs_made_their_shape(two_jobs):
         assert_recorded(run, run.truth["loop_tid"], run.truth["counts"])
 
 
-@PENDING
 @pytest.mark.parametrize("me", [0, 1], ids=["lm_pretrain", "vit_finetune"])
 def test_each_job_is_the_others_culprit(two_jobs, me):
     mine, other = two_jobs[me].truth, two_jobs[1 - me].truth
@@ -461,7 +453,6 @@ def test_server_made_its_shape(server):
         assert_recorded(server, h["tid"], h["counts"])
 
 
-@PENDING
 def test_server_stays_healthy(server):
     t = server.truth
     n = sum(traced_ops(h["counts"]) for h in t["handlers"]) + traced_ops(t["main_counts"])

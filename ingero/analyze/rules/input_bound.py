@@ -189,10 +189,16 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             culprits = [Culprit(h[0], hog_names[h[0]].name, f"took the CPU from the workers: {units.ns(h[1])} "
                                 f"of the loop's wait") for h in hogs[:4]] + culprits
             free = _free_cores(con, ctx, [pid] + [w[0] for w in workers])
-            hog_fix = [f"renice -n 19 -p {pids_txt}   (the workers first: {', '.join(sorted({hog_names[h[0]].name for h in hogs}))} "
-                       f"took their CPU)"]
+            hog_what = ", ".join(sorted({hog_names[h[0]].name for h in hogs}))
+            hog_fix = [f"renice -n 19 -p {pids_txt}   (the workers first: {hog_what} took their CPU)"]
+            worker_cores = _used_cores(con, ctx, [w[0] for w in workers])
             if free:
                 hog_fix.insert(0, f"taskset -acp {free} {pids_txt}   (move them off the cores the workers and the loop use)")
+            elif workers and worker_cores and len(worker_cores) < ctx.ncpu:
+                # no core is free of the job: let the confined workers use the loop's idle time instead
+                hog_fix.insert(0, f"taskset -acp 0-{ctx.ncpu - 1} {' '.join(str(w[0]) for w in workers)}   (the "
+                                  f"workers ran only on CPU {','.join(map(str, sorted(worker_cores)))}, beside "
+                                  f"{hog_what}: let them use every core)")
             fix = hog_fix + fix
             if severity == "MEDIUM" and wait >= T.high_wait_share:
                 severity = "HIGH"  # the deeper cause is named: the hogs
@@ -222,16 +228,27 @@ def evaluate(con, ctx: Context) -> list[Chain]:
     return chains
 
 
+# The cores a set of processes ran on: those holding at least 5% of their switches (a worker's
+# first switches before its pinning land anywhere).
 CORES_SQL = """
-SELECT DISTINCT cpu FROM events
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch' AND list_contains($pids, pid)
+SELECT cpu FROM (
+    SELECT cpu, count(*) AS n, sum(count(*)) OVER () AS total FROM events
+    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+      AND list_contains($pids, pid)
+    GROUP BY cpu
+) WHERE n >= 0.05 * total
 """
+
+
+def _used_cores(con, ctx: Context, pids: list[int]) -> set[int]:
+    """The cores ``pids`` ran on over the range (CORES_SQL)."""
+    return {int(c) for (c,) in con.execute(CORES_SQL, {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns,
+                                                       "pids": pids}).fetchall() if c is not None}
 
 
 def _free_cores(con, ctx: Context, pids: list[int]) -> str:
     """The cores none of ``pids`` ran on, as a taskset list ('' when none)."""
-    used = {int(c) for (c,) in con.execute(CORES_SQL, {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns,
-                                                       "pids": pids}).fetchall() if c is not None}
+    used = _used_cores(con, ctx, pids)
     return ",".join(str(c) for c in range(ctx.ncpu) if c not in used)
 
 
