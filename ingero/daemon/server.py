@@ -42,6 +42,7 @@ from ingero.daemon.state import collect_status
 from ingero.errors import IngeroError, first_line
 from ingero.host import GROUP, group_gid, invoking_user
 from ingero.store import query as caps
+from ingero.store import valuecap
 
 SOCKET_NAME = "ingero.sock"
 ROOT_SOCKET_DIR = Path("/run/ingero")
@@ -415,6 +416,9 @@ class QueryServer:
             return {"ok": False, "error": f"refused: {first_line(exc)}",
                     "hint": "queries cannot read files, the network or extensions"}
         except duckdb.Error as exc:
+            too_big = valuecap.refusal(first_line(exc), caps.MAX_ROW_BYTES)
+            if too_big is not None:
+                return {"ok": False, "error": too_big, "hint": "build smaller values, or aggregate in SQL"}
             return {"ok": False, "error": first_line(exc)}
 
     def _in_read_txn(self, fn: Callable[[duckdb.DuckDBPyConnection], Any], timeout_s: float) -> Any:

@@ -22,6 +22,8 @@ import re
 import duckdb
 
 from ingero.errors import IngeroError, first_line
+from ingero.store.query import MAX_ROW_BYTES
+from ingero.store.valuecap import bound_values
 
 # PRAGMAs that only describe the database.  Others (enable_profiling to a
 # file, memory settings, checkpoint variants) are refused.
@@ -115,14 +117,17 @@ def check_sql(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     kind = _type_name(stmt)
     if kind == "SELECT":
         _check_functions(con, stmt.query)
-        return stmt.query
+        return bound_values(con, stmt.query, MAX_ROW_BYTES)
     if kind == "EXPLAIN":
-        inner = _EXPLAIN_PREFIX.sub("", stmt.query, count=1)
+        prefix = _EXPLAIN_PREFIX.match(stmt.query)
+        inner = stmt.query[prefix.end():] if prefix else stmt.query
         inner_stmts = _parse(con, inner)
         if len(inner_stmts) != 1 or _type_name(inner_stmts[0]) != "SELECT":
             raise IngeroError("refused: EXPLAIN is only allowed for a SELECT", "explain a SELECT")
         _check_functions(con, inner_stmts[0].query)
-        return stmt.query
+        # planning folds constants (a repeat() of literals is built while planning), and ANALYZE runs it
+        bounded = bound_values(con, inner_stmts[0].query, MAX_ROW_BYTES)
+        return stmt.query if bounded == inner_stmts[0].query else stmt.query[:prefix.end() if prefix else 0] + bounded
     if kind == "PRAGMA":
         m = _PRAGMA_NAME.match(stmt.query)
         name = m.group(1).lower() if m else "?"

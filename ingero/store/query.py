@@ -32,6 +32,7 @@ from typing import Any
 import duckdb
 
 from ingero.errors import IngeroError, first_line
+from ingero.store import valuecap
 
 # Rows: a terminal's worth by default; the cap keeps one reply (each row is JSON in RAM) bounded.
 DEFAULT_MAX_ROWS = 10_000
@@ -102,6 +103,9 @@ def lock_down(con: duckdb.DuckDBPyConnection, *, memory_limit_bytes: int | None 
 def explain_duckdb_error(exc: duckdb.Error) -> IngeroError:
     """One line for a failed user query: what DuckDB said and what to do."""
     msg = first_line(exc)
+    too_big = valuecap.refusal(msg, MAX_ROW_BYTES)
+    if too_big is not None:
+        return IngeroError(too_big, "build smaller values, or aggregate in SQL")
     if isinstance(exc, duckdb.PermissionException) or "disabled by configuration" in msg:
         return IngeroError(
             f"refused: {msg}",
