@@ -15,7 +15,7 @@ import duckdb
 
 from ingero.collect.probes import CUDA_PROBES
 from ingero.collect.records import OP_NAMES, Op
-from ingero.importer.raw import BAD_FIELD_NAMES, INT_FIELDS
+from ingero.importer.raw import BAD_FIELD_NAMES, INT_FIELDS, RAW_TABLE, SCRATCH, detach_scratch
 
 CALL_CATS = ("cuda_runtime", "cuda_driver")
 DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -105,7 +105,8 @@ FROM _imp_raw"""
 # How each staged row is used ('call', 'device', 'span', 'name') or why not (any other text).
 # ``link`` ties a call to the device activity it submitted: the correlation id, or (link_by_external_id)
 # a key made from the external id where the trace has none.
-USE = """CREATE OR REPLACE TEMP TABLE _imp_use AS
+USE_TABLE = f"{SCRATCH}._imp_use"  # read through the TEMP view _imp_use
+USE = """CREATE OR REPLACE TABLE {use_table} AS
 SELECT v.* EXCLUDE (ts, dur, bad), o.op, v.correlation AS link,
     CASE
       WHEN ph = 'M' AND name = 'process_name' AND pid IS NOT NULL AND arg_name IS NOT NULL THEN 'name'
@@ -138,17 +139,17 @@ BAD_SQL = ("SELECT count(*) FILTER (ts IS NOT NULL AND start_ns IS NULL), "
 # k-th of its calls that submit work (launches, copies, memsets), in time order; both get the
 # same link, a negative number (correlations are positive).
 LINK_BY_EXTERNAL_ID = """
-UPDATE _imp_use SET link = f.link FROM (
+UPDATE {use_table} SET link = f.link FROM (
     WITH d AS (SELECT rowid AS rid, ext_id, row_number() OVER (PARTITION BY ext_id ORDER BY start_ns, stream, rowid) AS k
-               FROM _imp_use WHERE use = 'device' AND link IS NULL AND ext_id IS NOT NULL AND ext_id <> 0),
+               FROM {use_table} WHERE use = 'device' AND link IS NULL AND ext_id IS NOT NULL AND ext_id <> 0),
     c AS (SELECT rowid AS rid, ext_id, row_number() OVER (PARTITION BY ext_id ORDER BY start_ns, tid, rowid) AS k
-          FROM _imp_use u WHERE ph = 'X' AND cat IN {calls} AND start_ns IS NOT NULL
+          FROM {use_table} u WHERE ph = 'X' AND cat IN {calls} AND start_ns IS NOT NULL
             AND ext_id IN (SELECT ext_id FROM d) AND regexp_matches(name, 'Launch|Memcpy|Memset')
             AND (link IS NULL OR NOT EXISTS (SELECT 1 FROM _imp_use x WHERE x.use = 'device' AND x.link = u.link))),
     pairs AS (SELECT d.rid AS drid, c.rid AS crid, -row_number() OVER (ORDER BY d.rid) AS link
               FROM d JOIN c USING (ext_id, k))
     SELECT drid AS rid, link FROM pairs UNION ALL SELECT crid, link FROM pairs
-) f WHERE _imp_use.rowid = f.rid""".replace("{calls}", _CATS["calls"])
+) f WHERE {use_table}.rowid = f.rid""".replace("{calls}", _CATS["calls"]).replace("{use_table}", USE_TABLE)
 
 SUBMITTED = """(SELECT link, any_value(stream) FILTER (WHERE stream >= 0) AS stream,
         CASE WHEN sum(bytes) <= 9223372036854775807 THEN sum(bytes) END AS bytes, any_value(copy_kind) AS copy_kind
@@ -208,14 +209,18 @@ def prepare(con: duckdb.DuckDBPyConnection, *, base_ns: int, calls_only: bool) -
     if not 0 <= base_ns <= MAX_NS:
         raise ValueError(f"base_ns {base_ns} out of range")  # __init__ refuses it first
     con.execute(VIEW.format(base=int(base_ns), category=_category_sql(), max_ns=MAX_NS, max_dur_us=MAX_DUR_NS / 1000))
-    con.execute("CREATE OR REPLACE TEMP TABLE _imp_ops (symbol VARCHAR, op VARCHAR)")
-    con.executemany("INSERT INTO _imp_ops VALUES (?, ?)", op_table())
+    symbols, ops = zip(*op_table())
+    con.execute("CREATE OR REPLACE TEMP TABLE _imp_ops AS SELECT unnest($s::VARCHAR[]) AS symbol, "
+                "unnest($o::VARCHAR[]) AS op", {"s": list(symbols), "o": list(ops)})
     counts = Counts()
     bad = con.execute(BAD_SQL).fetchone()
     names = ("ts", "dur", *(BAD_FIELD_NAMES[f[0]] for f in INT_FIELDS))
     counts.bad = {k: int(n) for k, n in zip(names, bad) if n}
-    con.execute(USE.format(**_CATS, calls_only="TRUE" if calls_only else "FALSE"))
-    con.execute("DROP TABLE _imp_raw")  # _imp_use has all of it, typed: keep one copy
+    con.execute(USE.format(**_CATS, use_table=USE_TABLE, calls_only="TRUE" if calls_only else "FALSE"))
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _imp_use AS SELECT * FROM {USE_TABLE}")
+    con.execute("DROP VIEW _imp_v")
+    con.execute("DROP VIEW _imp_raw")
+    con.execute(f"DROP TABLE {RAW_TABLE}")  # _imp_use has all of it, typed: keep one copy
     if con.execute("SELECT count(*) FROM _imp_use WHERE use = 'device' AND link IS NULL AND ext_id IS NOT NULL "
                    "AND ext_id <> 0").fetchone()[0]:
         con.execute(LINK_BY_EXTERNAL_ID)
@@ -282,6 +287,7 @@ def matched_calls(con: duckdb.DuckDBPyConnection, pairs: list[tuple[int, int, in
 
 
 def cleanup(con: duckdb.DuckDBPyConnection) -> None:
-    for stmt in ("DROP TABLE IF EXISTS _imp_use", "DROP TABLE IF EXISTS _imp_match", "DROP VIEW IF EXISTS _imp_v", "DROP TABLE IF EXISTS _imp_ops",
-                 "DROP TABLE IF EXISTS _imp_raw"):
+    for stmt in ("DROP VIEW IF EXISTS _imp_use", "DROP TABLE IF EXISTS _imp_match", "DROP VIEW IF EXISTS _imp_v",
+                 "DROP TABLE IF EXISTS _imp_ops", "DROP VIEW IF EXISTS _imp_raw"):
         con.execute(stmt)
+    detach_scratch(con)  # its tables with it

@@ -100,10 +100,47 @@ FROM (SELECT *, {', '.join(vals)} FROM t)"""
 
 
 RAW_SELECT = _raw_select()
-RAW_DDL = """CREATE OR REPLACE TEMP TABLE _imp_raw (ph VARCHAR, cat VARCHAR, name VARCHAR, pid INTEGER,
+
+# The staged rows live in a scratch database of their own, a DuckDB file in TMPDIR (deleted when
+# the import ends): its tables are compressed and on disk, read through DuckDB's buffer pool, so
+# the import's memory does not grow with the trace (a TEMP table is held in memory, uncompressed:
+# ~120 bytes a row, 600 MB for 5 M events).  TEMP views under the old names read them.
+SCRATCH = "ing_imp"
+RAW_TABLE = f"{SCRATCH}._imp_raw"
+RAW_DDL = f"""CREATE OR REPLACE TABLE {RAW_TABLE} (ph VARCHAR, cat VARCHAR, name VARCHAR, pid INTEGER,
     tid INTEGER, ts DOUBLE, dur DOUBLE, correlation BIGINT, ext_id BIGINT, device INTEGER, stream BIGINT,
     bytes BIGINT, arg_name VARCHAR, bad UTINYINT)"""
-RAW_INSERT = "INSERT INTO _imp_raw SELECT * FROM (" + RAW_SELECT + ")"
+RAW_INSERT = f"INSERT INTO {RAW_TABLE} SELECT * FROM (" + RAW_SELECT + ")"
+_scratch_dirs: dict[int, tempfile.TemporaryDirectory] = {}
+
+
+def attach_scratch(con: duckdb.DuckDBPyConnection) -> None:
+    """Attach the import's scratch database to ``con`` (once; detach_scratch removes it)."""
+    if con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = $n",
+                   {"n": SCRATCH}).fetchone()[0]:
+        return
+    tmp = tempfile.TemporaryDirectory(prefix="ingero-import-")
+    path = os.path.join(tmp.name, "scratch.duckdb").replace("'", "''")
+    try:
+        con.execute(f"ATTACH '{path}' AS {SCRATCH}")
+    except duckdb.Error as exc:
+        tmp.cleanup()
+        raise IngeroError(f"cannot create the import's scratch database in {tempfile.gettempdir()}: "
+                          f"{first_line(exc)}", "set TMPDIR to a writable disk with room") from None
+    _scratch_dirs[id(con)] = tmp
+
+
+def detach_scratch(con: duckdb.DuckDBPyConnection) -> None:
+    tmp = _scratch_dirs.pop(id(con), None)
+    if tmp is not None:
+        con.execute(f"DETACH DATABASE IF EXISTS {SCRATCH}")
+        tmp.cleanup()
+
+
+def _create_raw(con: duckdb.DuckDBPyConnection) -> None:
+    attach_scratch(con)
+    con.execute(RAW_DDL)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _imp_raw AS SELECT * FROM {RAW_TABLE}")
 
 
 def _insert(con: duckdb.DuckDBPyConnection, path: str, fmt: str) -> None:
@@ -126,6 +163,10 @@ def _tail_meta(rest: bytes) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+_BLANK = b" \t\r\n"
+_OPENERS = b"}["
+
+
 def find_array_end(tail: bytes) -> tuple[int, dict[str, Any]] | None:
     """Offset in ``tail`` of the ']' closing traceEvents, and the keys after it.
 
@@ -141,8 +182,10 @@ def find_array_end(tail: bytes) -> tuple[int, dict[str, Any]] | None:
         p = tail.rfind(b"]", 0, p)
         if p < 0:
             return None
-        before = tail[:p].rstrip()[-1:]
-        if before in (b"}", b"["):
+        q = p - 1
+        while q >= 0 and tail[q] in _BLANK:  # the character before it (no copy: a tail of 200 k ']')
+            q -= 1
+        if q < 0 or tail[q] in _OPENERS:
             tries += 1
             if tries > MAX_END_CANDIDATES:
                 return None
@@ -258,7 +301,7 @@ def _stage_fast(con: duckdb.DuckDBPyConnection, source: Source | Path | str) -> 
             return None
         meta = _fix_latin1(head.meta)
         tail: dict[str, Any] = {}
-        con.execute(RAW_DDL)
+        _create_raw(con)
         with tempfile.TemporaryDirectory(prefix="ingero-import-") as tmp:
             piece_path = os.path.join(tmp, "events.json")
             try:
@@ -307,7 +350,7 @@ def _trimmed(e: dict[str, Any]) -> dict[str, Any]:
 
 def _stage_slow(con: duckdb.DuckDBPyConnection, source: Source | Path | str) -> dict[str, Any]:
     source, own = as_source(source)
-    con.execute(RAW_DDL)
+    _create_raw(con)
     reader = KinetoReader(source)
     try:
         with tempfile.TemporaryDirectory(prefix="ingero-import-") as tmp:
