@@ -83,9 +83,10 @@ def op_for(name: str) -> str | None:
 
 
 def op_table() -> list[tuple[str, str]]:
-    """(name without its _ptds/_ptsz suffix, op) for every name op_for maps: a finite table, so
-    the call names are joined in SQL (a trace of a million distinct names never reaches Python)."""
-    keys = {k for s in _BY_SYMBOL for k in (s, s + "_v2", s.removesuffix("_v2"))}
+    """(name, op) for every name op_for maps: a finite table (~500 names), so the call names are
+    joined in SQL by equality (a trace of a million distinct names never reaches Python)."""
+    bases = {k for s in _BY_SYMBOL for k in (s, s + "_v2", s.removesuffix("_v2"))}
+    keys = {b + suffix for b in bases for suffix in ("", "_ptds", "_ptsz")}
     return sorted((k, op) for k in keys if (op := op_for(k)) is not None)
 
 
@@ -126,7 +127,7 @@ SELECT v.* EXCLUDE (ts, dur, bad), o.op, v.correlation AS link,
       WHEN cat IN {device} THEN 'device'
       ELSE 'span'
     END AS use
-FROM _imp_v v LEFT JOIN _imp_ops o ON v.cat IN {calls} AND o.symbol = regexp_replace(v.name, '(_ptds|_ptsz)$', '')"""
+FROM _imp_v v LEFT JOIN _imp_ops o ON o.symbol = v.name AND v.cat IN {calls}"""
 
 # Bad numbers: a ts/dur that gave no time, and the bits raw.py set (raw.INT_FIELDS' order)
 BAD_SQL = ("SELECT count(*) FILTER (ts IS NOT NULL AND start_ns IS NULL), "

@@ -193,6 +193,9 @@ class Source:
         self._fd: int | None = None
         if text == "-":
             self.label, self.name, self.stored = "standard input", "standard input", "<stdin>"
+            if os.isatty(sys.stdin.fileno()):
+                raise IngeroError("standard input is a terminal, not a trace",
+                                  "pipe a trace into it: zcat trace.json.gz | ingero import -")
             if stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):  # `- < trace.json`: a file after all
                 self._fd, self._file = sys.stdin.fileno(), None
             else:
