@@ -20,6 +20,9 @@ Layout (what ui.perfetto.dev shows):
 
 Slices on one thread track must nest; an interval that would cross the end
 of the slice around it (clock skew between probes) is clipped to it (threads.py).
+
+Perfetto's timestamps are unsigned: a selection holding a time before 1970 (a
+damaged or hand-made store) is refused with one line before anything is written.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import duckdb
 
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
+from ingero.errors import IngeroError
 from ingero.export import flows
 from ingero.export.selection import WHERE, Selection, bounded_memory, run
 from ingero.export.threads import ThreadTracks
@@ -101,6 +105,16 @@ WINDOW_ROWS = 200_000  # rows fetched and encoded at once (bounds memory: ~2 kB 
 
 _THREADS_SQL = f"""
 SELECT DISTINCT pid, coalesce(tid, pid) AS tid FROM events WHERE {WHERE} ORDER BY pid, tid
+"""
+
+# The earliest time the export would write: events, and the samples of the counter tracks
+_RANGE = "session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"
+_EARLIEST_SQL = f"""
+SELECT min(t) FROM (
+    SELECT min(timestamp) AS t FROM events WHERE {WHERE}
+    UNION ALL SELECT min(timestamp) FROM system_metrics WHERE {_RANGE}
+    UNION ALL SELECT min(timestamp) FROM gpu_metrics WHERE {_RANGE}
+    UNION ALL SELECT min(timestamp) FROM process_memory WHERE {_RANGE})
 """
 
 _PROC_NAMES_SQL = "SELECT pid, any_value(name) FROM process_names WHERE list_contains($pids, pid) GROUP BY pid"
@@ -288,8 +302,15 @@ class _Writer:
 
 
 def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Path) -> Summary:
-    chains = explain(con, sel.opts).chains
     params = sel.params()
+    earliest = run(con, _EARLIEST_SQL, params).fetchone()[0]
+    if earliest is not None and earliest < 0:
+        raise IngeroError(f"the selection holds a time before 1970 ({earliest:,} ns since the epoch): "
+                          "Perfetto's timestamps cannot be negative",
+                          "narrow it with --since or --pid past that time, or export --format parquet")
+    # nothing is written before 0: a range opening earlier (a session's start) starts the clock at 0
+    params["t0"] = max(params["t0"], 0)
+    chains = explain(con, sel.opts).chains
     arrows = flows.plan(con, chains, params)
     w = _Writer(f)
     threads = _process_tracks(con, w, params)
@@ -394,7 +415,9 @@ def _chains(w: _Writer, chains: list[Chain], arrows: flows.Arrows) -> None:
         uuid = _uuid(_CHAIN, 1 + ci)
         w.track(uuid, f"#{ci + 1} {c.rule_id}", parent=_uuid(_CHAIN, 0), order=ci)
         for wi, win in enumerate(c.evidence_windows):
-            p, ev = w.begin(uuid, win.start_ns, f"[{c.severity}] {c.title}")
+            if win.end_ns < 0:
+                continue  # a window wholly before 1970 (the selection holds no event there)
+            p, ev = w.begin(uuid, max(win.start_ns, 0), f"[{c.severity}] {c.title}")
             w.arg(p, ev, "rule", c.rule_id)
             w.arg(p, ev, "share_of_wall_clock", round(c.share, 4))
             w.arg(p, ev, "fix", c.fix[0] if c.fix else "")

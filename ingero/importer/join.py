@@ -126,22 +126,24 @@ def _align_threads(trace: dict[int, Calls], traced: dict[int, Calls]) -> tuple[i
     return off, pairs
 
 
-def align(con: duckdb.DuckDBPyConnection, pids: list[int]) -> Alignment | None:
-    """The traced session (not imported) whose calls of one of ``pids`` match the staged trace's, or None."""
-    trace_rows = con.execute("""SELECT pid, tid, start_ns, op FROM _imp_use WHERE use = 'call'
-                                ORDER BY pid, tid, start_ns""").fetchall()
-    if not trace_rows:
+def align(con: duckdb.DuckDBPyConnection, pids: list[int] | None = None) -> Alignment | None:
+    """The traced session (not imported) whose calls of one of the trace's processes match the staged
+    trace's, or None.  The trace's calls come into Python only for a process that a traced session
+    recorded in the trace's time range (a plain import holds none of them: its memory does not grow
+    with the trace); ``pids`` is not needed (kept for callers)."""
+    lo, hi = con.execute("SELECT min(start_ns), max(start_ns) FROM _imp_use WHERE use = 'call'").fetchone()
+    if lo is None:
         return None
-    lo = min(r[2] for r in trace_rows) - MAX_SKEW_NS
-    hi = max(r[2] for r in trace_rows) + MAX_SKEW_NS
+    lo, hi = lo - MAX_SKEW_NS, hi + MAX_SKEW_NS
     candidates = con.execute(
         """SELECT e.session_id, e.pid, count(*) AS n FROM events e JOIN sessions s USING (session_id)
-           WHERE s.imported_from IS NULL AND list_contains($pids, e.pid) AND list_contains($ops, e.op)
-             AND e.timestamp BETWEEN $lo AND $hi
+           WHERE s.imported_from IS NULL AND e.pid IN (SELECT DISTINCT pid FROM _imp_use WHERE use = 'call')
+             AND list_contains($ops, e.op) AND e.timestamp BETWEEN $lo AND $hi
            GROUP BY ALL ORDER BY n DESC, e.session_id DESC""",
-        {"pids": pids, "ops": CUDA_OP_NAMES, "lo": lo, "hi": hi}).fetchall()
+        {"ops": CUDA_OP_NAMES, "lo": lo, "hi": hi}).fetchall()
     for session_id, pid, _ in candidates:
-        trace = _by_tid([(tid, ts, op) for p, tid, ts, op in trace_rows if p == pid])
+        trace = _by_tid(con.execute("""SELECT tid, start_ns, op FROM _imp_use WHERE use = 'call' AND pid = $pid
+                                       ORDER BY tid, start_ns""", {"pid": pid}).fetchall())
         traced = _by_tid(con.execute(
             """SELECT tid, timestamp, op FROM events WHERE session_id = $sid AND pid = $pid
                  AND list_contains($ops, op) AND timestamp BETWEEN $lo AND $hi ORDER BY tid, timestamp""",

@@ -1,11 +1,20 @@
-"""Streaming reader of a Kineto (Chrome-trace JSON) file, gzip-compressed or not.
+"""Streaming reader of a Kineto (Chrome-trace JSON) trace, gzip-compressed or not.
 
 A trace is one JSON object whose ``traceEvents`` array holds the events; the
 other top-level keys (``deviceProperties``, ``distributedInfo``,
-``baseTimeNanoseconds`` ...) may come before or after it.  The file is read in
-fixed-size chunks and each array element is decoded on its own by the C JSON
-scanner (``raw_decode``), so memory stays bounded by one chunk plus one batch
-of events whatever the file's size: never ``json.load`` of the whole file.
+``baseTimeNanoseconds`` ...) may come before or after it.  The input (a
+source.Source: a file, standard input or a pipe) is read in fixed-size chunks
+and each array element is decoded on its own by the C JSON scanner
+(``raw_decode``), so memory stays bounded by one chunk plus one batch of
+events whatever the input's size: never ``json.load`` of the whole file.
+
+Bounds on hostile input, each one line (IngeroError), never a traceback:
+- one value (an event, a top-level key's value) is at most MAX_TOKEN_BYTES
+  (Kineto's largest are a few kB); the buffer holding a value still being read
+  grows by doubling, so a large value costs linear, not quadratic, work;
+- nesting deeper than the C scanner allows (it counts against Python's
+  recursion limit, ~1,000 levels; a Kineto event nests 3-4) is refused;
+- a run of blanks of any length is skipped in C (a regex), without holding it.
 """
 
 from __future__ import annotations
@@ -14,47 +23,35 @@ import codecs
 import gzip
 import json
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ingero.errors import IngeroError
+from ingero.importer.source import Source, as_source, not_a_trace, size_text
 
 CHUNK_BYTES = 1 << 20
 BATCH_EVENTS = 50_000  # events handed over at once
-MAX_ELEMENT_CHARS = 64 << 20  # one event (or top-level value) larger than this is not a trace
-GZIP_MAGIC = b"\x1f\x8b"
-DUCKDB_MAGIC = b"DUCK"  # at offset 8 of a DuckDB database file
-SQLITE_MAGIC = b"SQLite format 3\x00"
+MAX_TOKEN_BYTES = 16 << 20  # one event (or top-level value) larger than this is not a profiler trace's
 
 _decoder = json.JSONDecoder()
 _WS = " \t\n\r"
+_NON_WS = re.compile(r"[^ \t\n\r]")
 _SEP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 
 
-def _not_a_trace(path: Path, why: str) -> IngeroError:
-    return IngeroError(f"{path} is not a Kineto trace: {why}",
-                       "pass a torch.profiler trace (.json or .json.gz, as export_chrome_trace writes it)")
+def too_deep(label: str) -> IngeroError:
+    return IngeroError(f"{label}: a JSON value nests deeper than the decoder's limit "
+                       f"(about {sys.getrecursionlimit():,} levels; a Kineto event nests 3 or 4)",
+                       "pass a torch.profiler trace; this one is damaged or not a trace")
 
 
-def open_bytes(path: Path) -> BinaryIO:
-    """The file's uncompressed bytes; refuses an ingero/DuckDB database up front."""
-    try:
-        raw = open(path, "rb")
-    except OSError as exc:
-        raise IngeroError(f"cannot read {path}: {exc.strerror}", "check the path") from None
-    head = raw.read(16)
-    raw.seek(0)
-    if head[8:12] == DUCKDB_MAGIC:
-        raw.close()
-        raise _not_a_trace(path, "it is a DuckDB database (an ingero DB?)") from None
-    if head.startswith(SQLITE_MAGIC):
-        raw.close()
-        raise _not_a_trace(path, "it is an SQLite database") from None
-    if head.startswith(GZIP_MAGIC):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+def too_long(label: str) -> IngeroError:
+    return IngeroError(f"{label}: one JSON value is longer than {size_text(MAX_TOKEN_BYTES)} "
+                       "(a Kineto event is a few kB)",
+                       "pass a torch.profiler trace; this one is damaged or not a trace")
 
 
 class KinetoReader:
@@ -64,12 +61,18 @@ class KinetoReader:
     array are read last).  ``bytes_read`` counts uncompressed bytes.
     """
 
-    def __init__(self, path: Path, encoding: str = "utf-8"):
-        self.path = path
+    def __init__(self, source: Source | Path | str, encoding: str = "utf-8"):
+        self.source, self._own = as_source(source)
+        self.label = self.source.label
         self.meta: dict[str, Any] = {}
         self.bytes_read = 0
         self.saw_events_key = False
-        self._f = open_bytes(path)
+        try:
+            self._f = self.source.open()
+        except BaseException:
+            if self._own:
+                self.source.close()
+            raise
         # latin-1 maps each byte to one character, so positions are byte offsets (find_events)
         self._dec = codecs.getincrementaldecoder(encoding)(errors="replace")
         self._base = 0  # offset in the file of _buf[0]
@@ -79,17 +82,19 @@ class KinetoReader:
 
     def close(self) -> None:
         self._f.close()
+        if self._own:
+            self.source.close()
 
     # -- buffer --------------------------------------------------------------
 
-    def _fill(self) -> bool:
-        """Append the next chunk to the buffer (dropping what was consumed); False at EOF."""
+    def _fill(self, size: int = CHUNK_BYTES) -> bool:
+        """Append the next ``size`` bytes to the buffer (dropping what was consumed); False at EOF."""
         if self._eof:
             return False
         try:
-            data = self._f.read(CHUNK_BYTES)
+            data = self._f.read(size)
         except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
-            raise IngeroError(f"{self.path}: the compressed data is damaged or truncated ({exc})",
+            raise IngeroError(f"{self.label}: the compressed data is damaged or truncated ({exc})",
                               "copy the trace again; a gzip file must be complete") from None
         self.bytes_read += len(data)
         if not data:
@@ -107,12 +112,13 @@ class KinetoReader:
         """The next non-blank character (not consumed), '' at EOF."""
         while True:
             buf, pos = self._buf, self._pos
-            n = len(buf)
-            while pos < n and buf[pos] in _WS:
-                pos += 1
-            self._pos = pos
-            if pos < n:
+            if pos < len(buf) and buf[pos] not in _WS:
                 return buf[pos]
+            m = _NON_WS.search(buf, pos)
+            if m is not None:
+                self._pos = m.start()
+                return buf[self._pos]
+            self._pos = len(buf)  # all blank: dropped by the next fill
             if not self._fill():
                 return ""
 
@@ -125,24 +131,32 @@ class KinetoReader:
 
     def _error(self, why: str) -> IngeroError:
         if self._eof and self._pos >= len(self._buf):
-            return IngeroError(f"{self.path}: the trace ends early (truncated file?)",
+            return IngeroError(f"{self.label}: the trace ends early (truncated file?)",
                                "copy the trace again; the JSON must be complete")
-        return _not_a_trace(self.path, why)
+        return not_a_trace(self.label, why)
+
+    def _decode(self, pos: int) -> tuple[Any, int]:
+        try:
+            return _decoder.raw_decode(self._buf, pos)
+        except RecursionError:
+            raise too_deep(self.label) from None
 
     def _value(self) -> Any:
-        """Decode one JSON value at the cursor, reading more of the file while it is incomplete."""
+        """Decode one JSON value at the cursor, reading more of the input while it is incomplete."""
         self._skip_ws()
         while True:
             try:
-                value, end = _decoder.raw_decode(self._buf, self._pos)
+                value, end = self._decode(self._pos)
             except json.JSONDecodeError as exc:
-                if len(self._buf) - self._pos > MAX_ELEMENT_CHARS:
-                    raise self._error("a value is not valid JSON") from None
+                pending = len(self._buf) - self._pos
                 # cut short: the scanner failed at the buffer's end, or inside a string running to it
                 short = exc.pos >= len(self._buf.rstrip()) or exc.msg.startswith("Unterminated")
-                if not self._fill():
+                if pending > MAX_TOKEN_BYTES:
+                    raise (too_long(self.label) if short else self._error("a value is not valid JSON")) from None
+                # double what is held: a long value is scanned O(log n) times, not once per chunk
+                if not self._fill(max(CHUNK_BYTES, pending)):
                     if short:
-                        raise IngeroError(f"{self.path}: the trace ends early (truncated file?)",
+                        raise IngeroError(f"{self.label}: the trace ends early (truncated file?)",
                                           "copy the trace again; the JSON must be complete") from None
                     raise self._error(f"not valid JSON ({exc.msg})") from None
                 continue
@@ -157,10 +171,10 @@ class KinetoReader:
 
     def _open_object(self) -> None:
         if not self._skip_ws() and self.bytes_read == 0:
-            raise _not_a_trace(self.path, "the file is empty")
+            raise not_a_trace(self.label, "the file is empty" if self.source.is_file else "it is empty")
         self._expect("{", "a JSON object")
         if self._skip_ws() == "}":
-            raise _not_a_trace(self.path, "an empty JSON object")
+            raise not_a_trace(self.label, "an empty JSON object")
 
     def _keys(self) -> Iterator[str]:
         """The top-level keys in order; the caller reads each one's value before the next."""
@@ -197,7 +211,7 @@ class KinetoReader:
             else:
                 self.meta[key] = self._value()
         if self._skip_ws():
-            raise _not_a_trace(self.path, "data after the JSON object")
+            raise not_a_trace(self.label, "data after the JSON object")
 
     def _array(self) -> Iterator[list[dict[str, Any]]]:
         self._expect("[", "traceEvents to be an array")
@@ -216,6 +230,8 @@ class KinetoReader:
             except json.JSONDecodeError:
                 value = self._value()
                 end = self._pos
+            except RecursionError:
+                raise too_deep(self.label) from None
             if not isinstance(value, dict):
                 raise self._error("a traceEvents element is not an object")
             batch.append(value)
