@@ -26,6 +26,7 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -53,6 +54,11 @@ _NCCL_NAME = re.compile(r"^libnccl(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$")
 
 def _wanted(name: str) -> bool:
     return bool(_LIB_NAME.match(name) or _NCCL_NAME.match(name))
+
+
+def library_name(name: str) -> bool:
+    """A file name a libcudart / libcuda / libnccl copy has (its exports decide what it is)."""
+    return _wanted(name)
 
 
 # A library counts as the runtime / the driver when it exports one of these
@@ -479,6 +485,7 @@ class _Registry:
         self.rejected: set[tuple[int, int]] = set()
         self.code_seen: set[str] = set()  # maps "dev inode" of every executable mapping examined
         self.stripped: dict[tuple[int, int], str] = {}  # identity -> the one line saying so
+        self.mapped_by: dict[tuple[int, int, str], int] = {}  # CudaLib.key -> the first pid seen mapping it
 
     def add_linked_in(self, path: Path, st: os.stat_result, who: str) -> CudaLib | None:
         """A program or library with the runtime linked in; a stripped one is noted in ``stripped``."""
@@ -504,7 +511,9 @@ class _Registry:
             found = _resolve_mapped(proc, m)
             if found is not None:
                 who = who or _who(proc, pid)
-                self.add_linked_in(found[0], found[1], who)
+                lib = self.add_linked_in(found[0], found[1], who)
+                if lib is not None:
+                    self.mapped_by.setdefault(lib.key, pid)
 
     def add_path(self, path: Path, st: os.stat_result | None = None, resolve: bool = True) -> CudaLib | None:
         try:
@@ -530,7 +539,10 @@ class _Registry:
         if found is None:
             return None
         path, st = found
-        return self.add_path(path, st, resolve=False)
+        lib = self.add_path(path, st, resolve=False)
+        if lib is not None:
+            self.mapped_by.setdefault(lib.key, m.pid)
+        return lib
 
 
 def _check_extra(path: Path) -> list[Path]:
@@ -659,8 +671,38 @@ class LibraryWatcher:
         self._vsize: dict[tuple[int, int], int] = {}  # (pid, starttime) -> vsize at the last maps read
         self._started = False
         self.maps_read = 0  # how many maps files the last poll read (for benchmarks)
+        # poll() on the trace's thread, take_*() on the holder's (holds.py)
+        self._lock = threading.Lock()
 
     def poll(self) -> list[CudaLib]:
+        with self._lock:
+            return self._poll()
+
+    def take_file(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A file a process is opening (holds.py): the library its exports make it, and a runtime
+        linked into it; only what was not returned before (by this or poll)."""
+        with self._lock:
+            lib = self._registry.add_path(path, st, resolve=False)
+            if lib is None or lib.kind == NCCL:  # NVIDIA's libnccl has a runtime linked in
+                self._registry.add_linked_in(path, st, who)
+            return self._new()
+
+    def take_program(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A program a process runs (holds.py, prelaunch.py): the runtime linked into it, if new."""
+        with self._lock:
+            self._registry.add_linked_in(path, st, who)
+            return self._new()
+
+    def mapped_by(self, lib: CudaLib) -> int | None:
+        """The first process seen mapping ``lib`` (None: found in a library directory, or by a hold)."""
+        return self._registry.mapped_by.get(lib.key)
+
+    def _new(self) -> list[CudaLib]:
+        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
+        self._reported.update(lib.key for lib in new)
+        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+    def _poll(self) -> list[CudaLib]:
         if not self._started:
             _gather(self._registry, self._extra, self._places or default_places(self._proc), None)
             for exe, who in self._executables:
@@ -670,15 +712,14 @@ class LibraryWatcher:
                     pass
             self._started = True
         self._scan_processes()
-        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
-        self._reported.update(lib.key for lib in new)
-        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+        return self._new()
 
     def take_notes(self) -> list[str]:
         """Lines about programs with a stripped runtime linked in, each once, new since the last call."""
-        new = [ident for ident in self._registry.stripped if ident not in self._noted]
-        self._noted.update(new)
-        return [self._registry.stripped[ident] for ident in new]
+        with self._lock:
+            new = [ident for ident in self._registry.stripped if ident not in self._noted]
+            self._noted.update(new)
+            return [self._registry.stripped[ident] for ident in new]
 
     def _scan_processes(self) -> None:
         alive: dict[tuple[int, int], int] = {}

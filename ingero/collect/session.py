@@ -32,7 +32,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, nvtx, nvtx_inject, probes, ranks, targets
+from ingero.collect import decode, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
@@ -85,6 +85,9 @@ class TraceOptions:
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
     # --cmd: load ingero's NVTX injection library into the command, its ranges become spans (--no-nvtx: off)
     nvtx: bool = True
+    # Stop a process that opens a CUDA / NCCL library (traced: execs a program) until its probes
+    # are in (collect/holds.py; --no-hold: off)
+    hold: bool = True
     # Services the trace command wires in (the query daemon, the samplers, Prometheus
     # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
@@ -213,6 +216,7 @@ class TraceSession:
         self.nvtx = nvtx.NvtxSpans(session_id, self.offset_ns)
         self.env_read: set[int] = set()  # pids whose environment was read for ranks (again after an exec)
         self.env_rows: dict[int, tuple] = {}  # pid -> its last 'env' row's values (an exec may keep them)
+        self.holder: Any = None  # holds.Holder while processes mapping CUDA are held
 
     # -- events ----------------------------------------------------------------
 
@@ -550,15 +554,26 @@ def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:
         sess.store.update_session(sess.session_id, notes="\n".join(sess.runtime_notes))
 
 
-def _attach_line(lib: Any, ok: int, failed: int, program: Any) -> str:
+def _attach_line(lib: Any, ok: int, failed: int, program: Any, when: str = "") -> str:
+    """One attach line; ``when`` says when it was attached relative to the calls into it."""
     what = f"{ok // 2} functions ({ok} probes)"
     if failed:
         what += f", {failed} failed"
-    line = f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
+    line = f"attached {what} to {holds.shown(str(lib.path))} ({lib.kind}{', linked in' if lib.linked_in else ''})"
     why = program.link_refusal(lib.path) if ok else None
     if why is not None:  # perf-event uprobes: slower to detach (loader.LinkedProbes)
         line += f"; as perf-event uprobes, not links ({why})"
-    return line
+    return line + when
+
+
+def _found_when(watcher: Any, lib: Any, at_start: bool) -> str:
+    """When a library the scan found was attached, relative to the calls of whoever maps it."""
+    pid = watcher.mapped_by(lib)
+    if pid is None:
+        return ", before any process mapped it" if at_start else ""
+    if at_start:
+        return f", mapped by pid {pid} before the trace: its calls before now are not recorded"
+    return f", found mapped by pid {pid} (not held: seen by the once-a-second scan): its calls before now are not recorded"
 
 
 def _attach_nvtx(program: Any, lib: Path) -> str:
@@ -576,6 +591,8 @@ def check_can_trace() -> None:
 
 
 def settings_for(opts: TraceOptions) -> BpfSettings:
+    from ingero.collect.loader import holds_supported
+
     explicit = bool(opts.pids or opts.comm or opts.cmd)
     return BpfSettings(
         ring_bytes=ring_bytes_from_mb(opts.ring_mb),
@@ -583,7 +600,22 @@ def settings_for(opts: TraceOptions) -> BpfSettings:
         target_comm=opts.comm,
         stack=opts.stack,
         launch_streams=opts.launch_streams,
+        holds=opts.hold and holds_supported() is None,
     )
+
+
+def _attach_before_launch(program: Any, watcher: Any, launcher: targets.Launcher, cmd_env: dict | None) -> list[str]:
+    """--cmd: what the command will exec and link, attached before it is released (prelaunch.py)."""
+    return prelaunch.attach(program, watcher, launcher.argv, cmd_env,
+                            lambda lib, ok, failed: _attach_line(lib, ok, failed, program))
+
+
+def _started_before(pid: int) -> str | None:
+    """--pid: the note on what the trace missed of a process that ran before it."""
+    from ingero.collect.libs import process_runtimes
+
+    mapped, _ = process_runtimes(pid)
+    return targets.started_before(pid, [lib.path for lib in mapped])
 
 
 def run_trace(
@@ -603,8 +635,8 @@ def run_trace(
     # built (or found in the cache) before anything is loaded: no compiler is one line, nothing traced
     nvtx_lib = nvtx_inject.library() if launcher is not None and opts.nvtx else None
     settings = settings_for(opts)
-    libs, watcher = _find_libraries(list(opts.cuda_libs),
-                                    [(launcher.executable, "the --cmd program")] if launcher else [])
+    # (--cmd's own programs are examined by prelaunch.attach below, before it starts)
+    libs, watcher = _find_libraries(list(opts.cuda_libs), [])
     store = Store.open(opts.db_path)
     try:
         store.mark_crashed_sessions()
@@ -614,6 +646,7 @@ def run_trace(
         raise
     stop = _Stop()
     resolver = None
+    holder = None
     sess = None
     fault: StorageFault | None = None
     completed = False
@@ -624,11 +657,13 @@ def run_trace(
         call_cost_ns = calibrate_call_cost(program)
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            lines.append(_attach_line(lib, ok, failed, program))
+            lines.append(_attach_line(lib, ok, failed, program, _found_when(watcher, lib, at_start=True)))
         cmd_env = None
         if nvtx_lib is not None:
             cmd_env, why_not = nvtx_inject.command_env(nvtx_lib)
             lines.append(why_not or _attach_nvtx(program, nvtx_lib))
+        if launcher is not None:
+            lines += _attach_before_launch(program, watcher, launcher, cmd_env)
         runtime_notes = watcher.take_notes()
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
@@ -643,6 +678,13 @@ def run_trace(
             except ImportError:
                 pass
         program.add_targets(initial)
+        before = [line for pid in spec.pids if (line := _started_before(pid))]
+        lines += before
+        runtime_notes += before
+        if settings.holds:  # from here a process that maps CUDA waits for its probes
+            holder = holds.Holder(program, watcher, lambda lib, ok, failed: _attach_line(lib, ok, failed, program),
+                                  default_mode=not spec.explicit)
+            lines += holder.start()
         launched = None
         if launcher is not None:
             with store.user_umask():  # the job creates its files as its user would, not 0600
@@ -658,6 +700,7 @@ def run_trace(
         if call_cost_ns is not None:
             store.update_session(session_id, call_cost_ns=call_cost_ns)
         sess = TraceSession(opts, store, program, session_id)
+        sess.holder = holder
         _note_runtimes(sess, runtime_notes)
         if opts.stack:
             from ingero.collect.stacks import StackResolver
@@ -685,6 +728,8 @@ def run_trace(
             launcher.stop()  # signalled or failed: do not leave the command behind
         if resolver is not None:
             resolver.close()
+        if holder is not None:
+            holder.stop()  # nothing held once the probes go
         if sess is not None:
             for hook in opts.hooks:  # idempotent: a normal end told them already, before the drain
                 hook.on_stopping(sess)
@@ -795,6 +840,8 @@ def _loop(
         if open_spans is not None:
             with sess.store.transaction():
                 sess.store.append("spans", open_spans)
+        if sess.holder is not None:
+            _take_hold_lines(sess)
         sess.harvest_process_cpu()
         sess.write_probe_rows()
         for hook in sess.opts.hooks:
@@ -805,6 +852,8 @@ def _loop(
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
+    if sess.holder is not None and (held := sess.holder.summary()):
+        notes.append(held)
     unseen = int(counters[Counter.UNSEEN_SWITCH_IN])
     if unseen:
         notes.append(f"scheduler: {unseen:,} off-CPU interval(s) whose switch back onto a CPU no probe saw; "
@@ -833,6 +882,13 @@ def _loop(
     )
 
 
+def _take_hold_lines(sess: TraceSession) -> None:
+    """The holder's lines into the live view's notes; a hold that reached its bound into sessions.notes too."""
+    lines, lasting = sess.holder.take_lines()
+    sess.notes += lines
+    _note_runtimes(sess, lasting)
+
+
 def _every_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) -> None:
     # One transaction for the second's rows (process_cpu, the samplers, probes, names): one
     # commit instead of four; measured on an idle trace, the commits were a third of its CPU.
@@ -854,10 +910,14 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
     traced = sess.traced = sess.program.targets()
     for hook in sess.opts.hooks:
         hook.write_second(sess)
+    if sess.holder is not None:
+        sess.holder.refresh_shells()
+        _take_hold_lines(sess)
     if watcher is not None:
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            sess.notes.append(_attach_line(lib, ok, failed, sess.program))
+            if ok or failed:
+                sess.notes.append(_attach_line(lib, ok, failed, sess.program, _found_when(watcher, lib, at_start=False)))
         new = watcher.take_notes()
         sess.notes += new
         _note_runtimes(sess, new)
