@@ -13,10 +13,12 @@
  *   - sys_enter_open(at): the path, read from the caller; kept (per thread)
  *     when its base name starts like a CUDA / NCCL library (libcudart*,
  *     libcuda.so*, libnccl*) and this (cgroup, path) was not looked at yet;
- *   - sys_exit_open(at): the open succeeded: SIGSTOP to the thread (the whole
- *     process stops, as it returns to user space) and one struct
- *     ingero_hold to user space, which attaches the file and sends SIGCONT
- *     (ingero/collect/holds.py; a bound caps the wait);
+ *   - sys_exit_open(at): the open succeeded: the descriptor is remembered;
+ *   - sys_enter_mmap of that descriptor with PROT_EXEC (ld.so mapping the
+ *     code; a program that only reads the file, a tracer, a copy, is never
+ *     stopped): SIGSTOP to the thread (the whole process stops as the mmap
+ *     returns) and one struct ingero_hold to user space, which attaches the
+ *     file and sends SIGCONT (ingero/collect/holds.py; a bound caps the wait);
  *   - sys_enter_execve / sys_exit_execve: the same for a program a traced
  *     process execs (explicit targets only: the default mode looks at a new
  *     program without stopping it).
@@ -30,6 +32,7 @@
 #define HOLD_CLONE_THREAD 0x00010000ULL
 #define HOLD_PENDING_OPEN (1ULL << 32)
 #define HOLD_PENDING_EXEC (2ULL << 32)
+#define HOLD_PROT_EXEC 0x4
 
 /* The base name starts with one of the library prefixes.  The scan buffer is
  * twice the path, so base + i masked stays inside it whatever base is. */
@@ -101,37 +104,20 @@ static __always_inline void hold_enter(const char *filename, u8 kind)
 	hold_pending_put(&slot, &s->key);
 }
 
-/* At its exit: a successful open / exec of a kept path is held. */
-static __always_inline void hold_exit(long ret, u8 kind)
+/* Stop the calling thread (as it returns to user space) and tell user space. */
+static __always_inline void hold_now(u32 tgid, u32 tid, struct ingero_hold_key *key, u8 kind, s32 fd)
 {
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tgid = id >> 32;
-	u64 slot = kind == HOLD_OPEN ? (HOLD_PENDING_OPEN | (u32)id) : (HOLD_PENDING_EXEC | tgid);
-	struct ingero_hold_key *key = hold_pending_get(&slot);
-	if (!key)
-		return;
-	int drop = ret < 0 || !hold_enabled(tgid);
-#if !TRACE_ALL_CUDA
-	drop = drop || !is_target(tgid);
-#endif
-	if (drop) {
-		hold_pending_del(&slot);
-		return;
-	}
 	struct ingero_hold *h = hold_reserve();
-	if (!h) {
-		hold_pending_del(&slot);
+	if (!h)
 		return; /* the ring is full: nobody would be told, so nothing is stopped */
-	}
 	h->ts_ns = bpf_ktime_get_ns();
 	h->tgid = tgid;
-	h->tid = (u32)id;
-	h->fd = kind == HOLD_OPEN ? (s32)ret : -1;
+	h->tid = tid;
+	h->fd = fd;
 	h->kind = kind;
 	h->pad[0] = 0;
 	h->pad[1] = 0;
 	__builtin_memcpy(&h->key, key, sizeof(h->key));
-	hold_pending_del(&slot);
 	u8 flags = 0;
 	int stop = 1;
 #if TRACE_ALL_CUDA
@@ -155,6 +141,66 @@ static __always_inline void hold_exit(long ret, u8 kind)
 	hold_submit(h);
 }
 
+/* At an open's exit: a kept path that opened is remembered by its descriptor
+ * until it is mapped executable (a reader never maps it so: not held). */
+static __always_inline void hold_open_exit(long ret)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32;
+	u64 slot = HOLD_PENDING_OPEN | (u32)id;
+	struct ingero_hold_key *key = hold_pending_get(&slot);
+	if (ret < 0) {
+		if (key)
+			hold_pending_del(&slot);
+		return;
+	}
+	if (!key && !hold_enabled(tgid))
+		return;
+	u64 fd_slot = ((u64)tgid << 32) | (u32)ret;
+	if (!key) {
+		hold_fds_del(&fd_slot); /* the number reused for another file */
+		return;
+	}
+	hold_fds_put(&fd_slot, key);
+	hold_pending_del(&slot);
+}
+
+/* mmap of a remembered descriptor with PROT_EXEC: ld.so mapping the library's
+ * code (dlopen, or the program's own link map).  The thread stops as the mmap
+ * returns, before the library's initialisers and any call into it. */
+static __always_inline void hold_mmap(u64 prot, long fd)
+{
+	if (!(prot & HOLD_PROT_EXEC) || fd < 0)
+		return;
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32;
+	u64 fd_slot = ((u64)tgid << 32) | (u32)fd;
+	struct ingero_hold_key *key = hold_fds_get(&fd_slot);
+	if (!key)
+		return;
+	if (hold_enabled(tgid))
+		hold_now(tgid, (u32)id, key, HOLD_OPEN, (s32)fd);
+	hold_fds_del(&fd_slot);
+}
+
+/* At an exec's exit: a successful exec of a kept path is held. */
+static __always_inline void hold_exec_exit(long ret)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32;
+	u64 slot = HOLD_PENDING_EXEC | tgid;
+	struct ingero_hold_key *key = hold_pending_get(&slot);
+	if (!key)
+		return;
+	int drop = ret < 0 || !hold_enabled(tgid);
+#if !TRACE_ALL_CUDA
+	drop = drop || !is_target(tgid);
+#endif
+	if (!drop)
+		hold_now(tgid, (u32)id, key, HOLD_EXEC, -1);
+	hold_pending_del(&slot);
+}
+
 static __always_inline int on_sys_enter_openat(struct tracepoint__syscalls__sys_enter_openat *args)
 {
 	hold_enter((const char *)args->filename, HOLD_OPEN);
@@ -163,7 +209,7 @@ static __always_inline int on_sys_enter_openat(struct tracepoint__syscalls__sys_
 
 static __always_inline int on_sys_exit_openat(struct tracepoint__syscalls__sys_exit_openat *args)
 {
-	hold_exit(args->ret, HOLD_OPEN);
+	hold_open_exit(args->ret);
 	return 0;
 }
 
@@ -175,7 +221,13 @@ static __always_inline int on_sys_enter_open(struct tracepoint__syscalls__sys_en
 
 static __always_inline int on_sys_exit_open(struct tracepoint__syscalls__sys_exit_open *args)
 {
-	hold_exit(args->ret, HOLD_OPEN);
+	hold_open_exit(args->ret);
+	return 0;
+}
+
+static __always_inline int on_sys_enter_mmap(struct tracepoint__syscalls__sys_enter_mmap *args)
+{
+	hold_mmap(args->prot, (long)args->fd);
 	return 0;
 }
 
@@ -187,7 +239,7 @@ static __always_inline int on_sys_enter_execve(struct tracepoint__syscalls__sys_
 
 static __always_inline int on_sys_exit_execve(struct tracepoint__syscalls__sys_exit_execve *args)
 {
-	hold_exit(args->ret, HOLD_EXEC);
+	hold_exec_exit(args->ret);
 	return 0;
 }
 

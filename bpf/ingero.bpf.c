@@ -212,6 +212,8 @@ BPF_ARRAY(hold_cfg, struct ingero_hold_cfg, 1);
 BPF_PERCPU_ARRAY(hold_scratch, struct hold_scan, 1);
 /* a path kept from a syscall's entry to its exit: (kind << 32 | tid or tgid) -> key */
 BPF_HASH(hold_pending, u64, struct ingero_hold_key, 4096);
+/* an opened library not mapped yet: (tgid << 32 | fd) -> key */
+BPF_TABLE("lru_hash", u64, struct ingero_hold_key, hold_fds, 4096);
 /* (cgroup, path) user space has looked at: never held again */
 BPF_TABLE("lru_hash", struct ingero_hold_key, u8, hold_known, 16384);
 /* tgid -> when it was stopped: what a tracer that dies leaves its guard to resume */
@@ -225,6 +227,9 @@ static __always_inline struct ingero_hold_key *hold_pending_get(u64 *k) { return
 static __always_inline void hold_pending_put(u64 *k, struct ingero_hold_key *v) { hold_pending.update(k, v); }
 static __always_inline void hold_pending_del(u64 *k) { hold_pending.delete(k); }
 static __always_inline u8 *hold_known_get(struct ingero_hold_key *k) { return hold_known.lookup(k); }
+static __always_inline struct ingero_hold_key *hold_fds_get(u64 *k) { return hold_fds.lookup(k); }
+static __always_inline void hold_fds_put(u64 *k, struct ingero_hold_key *v) { hold_fds.update(k, v); }
+static __always_inline void hold_fds_del(u64 *k) { hold_fds.delete(k); }
 static __always_inline void held_put(u32 *tgid, u64 *ts) { held.update(tgid, ts); }
 static __always_inline void held_del(u32 *tgid) { held.delete(tgid); }
 static __always_inline u8 *hold_shells_get(u32 *tgid) { return hold_shells.lookup(tgid); }
@@ -398,6 +403,7 @@ TP_DECLARE(syscalls, sys_enter_openat)
 TP_DECLARE(syscalls, sys_exit_openat)
 TP_DECLARE(syscalls, sys_enter_open)
 TP_DECLARE(syscalls, sys_exit_open)
+TP_DECLARE(syscalls, sys_enter_mmap)
 TP_DECLARE(syscalls, sys_enter_execve)
 TP_DECLARE(syscalls, sys_exit_execve)
 TP_DECLARE(task, task_newtask)
@@ -405,6 +411,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) TP_BODY(sys_enter_openat)
 TRACEPOINT_PROBE(syscalls, sys_exit_openat) TP_BODY(sys_exit_openat)
 TRACEPOINT_PROBE(syscalls, sys_enter_open) TP_BODY(sys_enter_open)
 TRACEPOINT_PROBE(syscalls, sys_exit_open) TP_BODY(sys_exit_open)
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap) TP_BODY(sys_enter_mmap)
 TRACEPOINT_PROBE(syscalls, sys_enter_execve) TP_BODY(sys_enter_execve)
 TRACEPOINT_PROBE(syscalls, sys_exit_execve) TP_BODY(sys_exit_execve)
 TRACEPOINT_PROBE(task, task_newtask) TP_BODY(task_newtask)

@@ -256,7 +256,7 @@ def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: st
 
 # bpf/ingero.bpf.c's attach points under INGERO_HOLDS (bpf/attach.bpf.c): no records of their own
 HOLD_TRACEPOINTS = ("syscalls:sys_enter_openat", "syscalls:sys_exit_openat", "syscalls:sys_enter_open",
-                    "syscalls:sys_exit_open", "syscalls:sys_enter_execve", "syscalls:sys_exit_execve",
+                    "syscalls:sys_exit_open", "syscalls:sys_enter_mmap", "syscalls:sys_enter_execve", "syscalls:sys_exit_execve",
                     "task:task_newtask")
 
 

@@ -682,7 +682,9 @@ def run_trace(
         lines += before
         runtime_notes += before
         if settings.holds:  # from here a process that maps CUDA waits for its probes
-            holder = holds.Holder(program, watcher, lambda lib, ok, failed: _attach_line(lib, ok, failed, program),
+            from ingero.collect.libs import Examiner
+
+            holder = holds.Holder(program, Examiner(), lambda lib, ok, failed: _attach_line(lib, ok, failed, program),
                                   default_mode=not spec.explicit)
             lines += holder.start()
         launched = None
