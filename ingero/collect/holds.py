@@ -470,26 +470,30 @@ class Holder:
                     bool(rec.flags & HOLD_NOSTOP), seen_ns=seen_ns)
         who = f"pid {rec.tgid}, {shown(_comm(rec.tgid))}"
         libs = []
+        looked = False  # at the file the key names: only then is its path never held again
         if rec.kind == HOLD_OPEN:
             fd = f"/proc/{rec.tid}/fd/{rec.fd}"
             found = _host_path(rec.tgid, _readlink(fd) or named, fd)
             if found is not None:
                 libs += self.examiner.take_file(found[0], found[1], who)
-        # the program itself (an exec; in an open, a program with the runtime linked in that opens libcuda)
+                looked = True
+        # the program itself (an exec; in an open, a program with the runtime linked in that maps libcuda)
         exe = f"/proc/{rec.tgid}/exe"
         found = _host_path(rec.tgid, _readlink(exe) or named, exe)
         if found is not None:
             libs += self.examiner.take_program(found[0], found[1], who)
+            looked = looked or rec.kind == HOLD_EXEC
         hold.examined_ns = time.monotonic_ns()
         for lib in libs:
             ok, failed = self.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             if ok or failed:
                 hold.attached.append(self._line(lib, ok, failed))
                 hold.attached_ns = time.monotonic_ns()
-        known = self._bpf["hold_known"]
-        key = known.Key()
-        ctypes.memmove(ctypes.addressof(key), ctypes.addressof(rec.key), ctypes.sizeof(HoldKey))
-        known[key] = known.Leaf(1)
+        if looked:  # (a process gone before it was read: the next one to map the path is looked at)
+            known = self._bpf["hold_known"]
+            key = known.Key()
+            ctypes.memmove(ctypes.addressof(key), ctypes.addressof(rec.key), ctypes.sizeof(HoldKey))
+            known[key] = known.Leaf(1)
         return hold
 
     def _resume(self, pid: int, pid_holds: list[Hold]) -> None:

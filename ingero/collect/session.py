@@ -21,6 +21,7 @@ the trace also ends (after draining) when the command exits.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -604,6 +605,22 @@ def settings_for(opts: TraceOptions) -> BpfSettings:
     )
 
 
+# What names the hold programs (bpf/attach.bpf.c) in a compile or verifier error
+_HOLD_PROGRAMS = ("tracepoint__syscalls__", "tracepoint__task__", "attach.bpf.c", "attach.h")
+
+
+def _load(settings: BpfSettings) -> tuple[Program, BpfSettings, str | None]:
+    """The program; without holds, and a line saying so, where only the hold programs fail to load."""
+    try:
+        return load_program(settings), settings, None
+    except IngeroError as exc:
+        if not settings.holds or not any(name in exc.message for name in _HOLD_PROGRAMS):
+            raise
+        without = dataclasses.replace(settings, holds=False)
+        return (load_program(without), without,
+                f"holds off (a process that maps CUDA after the trace began may lose its first calls): {exc.message}")
+
+
 def _attach_before_launch(program: Any, watcher: Any, launcher: targets.Launcher, cmd_env: dict | None) -> list[str]:
     """--cmd: what the command will exec and link, attached before it is released (prelaunch.py)."""
     return prelaunch.attach(program, watcher, launcher.argv, cmd_env,
@@ -638,9 +655,10 @@ def run_trace(
     # (--cmd's own programs are examined by prelaunch.attach below, before it starts)
     libs, watcher = _find_libraries(list(opts.cuda_libs), [])
     store = Store.open(opts.db_path)
+    holds_off: str | None = None
     try:
         store.mark_crashed_sessions()
-        program = load_program(settings)
+        program, settings, holds_off = _load(settings)
     except BaseException:
         store.close()
         raise
@@ -665,6 +683,13 @@ def run_trace(
         if launcher is not None:
             lines += _attach_before_launch(program, watcher, launcher, cmd_env)
         runtime_notes = watcher.take_notes()
+        if opts.hold and not settings.holds and holds_off is None:
+            from ingero.collect.loader import holds_supported
+
+            holds_off = (f"holds off (a process that maps CUDA after the trace began may lose its first calls): "
+                         f"{holds_supported()}")
+        if holds_off:
+            runtime_notes.append(holds_off)
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
         initial: list[int] = list(spec.pids)

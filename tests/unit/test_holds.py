@@ -262,3 +262,34 @@ def test_a_hold_within_its_bound_is_resumed_once_attached(stopped_child, monkeyp
     # the path is looked at once: never held again
     assert list(holder.program.bpf.tables["hold_known"]) == [bytes(_exec_record(stopped_child.pid).key)]
     assert holder.program.bpf.tables["hold_cfg"][bytes(ctypes.c_int(0))].enabled == 0  # off after stop
+
+
+def test_a_kernel_that_refuses_the_hold_programs_traces_without_them(monkeypatch) -> None:
+    from ingero.collect import session
+    from ingero.collect.loader import BpfSettings
+    from ingero.errors import IngeroError
+
+    loaded = []
+
+    def load(settings):
+        loaded.append(settings.holds)
+        if settings.holds:
+            raise IngeroError("BPF load failed: the kernel verifier refused tracepoint__syscalls__sys_enter_mmap: "
+                              "invalid argument")
+        return "program"
+
+    monkeypatch.setattr(session, "load_program", load)
+    program, settings, note = session._load(BpfSettings(holds=True))
+    assert (program, settings.holds, loaded) == ("program", False, [True, False])
+    assert note == ("holds off (a process that maps CUDA after the trace began may lose its first calls): BPF load "
+                    "failed: the kernel verifier refused tracepoint__syscalls__sys_enter_mmap: invalid argument")
+
+    def broken(settings):
+        loaded.append(settings.holds)
+        raise IngeroError("BPF compile failed (bpf/ingero.bpf.c, kernel headers x): error: no such file")
+
+    loaded.clear()
+    monkeypatch.setattr(session, "load_program", broken)
+    with pytest.raises(IngeroError, match="BPF compile failed"):  # not the holds' fault: no second try
+        session._load(BpfSettings(holds=True))
+    assert loaded == [True]
