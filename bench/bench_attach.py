@@ -238,6 +238,38 @@ def holds_table(rounds: int, load: int) -> None:
     print(f"\nThe holding tracer's summary (every hold it made, other processes' included): {summary[-1] if summary else '–'}")
 
 
+_EXEC_HELD = re.compile(r"while pid \d+ was held at its exec of (\S+) \((\d+\.\d) ms\)")
+
+
+def exec_holds(rounds: int, load: int) -> None:
+    """``trace --cmd "sh -c 'k1 1; k2 1; ...'"``: each copy of an nvcc program (the runtime linked in) is
+    held at its exec until its probes are in, as the holder measured it."""
+    nvcc = shutil.which("nvcc") or next(iter(sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), reverse=True)), None)
+    if nvcc is None:
+        print("\n(no nvcc: the exec holds are not measured)")
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-exec-holds-"))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    try:
+        k = work / "k"
+        subprocess.run([str(nvcc), "-o", str(k), str(REPO / "tests" / "live" / "workloads" / "cuda_loop.cu")],
+                       check=True, capture_output=True)
+        copies = [Path(shutil.copy(k, work / f"k{i}")) for i in range(rounds)]
+        cmd = "sh -c '" + "; ".join(f"{c} 1" for c in copies) + "; true'"
+        proc = subprocess.run([sys.executable, "-m", "ingero", "trace", "--json", "--db", str(work / "t.duckdb"),
+                               "--no-serve", "--cmd", cmd], capture_output=True, text=True, cwd=REPO, timeout=600)
+        notes = _notes([json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")])
+        held = sorted(float(m.group(2)) for n in notes if (m := _EXEC_HELD.search(n)) and Path(m.group(1)) in copies)
+    finally:
+        for h in hogs:
+            h.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nExec holds ({rounds} copies of an nvcc program with the runtime linked in, run one after another by "
+          f"`sh -c` under `trace --cmd`; {load} busy processes beside): "
+          + (f"held {held[len(held) // 2]:.1f} ms median, {held[-1]:.1f} ms max, {len(held)} of {rounds} seen"
+             if held else "no hold seen"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -253,6 +285,7 @@ def main() -> None:
         print()
     if not args.no_holds:
         holds_table(args.rounds, args.load)
+        exec_holds(args.rounds, args.load)
 
 
 if __name__ == "__main__":
