@@ -220,19 +220,30 @@ def _readlink(path: str) -> str | None:
 
 
 def _host_path(pid: int, named: str, via: str) -> tuple[Path, os.stat_result] | None:
-    """A path that opens the file ``via`` (/proc/TID/fd/N or /proc/PID/exe) reaches, and its stat:
-    the path itself when it is the same file here, else through the process's root, else ``via``."""
+    """A path here to the file ``via`` (/proc/TID/fd/N or /proc/PID/exe) reaches, and its stat.
+
+    ``named`` is the path as the process named it: resolved through the process's root (relative:
+    its working directory), shown as the plain path when that is the same file here.  A process
+    that was not stopped may have closed the descriptor already (ld.so does, right after mapping):
+    then the file ``named`` reaches."""
+    through = f"/proc/{pid}/root/{named.lstrip('/')}" if named.startswith("/") else f"/proc/{pid}/cwd/{named}"
     try:
         st = os.stat(via)
     except OSError:
-        return None
-    for cand in (named, f"/proc/{pid}/root/{named.lstrip('/')}"):
+        try:
+            st = os.stat(through)
+        except OSError:
+            return None
+        via = through
+    for cand in (os.path.realpath(through), named if named.startswith("/") else None, through):
+        if cand is None:
+            continue
         try:
             c = os.stat(cand)
         except OSError:
             continue
         if (c.st_dev, c.st_ino) == (st.st_dev, st.st_ino):
-            return Path(os.path.realpath(cand) if cand == named else cand), st
+            return Path(cand), st
     return Path(via), st
 
 
@@ -383,7 +394,7 @@ class Holder:
             parts.append(f"{hit} reached the {self.bound_ns / 1e6:.0f} ms bound")
         if self.nostop:
             parts.append(f"{self.nostop} not stopped (jobs of an interactive shell)")
-        return f"holds: {self.count:,} opens / execs of CUDA candidates looked at; " + ", ".join(parts or ["none stopped"])
+        return f"holds: {self.count:,} mappings / execs of CUDA candidates looked at; " + ", ".join(parts or ["none stopped"])
 
     def phases(self) -> dict[str, list[float]]:
         """Where the stopped holds' time went, ms each: until the holder read the record, looking at

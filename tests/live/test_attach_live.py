@@ -163,3 +163,53 @@ def test_a_process_started_before_the_trace_gets_every_call_from_the_attach_on(t
     mapped = [line for line in start["lines"] if line.startswith(f"attached 19 functions (38 probes) to {lib} ")]
     assert mapped == [f"attached 19 functions (38 probes) to {lib} (runtime), mapped by pid {pid} before the trace: "
                       "its calls before now are not recorded"], start["lines"]
+
+
+def test_a_job_of_an_interactive_shell_is_attached_at_once_and_never_stopped(tmp_path) -> None:
+    """A job started at an interactive shell's prompt (here bash -i on a pty) must not be stopped: its
+    shell would see the stop, print "Stopped" and take the terminal back.  It is attached at once instead."""
+    import os
+    import pty
+    import select
+    import time
+
+    lib = Path(shutil.copy(libcudart(), tmp_path / "libcudart.so.12"))  # a copy no process had mapped
+    exe = build("counted_calls", tmp_path)
+    ready, stop = tmp_path / "ready", tmp_path / "stop"
+    db = tmp_path / "t.duckdb"
+    tracer = Tracer(db, "--duration", "180s")
+    tracer.wait_started()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: an interactive shell on the pty, its controlling terminal
+        os.execvp("bash", ["bash", "--norc", "--noprofile", "-i"])
+    out = b""
+    try:
+        shown = len(tracer.ticks())
+        assert wait_for(lambda: len(tracer.ticks()) >= shown + 2, timeout=60)  # the shells are listed once a second
+        os.write(fd, f"{exe} {lib} {ready} {stop}; echo done-$?\n".encode())
+        end = time.monotonic() + 120
+        while b"done-0" not in out and time.monotonic() < end:
+            if ready.exists() and not stop.exists():
+                time.sleep(2)  # a second of calls, and the attach line
+                stop.touch()
+            if select.select([fd], [], [], 1.0)[0]:
+                out += os.read(fd, 4096)
+        os.write(fd, b"exit\n")
+    finally:
+        stop.touch()
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
+    done = tracer.finish()
+    text = out.decode("utf-8", "replace")
+    assert "done-0" in text and "Stopped" not in text, text
+    job = int(re.search(r"ok (\d+) (\d+)", text).group(1))
+    notes = [n for t in tracer.ticks() for n in t.get("notes", [])] + done["notes"]
+    said = [n for n in notes if f"to {lib} (runtime)" in n]
+    assert len(said) == 1, (text, "\n".join(notes))
+    assert re.fullmatch(rf"attached 19 functions \(38 probes\) to {re.escape(str(lib))} \(runtime\), \d+\.\d ms after "
+                        rf"pid {job}'s mapping of {re.escape(str(lib))}, not held \(a job of an interactive shell, "
+                        r"which would see it stop\): its calls in between are not recorded", said[0]), notes

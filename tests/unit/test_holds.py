@@ -237,7 +237,7 @@ def test_a_hold_that_outlasts_its_bound_is_resumed_at_the_bound_and_said_once(st
     assert "it was held for the 100.0 ms bound and resumed before these probes were in" in lines[0]
     (hold,) = holder.holds
     assert hold.bound_hit and hold.held_ns == holder.bound_ns
-    assert holder.summary() == ("holds: 1 opens / execs of CUDA candidates looked at; 1 held 100.0-100.0 ms "
+    assert holder.summary() == ("holds: 1 mappings / execs of CUDA candidates looked at; 1 held 100.0-100.0 ms "
                                 "(median 100.0), 1 reached the 100 ms bound")
 
 
