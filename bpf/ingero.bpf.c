@@ -19,6 +19,8 @@
  *   INGERO_BENCH    only the throughput generator probe (bench.bpf.c)
  *   INGERO_EMPTY    every program returns at once: the kernel floor of the
  *                   same attach points, for bench/bench_overhead.py
+ *   INGERO_HOLDS    attach.bpf.c: stop a process opening a CUDA / NCCL library
+ *                   (or, traced, exec'ing a program) until its probes are in
  *
  * Layout.  BCC rewrites map calls (`m.lookup(&k)`) and generates tracepoint
  * argument structs only in the main file, so this file holds every map, a
@@ -200,6 +202,46 @@ BPF_HASH(nccl_calls, u32, struct nccl_call, 4096);
 /* Block requests in flight: device queues hold at most a few thousand. */
 BPF_HASH(block_rqs, struct rq_key, struct rq_state, 16384);
 
+#ifdef INGERO_HOLDS
+#include "attach.h"
+/* attach.bpf.c: holds.  The path being opened / exec'd, read into a per-CPU
+ * buffer twice its size (the name match reads at base + i, masked). */
+struct hold_scan {
+	struct ingero_hold_key key;
+	char slack[HOLD_PATH_MAX];
+};
+BPF_RINGBUF_OUTPUT(hold_ring, 16); /* 64 KiB: ~220 holds waiting to be read */
+BPF_ARRAY(hold_cfg, struct ingero_hold_cfg, 1);
+BPF_PERCPU_ARRAY(hold_scratch, struct hold_scan, 1);
+/* a path kept from a syscall's entry to its exit: (kind << 32 | tid or tgid) -> key */
+BPF_HASH(hold_pending, u64, struct ingero_hold_key, 4096);
+/* an opened library not mapped yet: (tgid << 32 | fd) -> key */
+BPF_TABLE("lru_hash", u64, struct ingero_hold_key, hold_fds, 4096);
+/* (cgroup, path) user space has looked at: never held again */
+BPF_TABLE("lru_hash", struct ingero_hold_key, u8, hold_known, 16384);
+/* tgid -> when it was stopped: what a tracer that dies leaves its guard to resume */
+BPF_HASH(held, u32, u64, 4096);
+/* interactive shells (user space lists them) and their children, never stopped */
+BPF_HASH(hold_shells, u32, u8, 1024);
+BPF_TABLE("lru_hash", u32, u8, hold_nostop, 16384);
+static __always_inline struct ingero_hold_cfg *hold_cfg_get(void) { u32 zero = 0; return hold_cfg.lookup(&zero); }
+static __always_inline struct hold_scan *hold_scratch_get(void) { u32 zero = 0; return hold_scratch.lookup(&zero); }
+static __always_inline struct ingero_hold_key *hold_pending_get(u64 *k) { return hold_pending.lookup(k); }
+static __always_inline void hold_pending_put(u64 *k, struct ingero_hold_key *v) { hold_pending.update(k, v); }
+static __always_inline void hold_pending_del(u64 *k) { hold_pending.delete(k); }
+static __always_inline u8 *hold_known_get(struct ingero_hold_key *k) { return hold_known.lookup(k); }
+static __always_inline struct ingero_hold_key *hold_fds_get(u64 *k) { return hold_fds.lookup(k); }
+static __always_inline void hold_fds_put(u64 *k, struct ingero_hold_key *v) { hold_fds.update(k, v); }
+static __always_inline void hold_fds_del(u64 *k) { hold_fds.delete(k); }
+static __always_inline void held_put(u32 *tgid, u64 *ts) { held.update(tgid, ts); }
+static __always_inline void held_del(u32 *tgid) { held.delete(tgid); }
+static __always_inline u8 *hold_shells_get(u32 *tgid) { return hold_shells.lookup(tgid); }
+static __always_inline u8 *hold_nostop_get(u32 *tgid) { return hold_nostop.lookup(tgid); }
+static __always_inline void hold_nostop_put(u32 *tgid) { u8 one = 1; hold_nostop.update(tgid, &one); }
+static __always_inline struct ingero_hold *hold_reserve(void) { return hold_ring.ringbuf_reserve(sizeof(struct ingero_hold)); }
+static __always_inline void hold_submit(struct ingero_hold *h) { hold_ring.ringbuf_submit(h, 0); }
+#endif
+
 static __always_inline struct call_state *inflight_here(int create)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
@@ -359,6 +401,25 @@ TRACEPOINT_PROBE(exceptions, page_fault_user) TP_BODY(page_fault_user)
 TRACEPOINT_PROBE(block, block_rq_issue) TP_BODY(block_rq_issue)
 TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
 
+#ifdef INGERO_HOLDS
+TP_DECLARE(syscalls, sys_enter_openat)
+TP_DECLARE(syscalls, sys_exit_openat)
+TP_DECLARE(syscalls, sys_enter_open)
+TP_DECLARE(syscalls, sys_exit_open)
+TP_DECLARE(syscalls, sys_enter_mmap)
+TP_DECLARE(syscalls, sys_enter_execve)
+TP_DECLARE(syscalls, sys_exit_execve)
+TP_DECLARE(task, task_newtask)
+TRACEPOINT_PROBE(syscalls, sys_enter_openat) TP_BODY(sys_enter_openat)
+TRACEPOINT_PROBE(syscalls, sys_exit_openat) TP_BODY(sys_exit_openat)
+TRACEPOINT_PROBE(syscalls, sys_enter_open) TP_BODY(sys_enter_open)
+TRACEPOINT_PROBE(syscalls, sys_exit_open) TP_BODY(sys_exit_open)
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap) TP_BODY(sys_enter_mmap)
+TRACEPOINT_PROBE(syscalls, sys_enter_execve) TP_BODY(sys_enter_execve)
+TRACEPOINT_PROBE(syscalls, sys_exit_execve) TP_BODY(sys_exit_execve)
+TRACEPOINT_PROBE(task, task_newtask) TP_BODY(task_newtask)
+#endif
+
 #include "threads.bpf.c"
 #include "cuda.bpf.c"
 #include "nccl.bpf.c"
@@ -366,6 +427,9 @@ TRACEPOINT_PROBE(block, block_rq_complete) TP_BODY(block_rq_complete)
 #include "sched.bpf.c"
 #include "mm.bpf.c"
 #include "blockio.bpf.c"
+#ifdef INGERO_HOLDS
+#include "attach.bpf.c"
+#endif
 #ifdef INGERO_SAMPLE
 #include "sample.bpf.c"
 /* The perf_event program (loader.py attaches it to a cpu-clock event per CPU). */

@@ -21,14 +21,17 @@ something since the last look.
 from __future__ import annotations
 
 import glob
+import mmap
 import os
 import platform
 import re
+import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -53,6 +56,11 @@ _NCCL_NAME = re.compile(r"^libnccl(?:-[0-9a-f]{6,})?\.so(?:\.[0-9]+)*$")
 
 def _wanted(name: str) -> bool:
     return bool(_LIB_NAME.match(name) or _NCCL_NAME.match(name))
+
+
+def library_name(name: str) -> bool:
+    """A file name a libcudart / libcuda / libnccl copy has (its exports decide what it is)."""
+    return _wanted(name)
 
 
 # A library counts as the runtime / the driver when it exports one of these
@@ -144,6 +152,41 @@ def _foreign_elf(header: bytes) -> str | None:
     return None
 
 
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SYM = struct.Struct("<IBBHQQ")
+_SHT_DYNSYM = 11
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_STB_GLOBAL, _STB_WEAK = 1, 2
+
+
+def _dynsym_exports(f: Any) -> frozenset[str] | None:
+    """The exports of an ELF64 little-endian shared object with section headers, read with struct
+    (10x faster than pyelftools: libcudart.so.12's 500 took 12 ms, a held process waits on it);
+    None where pyelftools must read it (no .dynsym section, another layout)."""
+    with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        if mm[4] != 2 or mm[5] != 1:
+            return None
+        (_, e_type, _, _, _, _, shoff, _, _, _, _, shentsize, shnum, _) = _EHDR.unpack_from(mm, 0)
+        if e_type != 3 or not shoff or shentsize != _SHDR.size:
+            return None
+        sections = [_SHDR.unpack_from(mm, shoff + i * shentsize) for i in range(shnum)]
+        dynsym = next((sh for sh in sections if sh[1] == _SHT_DYNSYM), None)
+        if dynsym is None or dynsym[6] >= shnum:
+            return None
+        strtab = sections[dynsym[6]]
+        names = mm[strtab[4]:strtab[4] + strtab[5]]
+        table = mm[dynsym[4]:dynsym[4] + dynsym[5]]
+        out = set()
+        for st_name, st_info, _, st_shndx, _, _ in _SYM.iter_unpack(table[: len(table) - len(table) % _SYM.size]):
+            if st_shndx == 0 or (st_info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC):
+                continue
+            if (st_info >> 4) not in (_STB_GLOBAL, _STB_WEAK):
+                continue
+            out.add(names[st_name:names.find(b"\0", st_name)].decode("utf-8", "replace").split("@", 1)[0])
+        return frozenset(out)
+
+
 def _read_exports(path: Path) -> frozenset[str] | None:
     """Exported function names of an ELF shared object for this host; None if it is not one."""
     try:
@@ -151,6 +194,9 @@ def _read_exports(path: Path) -> frozenset[str] | None:
             header = f.read(20)
             if header[:4] != b"\x7fELF" or _foreign_elf(header):
                 return None
+            fast = _dynsym_exports(f)
+            if fast is not None:
+                return fast
             f.seek(0)
             elf = ELFFile(f)
             if elf["e_type"] != "ET_DYN":
@@ -164,13 +210,13 @@ def _read_exports(path: Path) -> frozenset[str] | None:
             for sym in table.iter_symbols():
                 if sym["st_shndx"] == "SHN_UNDEF":
                     continue
-                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
+                if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS"):  # pyelftools: IFUNC is LOOS
                     continue
                 if sym["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK"):
                     continue
                 names.add(sym.name.split("@", 1)[0])
             return frozenset(names)
-    except (OSError, ELFError, ValueError, KeyError):
+    except (OSError, ELFError, ValueError, KeyError, struct.error, IndexError):
         return None
 
 
@@ -479,6 +525,7 @@ class _Registry:
         self.rejected: set[tuple[int, int]] = set()
         self.code_seen: set[str] = set()  # maps "dev inode" of every executable mapping examined
         self.stripped: dict[tuple[int, int], str] = {}  # identity -> the one line saying so
+        self.mapped_by: dict[tuple[int, int, str], int] = {}  # CudaLib.key -> the first pid seen mapping it
 
     def add_linked_in(self, path: Path, st: os.stat_result, who: str) -> CudaLib | None:
         """A program or library with the runtime linked in; a stripped one is noted in ``stripped``."""
@@ -504,7 +551,9 @@ class _Registry:
             found = _resolve_mapped(proc, m)
             if found is not None:
                 who = who or _who(proc, pid)
-                self.add_linked_in(found[0], found[1], who)
+                lib = self.add_linked_in(found[0], found[1], who)
+                if lib is not None:
+                    self.mapped_by.setdefault(lib.key, pid)
 
     def add_path(self, path: Path, st: os.stat_result | None = None, resolve: bool = True) -> CudaLib | None:
         try:
@@ -530,7 +579,10 @@ class _Registry:
         if found is None:
             return None
         path, st = found
-        return self.add_path(path, st, resolve=False)
+        lib = self.add_path(path, st, resolve=False)
+        if lib is not None:
+            self.mapped_by.setdefault(lib.key, m.pid)
+        return lib
 
 
 def _check_extra(path: Path) -> list[Path]:
@@ -634,6 +686,39 @@ def _stat_fields(proc_dir: str, pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _examine_file(registry: _Registry, path: Path, st: os.stat_result, who: str) -> None:
+    lib = registry.add_path(path, st, resolve=False)
+    if lib is None or lib.kind == NCCL:  # NVIDIA's libnccl has a runtime linked in (with its symbols)
+        registry.add_linked_in(path, st, who)
+
+
+class Examiner:
+    """Files looked at one at a time, each once: holds.py's, on the holder's thread.
+
+    Its own registry, not the watcher's: a held process must not wait for the
+    trace's once-a-second scan of every process's maps to finish.  A library
+    both find is attached once all the same (Program.attach_library)."""
+
+    def __init__(self) -> None:
+        self._registry = _Registry()
+        self._reported: set[tuple[int, int, str]] = set()
+
+    def take_file(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A library a process maps: the library its exports make it and a runtime linked into it, if new."""
+        _examine_file(self._registry, path, st, who)
+        return self._new()
+
+    def take_program(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A program a process runs: the runtime linked into it, if new."""
+        self._registry.add_linked_in(path, st, who)
+        return self._new()
+
+    def _new(self) -> list[CudaLib]:
+        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
+        self._reported.update(lib.key for lib in new)
+        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+
 class LibraryWatcher:
     """Finds CUDA library copies as processes appear while a trace runs.
 
@@ -659,8 +744,35 @@ class LibraryWatcher:
         self._vsize: dict[tuple[int, int], int] = {}  # (pid, starttime) -> vsize at the last maps read
         self._started = False
         self.maps_read = 0  # how many maps files the last poll read (for benchmarks)
+        # poll() on the trace's thread, take_*() on the holder's (holds.py)
+        self._lock = threading.Lock()
 
     def poll(self) -> list[CudaLib]:
+        with self._lock:
+            return self._poll()
+
+    def take_file(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A library the --cmd command will map (prelaunch.py): what it is, if not returned before."""
+        with self._lock:
+            _examine_file(self._registry, path, st, who)
+            return self._new()
+
+    def take_program(self, path: Path, st: os.stat_result, who: str) -> list[CudaLib]:
+        """A program the --cmd command will run (prelaunch.py): the runtime linked into it, if new."""
+        with self._lock:
+            self._registry.add_linked_in(path, st, who)
+            return self._new()
+
+    def mapped_by(self, lib: CudaLib) -> int | None:
+        """The first process seen mapping ``lib`` (None: found in a library directory, or by a hold)."""
+        return self._registry.mapped_by.get(lib.key)
+
+    def _new(self) -> list[CudaLib]:
+        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
+        self._reported.update(lib.key for lib in new)
+        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+
+    def _poll(self) -> list[CudaLib]:
         if not self._started:
             _gather(self._registry, self._extra, self._places or default_places(self._proc), None)
             for exe, who in self._executables:
@@ -670,15 +782,14 @@ class LibraryWatcher:
                     pass
             self._started = True
         self._scan_processes()
-        new = [lib for key, lib in self._registry.libs.items() if key not in self._reported]
-        self._reported.update(lib.key for lib in new)
-        return sorted(new, key=lambda lib: (lib.kind != RUNTIME, str(lib.path)))
+        return self._new()
 
     def take_notes(self) -> list[str]:
         """Lines about programs with a stripped runtime linked in, each once, new since the last call."""
-        new = [ident for ident in self._registry.stripped if ident not in self._noted]
-        self._noted.update(new)
-        return [self._registry.stripped[ident] for ident in new]
+        with self._lock:
+            new = [ident for ident in self._registry.stripped if ident not in self._noted]
+            self._noted.update(new)
+            return [self._registry.stripped[ident] for ident in new]
 
     def _scan_processes(self) -> None:
         alive: dict[tuple[int, int], int] = {}

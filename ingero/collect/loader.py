@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,9 @@ class BpfSettings:
     bench_pid: int | None = None  # compile only the ingest benchmark generator
     bench_burst: int | None = None
     empty: bool = False  # every program returns at once (overhead floor)
+    # bpf/attach.bpf.c: stop a process that opens a CUDA / NCCL library until its probes are
+    # in (ingero/collect/holds.py resumes it).  Only a tracer that runs a Holder turns it on.
+    holds: bool = False
 
     @property
     def samples(self) -> bool:
@@ -80,6 +84,8 @@ class BpfSettings:
         flags = [f"-I{src}", f"-DRING_PAGES={pages}", f"-DTRACE_ALL_CUDA={int(self.trace_all_cuda)}"]
         if self.target_comm:
             flags.append(f'-DTARGET_COMM="{_c_string(self.target_comm[:15])}"')
+        if self.holds and self.bench_pid is None:
+            flags.append("-DINGERO_HOLDS")
         if self.stack:
             flags.append("-DINGERO_STACK")
         if self.samples:
@@ -142,6 +148,8 @@ def compiled_source(settings: BpfSettings) -> tuple[list[tuple[Path, str]], list
         seen.add("bench.bpf.c")
     else:
         seen.update({"cuda.bpf.c", "nccl.bpf.c", "nvtx.bpf.c", "sched.bpf.c", "mm.bpf.c", "blockio.bpf.c"})
+    if not settings.holds or settings.bench_pid is not None:
+        seen.update({"attach.h", "attach.bpf.c"})
     i = 0
     while i < len(files):
         for name in _LOCAL_INCLUDE.findall(files[i][1]):
@@ -246,6 +254,20 @@ def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: st
     bpf._add_uprobe_fd(ev_name, fd)
 
 
+# bpf/ingero.bpf.c's attach points under INGERO_HOLDS (bpf/attach.bpf.c): no records of their own
+HOLD_TRACEPOINTS = ("syscalls:sys_enter_openat", "syscalls:sys_exit_openat", "syscalls:sys_enter_open",
+                    "syscalls:sys_exit_open", "syscalls:sys_enter_mmap", "syscalls:sys_enter_execve", "syscalls:sys_exit_execve",
+                    "task:task_newtask")
+
+
+def holds_supported(tracefs: Path = Path("/sys/kernel/tracing")) -> str | None:
+    """Why this kernel cannot hold (None: it can): the syscall tracepoints (CONFIG_FTRACE_SYSCALLS)."""
+    for tp in HOLD_TRACEPOINTS:
+        if not (tracefs / "events" / tp.replace(":", "/")).is_dir():
+            return f"no {tp} tracepoint in this kernel"
+    return None
+
+
 # INGERO_UPROBE_MULTI=0: every uprobe as a BCC perf event, as on a kernel without uprobe_multi
 # (the fallback, for comparing the two and for tests of BCC's path).
 UPROBE_MULTI_ENV = "INGERO_UPROBE_MULTI"
@@ -268,8 +290,12 @@ class Program:
             self.links = LinkedProbes(self, None, refusal_note=None)
             self.links.attach()
         self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
+        if settings.holds and settings.bench_pid is None:
+            self.tracepoints += [(tp, None) for tp in HOLD_TRACEPOINTS]
         for tp, op in self.tracepoints:
             self.records.append(AttachRecord("kernel", tp, op, "tracepoint", True))
+        # attach_library runs on the trace's thread and on the holder's (holds.py)
+        self._attach_lock = threading.RLock()
 
     # -- attaching ---------------------------------------------------------
 
@@ -279,6 +305,14 @@ class Program:
 
         ``addresses``: a runtime linked into a program, whose functions are local
         symbols (static_runtime.py): attached at these addresses, not by name."""
+        with self._attach_lock:
+            return self._attach_library(path, kind, identity, exported, addresses)
+
+    def is_attached(self, identity: tuple[int, int], kind: str) -> bool:
+        return (*identity, kind) in self._attached_ids
+
+    def _attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str],
+                        addresses: Mapping[str, int] | None) -> tuple[int, int]:
         key = (*identity, kind)  # NVIDIA's libnccl is two: NCCL by name, its linked-in runtime by address
         if key in self._attached_ids:
             return 0, 0

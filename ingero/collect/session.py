@@ -21,6 +21,7 @@ the trace also ends (after draining) when the command exits.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -32,7 +33,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, fdtargets, nvtx, nvtx_inject, probes, ranks, targets
+from ingero.collect import decode, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
@@ -85,6 +86,9 @@ class TraceOptions:
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
     # --cmd: load ingero's NVTX injection library into the command, its ranges become spans (--no-nvtx: off)
     nvtx: bool = True
+    # Stop a process that opens a CUDA / NCCL library (traced: execs a program) until its probes
+    # are in (collect/holds.py; --no-hold: off)
+    hold: bool = True
     # Services the trace command wires in (the query daemon, the samplers, Prometheus
     # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
@@ -214,6 +218,7 @@ class TraceSession:
         self.nvtx = nvtx.NvtxSpans(session_id, self.offset_ns)
         self.env_read: set[int] = set()  # pids whose environment was read for ranks (again after an exec)
         self.env_rows: dict[int, tuple] = {}  # pid -> its last 'env' row's values (an exec may keep them)
+        self.holder: Any = None  # holds.Holder while processes mapping CUDA are held
 
     # -- events ----------------------------------------------------------------
 
@@ -558,15 +563,26 @@ def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:
         sess.store.update_session(sess.session_id, notes="\n".join(sess.runtime_notes))
 
 
-def _attach_line(lib: Any, ok: int, failed: int, program: Any) -> str:
+def _attach_line(lib: Any, ok: int, failed: int, program: Any, when: str = "") -> str:
+    """One attach line; ``when`` says when it was attached relative to the calls into it."""
     what = f"{ok // 2} functions ({ok} probes)"
     if failed:
         what += f", {failed} failed"
-    line = f"attached {what} to {lib.path} ({lib.kind}{', linked in' if lib.linked_in else ''})"
+    line = f"attached {what} to {holds.shown(str(lib.path))} ({lib.kind}{', linked in' if lib.linked_in else ''})"
     why = program.link_refusal(lib.path) if ok else None
     if why is not None:  # perf-event uprobes: slower to detach (loader.LinkedProbes)
         line += f"; as perf-event uprobes, not links ({why})"
-    return line
+    return line + when
+
+
+def _found_when(watcher: Any, lib: Any, at_start: bool) -> str:
+    """When a library the scan found was attached, relative to the calls of whoever maps it."""
+    pid = watcher.mapped_by(lib)
+    if pid is None:
+        return ", before any process mapped it" if at_start else ""
+    if at_start:
+        return f", mapped by pid {pid} before the trace: its calls before now are not recorded"
+    return f", found mapped by pid {pid} (not held: seen by the once-a-second scan): its calls before now are not recorded"
 
 
 def _attach_nvtx(program: Any, lib: Path) -> str:
@@ -584,6 +600,8 @@ def check_can_trace() -> None:
 
 
 def settings_for(opts: TraceOptions) -> BpfSettings:
+    from ingero.collect.loader import holds_supported
+
     explicit = bool(opts.pids or opts.comm or opts.cmd)
     return BpfSettings(
         ring_bytes=ring_bytes_from_mb(opts.ring_mb),
@@ -591,7 +609,38 @@ def settings_for(opts: TraceOptions) -> BpfSettings:
         target_comm=opts.comm,
         stack=opts.stack,
         launch_streams=opts.launch_streams,
+        holds=opts.hold and holds_supported() is None,
     )
+
+
+# What names the hold programs (bpf/attach.bpf.c) in a compile or verifier error
+_HOLD_PROGRAMS = ("tracepoint__syscalls__", "tracepoint__task__", "attach.bpf.c", "attach.h")
+
+
+def _load(settings: BpfSettings) -> tuple[Program, BpfSettings, str | None]:
+    """The program; without holds, and a line saying so, where only the hold programs fail to load."""
+    try:
+        return load_program(settings), settings, None
+    except IngeroError as exc:
+        if not settings.holds or not any(name in exc.message for name in _HOLD_PROGRAMS):
+            raise
+        without = dataclasses.replace(settings, holds=False)
+        return (load_program(without), without,
+                f"holds off (a process that maps CUDA after the trace began may lose its first calls): {exc.message}")
+
+
+def _attach_before_launch(program: Any, watcher: Any, launcher: targets.Launcher, cmd_env: dict | None) -> list[str]:
+    """--cmd: what the command will exec and link, attached before it is released (prelaunch.py)."""
+    return prelaunch.attach(program, watcher, launcher.argv, cmd_env,
+                            lambda lib, ok, failed: _attach_line(lib, ok, failed, program))
+
+
+def _started_before(pid: int) -> str | None:
+    """--pid: the note on what the trace missed of a process that ran before it."""
+    from ingero.collect.libs import process_runtimes
+
+    mapped, _ = process_runtimes(pid)
+    return targets.started_before(pid, [lib.path for lib in mapped])
 
 
 def run_trace(
@@ -611,17 +660,19 @@ def run_trace(
     # built (or found in the cache) before anything is loaded: no compiler is one line, nothing traced
     nvtx_lib = nvtx_inject.library() if launcher is not None and opts.nvtx else None
     settings = settings_for(opts)
-    libs, watcher = _find_libraries(list(opts.cuda_libs),
-                                    [(launcher.executable, "the --cmd program")] if launcher else [])
+    # (--cmd's own programs are examined by prelaunch.attach below, before it starts)
+    libs, watcher = _find_libraries(list(opts.cuda_libs), [])
     store = Store.open(opts.db_path)
+    holds_off: str | None = None
     try:
         store.mark_crashed_sessions()
-        program = load_program(settings)
+        program, settings, holds_off = _load(settings)
     except BaseException:
         store.close()
         raise
     stop = _Stop()
     resolver = None
+    holder = None
     sess = None
     fault: StorageFault | None = None
     completed = False
@@ -632,12 +683,21 @@ def run_trace(
         call_cost_ns = calibrate_call_cost(program)
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            lines.append(_attach_line(lib, ok, failed, program))
+            lines.append(_attach_line(lib, ok, failed, program, _found_when(watcher, lib, at_start=True)))
         cmd_env = None
         if nvtx_lib is not None:
             cmd_env, why_not = nvtx_inject.command_env(nvtx_lib)
             lines.append(why_not or _attach_nvtx(program, nvtx_lib))
+        if launcher is not None:
+            lines += _attach_before_launch(program, watcher, launcher, cmd_env)
         runtime_notes = watcher.take_notes()
+        if opts.hold and not settings.holds and holds_off is None:
+            from ingero.collect.loader import holds_supported
+
+            holds_off = (f"holds off (a process that maps CUDA after the trace began may lose its first calls): "
+                         f"{holds_supported()}")
+        if holds_off:
+            runtime_notes.append(holds_off)
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
         initial: list[int] = list(spec.pids)
@@ -651,6 +711,15 @@ def run_trace(
             except ImportError:
                 pass
         program.add_targets(initial)
+        before = [line for pid in spec.pids if (line := _started_before(pid))]
+        lines += before
+        runtime_notes += before
+        if settings.holds:  # from here a process that maps CUDA waits for its probes
+            from ingero.collect.libs import Examiner
+
+            holder = holds.Holder(program, Examiner(), lambda lib, ok, failed: _attach_line(lib, ok, failed, program),
+                                  default_mode=not spec.explicit)
+            lines += holder.start()
         launched = None
         if launcher is not None:
             with store.user_umask():  # the job creates its files as its user would, not 0600
@@ -666,6 +735,7 @@ def run_trace(
         if call_cost_ns is not None:
             store.update_session(session_id, call_cost_ns=call_cost_ns)
         sess = TraceSession(opts, store, program, session_id)
+        sess.holder = holder
         _note_runtimes(sess, runtime_notes)
         if opts.stack:
             from ingero.collect.stacks import StackResolver
@@ -693,6 +763,8 @@ def run_trace(
             launcher.stop()  # signalled or failed: do not leave the command behind
         if resolver is not None:
             resolver.close()
+        if holder is not None:
+            holder.stop()  # nothing held once the probes go
         if sess is not None:
             for hook in opts.hooks:  # idempotent: a normal end told them already, before the drain
                 hook.on_stopping(sess)
@@ -803,6 +875,8 @@ def _loop(
         if open_spans is not None:
             with sess.store.transaction():
                 sess.store.append("spans", open_spans)
+        if sess.holder is not None:
+            _take_hold_lines(sess)
         sess.harvest_process_cpu()
         sess.write_probe_rows()
         for hook in sess.opts.hooks:
@@ -813,6 +887,8 @@ def _loop(
         # e.g. the closing CHECKPOINT on a disk that filled up: every event is already committed
         raise write_error(exc, sess.store.path) from None
     notes = list(sess.notes)
+    if sess.holder is not None and (held := sess.holder.summary()):
+        notes.append(held)
     unseen = int(counters[Counter.UNSEEN_SWITCH_IN])
     if unseen:
         notes.append(f"scheduler: {unseen:,} off-CPU interval(s) whose switch back onto a CPU no probe saw; "
@@ -841,6 +917,13 @@ def _loop(
     )
 
 
+def _take_hold_lines(sess: TraceSession) -> None:
+    """The holder's lines into the live view's notes; a hold that reached its bound into sessions.notes too."""
+    lines, lasting = sess.holder.take_lines()
+    sess.notes += lines
+    _note_runtimes(sess, lasting)
+
+
 def _every_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) -> None:
     # One transaction for the second's rows (process_cpu, the samplers, probes, names): one
     # commit instead of four; measured on an idle trace, the commits were a third of its CPU.
@@ -862,10 +945,14 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
     traced = sess.traced = sess.program.targets()
     for hook in sess.opts.hooks:
         hook.write_second(sess)
+    if sess.holder is not None:
+        sess.holder.refresh_shells()
+        _take_hold_lines(sess)
     if watcher is not None:
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
-            sess.notes.append(_attach_line(lib, ok, failed, sess.program))
+            if ok or failed:
+                sess.notes.append(_attach_line(lib, ok, failed, sess.program, _found_when(watcher, lib, at_start=False)))
         new = watcher.take_notes()
         sess.notes += new
         _note_runtimes(sess, new)

@@ -49,6 +49,8 @@ _VENDOR_LIB = re.compile(r"^lib(?:cublas|cudnn|cufft|curand|cusparse|cusolver|nc
 _SHT_NOTE = 7
 _SHT_DYNAMIC = 6
 _DT_NEEDED = 1
+_DT_RPATH = 15
+_DT_RUNPATH = 29
 _ET_EXEC, _ET_DYN = 2, 3
 
 
@@ -191,17 +193,52 @@ def _from_symbols(path: Path, mm: mmap.mmap, sections: _Sections, build_id: str 
 
 
 def _needed(mm: mmap.mmap, sections: _Sections) -> list[str]:
-    dynamic = sections.by_name.get(".dynamic")
-    if dynamic is None or dynamic.type != _SHT_DYNAMIC:
-        return []
-    strtab = sections.linked(dynamic)
+    return (_dynamic_entries(mm, sections) or {}).get(_DT_NEEDED, [])
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """What the dynamic loader reads of one object: DT_NEEDED, DT_RPATH, DT_RUNPATH (as written)."""
+
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+
+
+def dynamic(path: Path | str) -> Dynamic | None:
+    """``path``'s dynamic section (None: not an ELF64-LE object, or no dynamic section)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < 64:
+                return None
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+                if mm[:4] != b"\x7fELF" or mm[4] != 2 or mm[5] != 1:
+                    return None
+                entries = _dynamic_entries(mm, _Sections(mm))
+    except (OSError, ValueError, struct.error, IndexError):
+        return None
+    if entries is None:
+        return None
+
+    def paths(tag: int) -> tuple[str, ...]:
+        return tuple(p for v in entries.get(tag, []) for p in v.split(":") if p)
+
+    return Dynamic(tuple(entries.get(_DT_NEEDED, [])), paths(_DT_RPATH), paths(_DT_RUNPATH))
+
+
+def _dynamic_entries(mm: mmap.mmap, sections: _Sections) -> dict[int, list[str]] | None:
+    """String-valued entries of .dynamic (DT_NEEDED, DT_RPATH, DT_RUNPATH) by tag, in order."""
+    dyn = sections.by_name.get(".dynamic")
+    if dyn is None or dyn.type != _SHT_DYNAMIC:
+        return None
+    strtab = sections.linked(dyn)
     names = mm[strtab.offset:strtab.offset + strtab.size]
-    out = []
-    for tag, val in struct.iter_unpack("<qQ", mm[dynamic.offset:dynamic.offset + dynamic.size - dynamic.size % 16]):
+    out: dict[int, list[str]] = {}
+    for tag, val in struct.iter_unpack("<qQ", mm[dyn.offset:dyn.offset + dyn.size - dyn.size % 16]):
         if tag == 0:
             break
-        if tag == _DT_NEEDED:
-            out.append(names[val:names.find(b"\0", val)].decode("utf-8", "replace"))
+        if tag in (_DT_NEEDED, _DT_RPATH, _DT_RUNPATH):
+            out.setdefault(tag, []).append(names[val:names.find(b"\0", val)].decode("utf-8", "replace"))
     return out
 
 

@@ -76,6 +76,30 @@ def alive(pid: int, proc: Path = PROC) -> bool:
     return (proc / str(pid)).is_dir()
 
 
+def started_before(pid: int, mapped: list[Path], proc: Path = PROC) -> str | None:
+    """--pid: what the trace cannot have seen of a process that ran before it (None: gone).
+
+    ``mapped``: the CUDA / NCCL libraries (or programs with the runtime linked
+    in) it maps as the probes go in."""
+    try:
+        raw = (proc / str(pid) / "stat").read_bytes()
+        uptime_s = float((proc / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")].decode("utf-8", "replace")
+    try:
+        started_s = int(raw[raw.rfind(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+    age = max(0.0, uptime_s - started_s)
+    who = f"pid {pid} ({comm!r}) had been running {age:.1f} s when the trace attached"
+    if not mapped:
+        return f"{who}, with no CUDA library mapped yet: every CUDA call it makes is recorded"
+    names = ", ".join(sorted({p.name for p in mapped}))
+    return (f"{who}, with {names} already mapped: its CUDA calls before the attach are not recorded "
+            f"(from the attach on, every call is)")
+
+
 def describe(spec: TargetSpec, launched_pid: int | None = None) -> str:
     """Human-readable 'what was traced' for the sessions row."""
     parts = []

@@ -20,6 +20,10 @@ from ingero.values import parse_percent
 @click.option("--no-nvtx", is_flag=True,
               help="With --cmd: do not load ingero's NVTX injection library into the command (its NVTX "
                    "ranges are then not stored as spans; the library is built with the system C compiler).")
+@click.option("--no-hold", is_flag=True,
+              help="Never stop a process: by default one that opens a CUDA / NCCL library nobody had mapped "
+                   "(a dlopen), or a traced one that execs a program, waits (at most 200 ms, a few ms as "
+                   "measured) until its probes are in, so that its first calls are recorded too.")
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
@@ -55,7 +59,7 @@ from ingero.values import parse_percent
               help="Length of a published segment (default 5m, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
-def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
+def command(duration, pids, comm, cmd, no_nvtx, no_hold, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
             no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
@@ -92,6 +96,7 @@ def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,
         nvtx=not no_nvtx,
+        hold=not no_hold,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source

@@ -116,7 +116,7 @@ def test_shared_and_linked_in_runtime_give_exact_rows(tmp_path, builds, build):
     _assert_exact(_cuda_rows(tmp_path / "t.duckdb", pid))
     if build == "static13":
         exe = str(builds[build].resolve())
-        assert any(line.startswith("attached ") and line.endswith(f"{exe} (runtime, linked in)")
+        assert any(line.startswith("attached ") and line.endswith(f"{exe} (runtime, linked in) before the command started")
                    for line in start["lines"]), start["lines"]
         attached = query(tmp_path / "t.duckdb", "SELECT symbol, probe_kind FROM probes WHERE target = $t AND attached",
                          {"t": exe})
@@ -151,7 +151,7 @@ def test_linked_in_runtime_started_after_the_trace_and_cuda_12_beside_13(tmp_pat
 
         def attached() -> bool:
             notes = {n for t in tracer.ticks() for n in t.get("notes", [])}
-            return all(any(n.endswith(want) for n in notes) for want in linked)
+            return all(any(f" to {want}" in n for n in notes) for want in linked)
 
         assert wait_for(attached, timeout=workloads.START_TIMEOUT_S), [t.get("notes") for t in tracer.ticks()]
         go.touch()
