@@ -32,7 +32,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, nvtx, nvtx_inject, probes, ranks, targets
+from ingero.collect import cupti, decode, nvtx, nvtx_inject, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
@@ -85,6 +85,9 @@ class TraceOptions:
     cmd_stdout_to_stderr: bool = False  # --json: the command's output must not mix with the NDJSON
     # --cmd: load ingero's NVTX injection library into the command, its ranges become spans (--no-nvtx: off)
     nvtx: bool = True
+    # --cmd: load ingero's CUPTI injection library into the command, the device's kernels and
+    # copies become device_activity (--no-cupti: off)
+    cupti: bool = True
     # Services the trace command wires in (the query daemon, the samplers, Prometheus
     # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
@@ -605,12 +608,19 @@ def run_trace(
     settings = settings_for(opts)
     libs, watcher = _find_libraries(list(opts.cuda_libs),
                                     [(launcher.executable, "the --cmd program")] if launcher else [])
+    # (a hook of this trace only: it leaves opts.hooks again below)
+    # (its libcupti beside the runtime the user named first, then beside those found)
+    cupti_hook, cupti_line = (cupti.for_command([*opts.cuda_libs, *(lib.path for lib in libs)])
+                              if launcher is not None and opts.cupti else (None, None))
+    if cupti_hook is not None:
+        opts.hooks.append(cupti_hook)
     store = Store.open(opts.db_path)
     try:
         store.mark_crashed_sessions()
         program = load_program(settings)
     except BaseException:
         store.close()
+        _drop_hook(opts, cupti_hook)
         raise
     stop = _Stop()
     resolver = None
@@ -629,6 +639,11 @@ def run_trace(
         if nvtx_lib is not None:
             cmd_env, why_not = nvtx_inject.command_env(nvtx_lib)
             lines.append(why_not or _attach_nvtx(program, nvtx_lib))
+        if cupti_hook is not None:  # CUDA_INJECTION64_PATH, INGERO_CUPTI_DIR (collect/cupti_inject.py)
+            cmd_env, line = cupti_hook.command_env(cmd_env)
+            lines.append(line)
+        elif cupti_line is not None:
+            lines.append(cupti_line)
         runtime_notes = watcher.take_notes()
         lines += runtime_notes
         lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
@@ -690,9 +705,18 @@ def run_trace(
                 hook.on_stopping(sess)
         program.close()
         store.close()
+        _drop_hook(opts, cupti_hook)
     if fault is not None:
         raise _job_ran_untraced(fault, launcher)
     return summary
+
+
+def _drop_hook(opts: TraceOptions, hook: Any) -> None:
+    """A hook this trace added to opts.hooks (CUPTI's): out again, its resources released."""
+    if hook is not None:
+        if hook in opts.hooks:
+            opts.hooks.remove(hook)
+        hook.close()
 
 
 def _nvtx_note(n: nvtx.NvtxSpans) -> str:

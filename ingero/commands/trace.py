@@ -20,6 +20,10 @@ from ingero.values import parse_percent
 @click.option("--no-nvtx", is_flag=True,
               help="With --cmd: do not load ingero's NVTX injection library into the command (its NVTX "
                    "ranges are then not stored as spans; the library is built with the system C compiler).")
+@click.option("--no-cupti", is_flag=True,
+              help="With --cmd: do not load ingero's CUPTI injection library into the command (the device's "
+                   "kernels and copies are then inferred from the calls, not measured; the library is built "
+                   "with the system C compiler against the CUDA toolkit's CUPTI headers).")
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
@@ -55,7 +59,7 @@ from ingero.values import parse_percent
               help="Length of a published segment (default 5m, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
-def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
+def command(duration, pids, comm, cmd, no_nvtx, no_cupti, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
             no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
@@ -63,7 +67,9 @@ def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams
     By default every process that calls CUDA is traced, with its scheduling,
     page faults and block I/O; --pid / --comm / --cmd narrow it down.
     With --cmd, the command's NVTX ranges (torch.cuda.nvtx, nvtx.annotate,
-    nvtxRangePushA) are stored in the spans table, category 'nvtx'.
+    nvtxRangePushA) are stored in the spans table, category 'nvtx', and
+    the device's kernels, copies and memsets, as CUPTI measures them, in
+    device_activity (explain then reads the measured timeline).
     Without --duration it runs until Ctrl-C or SIGTERM (daemon mode); while
     it runs, `ingero query`, `explain` and `status` from another shell are
     answered by it over a local socket (root or the `ingero` group).
@@ -92,6 +98,7 @@ def command(duration, pids, comm, cmd, no_nvtx, cuda_libs, stack, launch_streams
         command_line=" ".join(["ingero", *sys.argv[1:]]) if sys.argv else "ingero trace",
         cmd_stdout_to_stderr=as_json,
         nvtx=not no_nvtx,
+        cupti=not no_cupti,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source

@@ -32,7 +32,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -74,6 +74,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      events (a tracer still running, or killed before writing them).
 #  14: sessions.call_cost_ns: what tracing one CUDA call costs its thread,
 #      calibrated at the trace's start.
+#  15: device_activity.pid (live traces store the device timeline of every
+#      traced process, from CUPTI); rows imported before it keep NULL.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -109,6 +111,7 @@ MIGRATIONS: dict[int, list[str]] = {
     12: [REAPPLY_SCHEMA],  # creates sampling (the overhead budget's periods)
     13: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summaries_pending_ns BIGINT"],
     14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
+    15: ["ALTER TABLE device_activity ADD COLUMN IF NOT EXISTS pid INTEGER"],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
