@@ -167,7 +167,7 @@ class Ring:
             self._mm = mmap.mmap(fd, st.st_size)
         finally:
             os.close(fd)
-        hdr = np.frombuffer(self._mm, RING_HEADER_DTYPE, count=1)[0]
+        hdr = np.frombuffer(self._mm[:HEADER_BYTES], RING_HEADER_DTYPE, count=1)[0]  # (a copy)
         cap = int(hdr["capacity"])
         if (int(hdr["magic"]) != MAGIC or int(hdr["version"]) != VERSION
                 or int(hdr["rec_size"]) != RECORD_DTYPE.itemsize or int(hdr["pid"]) != pid
