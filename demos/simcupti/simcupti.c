@@ -139,10 +139,28 @@ static uint64_t stamp(void)
 	return clock_ns(CLOCK_REALTIME);
 }
 
+/* CLOCK_REALTIME - CLOCK_MONOTONIC, from the tightest of a few brackets (a thread
+ * preempted between two clock reads would shift a record by the preemption), kept
+ * OFFSET_KEEP_NS: the offset moves only when the wall clock is stepped. */
+#define OFFSET_KEEP_NS 50000000ull
+static _Atomic uint64_t offset_rt, offset_at;
+
 static uint64_t mono_to_stamp(uint64_t mono)
 {
-	uint64_t rt = clock_ns(CLOCK_REALTIME), m = clock_ns(CLOCK_MONOTONIC);
-	return mono + (rt - m);
+	uint64_t now = clock_ns(CLOCK_MONOTONIC);
+	if (!offset_at || now - offset_at > OFFSET_KEEP_NS) {
+		uint64_t best = UINT64_MAX, off = 0;
+		for (int i = 0; i < 5; i++) {
+			uint64_t m0 = clock_ns(CLOCK_MONOTONIC), rt = clock_ns(CLOCK_REALTIME), m1 = clock_ns(CLOCK_MONOTONIC);
+			if (m1 - m0 < best) {
+				best = m1 - m0;
+				off = rt - (m0 + (m1 - m0) / 2);
+			}
+		}
+		offset_rt = off;
+		offset_at = now;
+	}
+	return mono + offset_rt;
 }
 
 static uint32_t thread_id(void)
