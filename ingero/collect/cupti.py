@@ -123,13 +123,15 @@ KEEP_CALLS_NS = 30_000_000_000
 # (its brackets are ~0.1 µs).
 MATCH_SLACK_NS = 1_000
 
+# The latest traced call of the thread that began before CUPTI's record of it, if it is the same op
+# and encloses the record.  (Ops as their place in $ops: comparing strings in the join cost 40%.)
 MATCH_SQL = """
 SELECT a.i, e.timestamp
 FROM _ing_cupti_api a ASOF JOIN (
-    SELECT pid, tid, op, timestamp, duration_ns FROM events
+    SELECT pid, tid, list_position($ops, op)::SMALLINT AS op_i, timestamp, duration_ns FROM events
     WHERE session_id = $sid AND timestamp >= $lo AND timestamp <= $hi AND list_contains($ops, op)
-) e ON a.pid = e.pid AND a.tid = e.tid AND a.op = e.op AND a.probe_ns >= e.timestamp
-WHERE e.timestamp + e.duration_ns + $slack >= a.end_ns
+) e ON a.pid = e.pid AND a.tid = e.tid AND a.probe_ns >= e.timestamp
+WHERE e.op_i = a.op_i AND e.timestamp + e.duration_ns + $slack >= a.end_ns
 """
 
 DEVICE_SCHEMA = pa.schema([
@@ -138,7 +140,6 @@ DEVICE_SCHEMA = pa.schema([
     ("end_ns", pa.int64()), ("name", pa.string()), ("correlation", pa.int64()), ("call_tid", pa.int32()),
     ("call_ns", pa.int64()),
 ])
-_KIND_NAMES = {REC_KERNEL: "kernel", REC_MEMCPY: "memcpy", REC_MEMSET: "memset", REC_SYNC: "sync"}
 
 _API_FIELDS = [("pid", np.int64), ("tid", np.int64), ("corr", np.int64), ("domain", np.int8), ("op", np.int16),
                ("start", np.int64), ("end", np.int64)]
@@ -317,38 +318,39 @@ class DeviceJoin:
             return
         p = self.procs.setdefault(pid, _Process())
         t = recs["type"]
-        clocks = recs[t == REC_CLOCK]
+        # (columns by index arrays: fancy-indexing whole 64-byte records first cost twice as much)
+        clocks = np.flatnonzero(t == REC_CLOCK)
         if len(clocks):
-            p.pairs_cupti += clocks["start"].astype(np.int64).tolist()
-            p.pairs_mono += clocks["end"].astype(np.int64).tolist()
-        names = recs[t == REC_NAME]
+            p.pairs_cupti += recs["start"][clocks].astype(np.int64).tolist()
+            p.pairs_mono += recs["end"][clocks].astype(np.int64).tolist()
+        names = np.flatnonzero(t == REC_NAME)
         if len(names):
-            self._names(p, names.view(NAME_DTYPE))
-        for d in recs[t == REC_DROPPED]:
-            p.cupti_dropped += int(d["bytes"])
-        api = recs[t == REC_API]
+            self._names(p, recs[names].view(NAME_DTYPE))
+        for i in np.flatnonzero(t == REC_DROPPED).tolist():
+            p.cupti_dropped += int(recs["bytes"][i])
+        api = np.flatnonzero(t == REC_API)
         if len(api):
             a = np.empty(len(api), API_DTYPE)
             a["pid"] = pid
-            a["tid"] = api["tid"]
-            a["corr"] = api["correlation"]
-            a["domain"] = api["kind"]
-            ids = api["name"].tolist()
-            a["op"] = [p.api_ops.get(i, -1) for i in ids]
-            a["start"] = p.to_mono(api["start"])
-            a["end"] = p.to_mono(api["end"])
-            self._api = np.concatenate([self._api, a])
-        dev = recs[(t == REC_KERNEL) | (t == REC_MEMCPY) | (t == REC_MEMSET) | (t == REC_SYNC)]
+            a["tid"] = recs["tid"][api]
+            a["corr"] = recs["correlation"][api]
+            a["domain"] = recs["kind"][api]
+            ids, inverse = np.unique(recs["name"][api], return_inverse=True)
+            a["op"] = np.array([p.api_ops.get(int(i), -1) for i in ids], np.int16)[inverse]
+            a["start"] = p.to_mono(recs["start"][api])
+            a["end"] = p.to_mono(recs["end"][api])
+            self._api = np.concatenate([self._api, a]) if len(self._api) else a
+        dev = np.flatnonzero((t >= REC_KERNEL) & (t <= REC_SYNC))
         if len(dev):
             d = np.empty(len(dev), DEV_DTYPE)
             d["pid"] = pid
             for f in ("type", "kind", "src", "dst", "device", "stream", "bytes", "name"):
-                d[f] = dev[f]
-            d["corr"] = dev["correlation"]
-            d["rcorr"] = dev["runtime_correlation"]
-            d["start"] = p.to_mono(dev["start"])
-            d["end"] = p.to_mono(dev["end"])
-            self._dev = np.concatenate([self._dev, d])
+                d[f] = recs[f][dev]
+            d["corr"] = recs["correlation"][dev]
+            d["rcorr"] = recs["runtime_correlation"][dev]
+            d["start"] = p.to_mono(recs["start"][dev])
+            d["end"] = p.to_mono(recs["end"][dev])
+            self._dev = np.concatenate([self._dev, d]) if len(self._dev) else d
 
     def _names(self, p: _Process, names: np.ndarray) -> None:
         for r in names:
@@ -382,6 +384,8 @@ class DeviceJoin:
 
     def _match_due(self, con: Any, now_mono: int, final: bool) -> None:
         """Match the calls that ended DELAY_NS ago (all when ``final``) to the tracer's rows."""
+        # (calls matched earlier are kept for device records still to come; this take's for this one)
+        self._calls = [c for c in self._calls if c.newest_end > now_mono - KEEP_CALLS_NS]
         api = self._api
         due = np.ones(len(api), bool) if final else api["end"] <= now_mono - DELAY_NS
         if due.any():
@@ -402,7 +406,6 @@ class DeviceJoin:
             first[1:] = key[1:] != key[:-1]
             pick = order[first]
             self._calls.append(_Calls(key[first], a["tid"][pick], call_ns[pick], traced[pick], int(a["end"].max())))
-        self._calls = [c for c in self._calls if c.newest_end > now_mono - KEEP_CALLS_NS]
 
     def _match(self, con: Any, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(indexes into ``a``, events.timestamp) of the calls whose row the tracer stored."""
@@ -410,7 +413,7 @@ class DeviceJoin:
         table = pa.table({
             "i": pa.array(np.arange(len(a)), pa.int64()), "pid": pa.array(a["pid"], pa.int32()),
             "tid": pa.array(a["tid"], pa.int32()),
-            "op": pa.array(np.asarray(self.ops, dtype=object)[a["op"]], pa.string()),
+            "op_i": pa.array(a["op"].astype(np.int16) + 1, pa.int16()),  # (list_position counts from 1)
             "probe_ns": pa.array(a["start"] + off + MATCH_SLACK_NS, pa.int64()),
             "end_ns": pa.array(a["end"] + off, pa.int64()),
         })
@@ -455,41 +458,58 @@ class DeviceJoin:
     def _rows(self, d: np.ndarray, tid: np.ndarray, call_ns: np.ndarray, found: np.ndarray) -> pa.Table:
         n = len(d)
         off = self.offset_ns
-        kind = [_KIND_NAMES[int(t)] for t in d["type"]]
-        copy_kind: list[str | None] = [None] * n
-        names: list[str | None] = [None] * n
-        for i in range(n):
-            t = int(d["type"][i])
-            if t == REC_KERNEL:
-                p = self.procs.get(int(d["pid"][i]))
-                names[i] = p.names.get(int(d["name"][i])) if p else None
-            elif t == REC_MEMCPY:
-                word, copy_kind[i] = MEMCPY_KINDS.get(int(d["kind"][i]), ("Unknown", None))
-                names[i] = (f"Memcpy {word} ({MEMORY_KINDS.get(int(d['src'][i]), 'Unknown')} -> "
-                            f"{MEMORY_KINDS.get(int(d['dst'][i]), 'Unknown')})")
-            elif t == REC_MEMSET:
-                names[i] = f"Memset ({MEMORY_KINDS.get(int(d['src'][i]), 'Unknown')})"
-            else:
-                names[i] = SYNC_KINDS.get(int(d["kind"][i]), "Sync")
-        is_copy = (d["type"] == REC_MEMCPY) | (d["type"] == REC_MEMSET)
+        t = d["type"]
+        # names and kinds per distinct record shape of each process: a kernel's by its name id
+        # (an address, >= 0), any other's by (type, kind, src, dst) packed below 0
+        shape = ((t.astype(np.int64) << 24) | (d["kind"].astype(np.int64) << 16)
+                 | (d["src"].astype(np.int64) << 8) | d["dst"].astype(np.int64))
+        code = np.where(t == REC_KERNEL, d["name"].astype(np.int64), -1 - shape)
+        inverse = np.empty(n, np.int64)
+        labels: list[tuple[str, str | None, str | None]] = []
+        for pid in np.unique(d["pid"]).tolist():
+            mine = d["pid"] == pid
+            uniq, inv = np.unique(code[mine], return_inverse=True)
+            inverse[mine] = inv + len(labels)
+            labels += [self._label(pid, c) for c in uniq.tolist()]
+        take = pa.array(inverse)
+        kind = pa.array([lb[0] for lb in labels], pa.string()).take(take)
+        copy_kind = pa.array([lb[1] for lb in labels], pa.string()).take(take)
+        names = pa.array([lb[2] for lb in labels], pa.string()).take(take)
+        is_copy = (t == REC_MEMCPY) | (t == REC_MEMSET)
         self.rows += n
-        for k in kind:
-            self.kinds[k] = self.kinds.get(k, 0) + 1
+        counts = np.bincount(inverse, minlength=len(uniq))
+        for lb, c in zip(labels, counts.tolist()):
+            self.kinds[lb[0]] = self.kinds.get(lb[0], 0) + c
         return pa.table({
             "session_id": pa.array(np.full(n, self.session_id), pa.int32()),
             "pid": pa.array(d["pid"], pa.int32()),
             "device": pa.array(d["device"], pa.int32()),
             "stream": pa.array(d["stream"], pa.int64()),
-            "kind": pa.array(kind, pa.string()),
-            "copy_kind": pa.array(copy_kind, pa.string()),
+            "kind": kind,
+            "copy_kind": copy_kind,
             "bytes": pa.array(d["bytes"], pa.int64(), mask=~is_copy),
             "start_ns": pa.array(d["start"] + off, pa.int64()),
             "end_ns": pa.array(d["end"] + off, pa.int64()),
-            "name": pa.array(names, pa.string()),
+            "name": names,
             "correlation": pa.array(d["corr"], pa.int64(), mask=d["corr"] == 0),
             "call_tid": pa.array(tid, pa.int32(), mask=~found),
             "call_ns": pa.array(call_ns, pa.int64(), mask=~found),
         }, schema=DEVICE_SCHEMA)
+
+    def _label(self, pid: int, code: int) -> tuple[str, str | None, str | None]:
+        """(kind, copy_kind, name) of one record shape of ``pid`` (_rows' code)."""
+        if code >= 0:
+            p = self.procs.get(pid)
+            return "kernel", None, p.names.get(code) if p else None
+        shape = -1 - code
+        t, k, src, dst = shape >> 24, (shape >> 16) & 0xFF, (shape >> 8) & 0xFF, shape & 0xFF
+        if t == REC_MEMCPY:
+            word, copy_kind = MEMCPY_KINDS.get(k, ("Unknown", None))
+            return ("memcpy", copy_kind,
+                    f"Memcpy {word} ({MEMORY_KINDS.get(src, 'Unknown')} -> {MEMORY_KINDS.get(dst, 'Unknown')})")
+        if t == REC_MEMSET:
+            return "memset", None, f"Memset ({MEMORY_KINDS.get(src, 'Unknown')})"
+        return "sync", None, SYNC_KINDS.get(k, "Sync")
 
 
 # --- the hook the trace session runs -------------------------------------------------
@@ -567,6 +587,10 @@ class CuptiHook(TraceHook):
         corrupt = sum(r.corrupt for r in self.rings.rings.values())
         if corrupt:
             line += f"; {corrupt} ring read(s) out of range (skipped)"
+        handled = sum(h["handled_ns"] for h in heads.values())
+        records = sum(h["cupti_records"] for h in heads.values())
+        if records:
+            line += f"; handing CUPTI's records over cost the process {handled / records:.0f} ns CPU each"
         notes = sorted({h["note"] for h in heads.values() if h["note"] and not h["flags"] & RING_FAILED})
         if notes:
             line += "; " + "; ".join(notes)
