@@ -32,6 +32,9 @@ ENV = "CUDA_INJECTION64_PATH"
 DIR_ENV = "INGERO_CUPTI_DIR"
 LIB_ENV = "INGERO_CUPTI_LIB"
 INCLUDE_ENV = "INGERO_CUPTI_INCLUDE"
+# A library built elsewhere (scripts/gpu-check-prepare.sh ships one to machines without a compiler
+# or CUPTI headers): used as it is.
+PREBUILT_ENV = "INGERO_CUPTI_INJECTION"
 SOURCE = Path(__file__).with_name("cupti_inject.c")
 RING_HEADER = Path(__file__).with_name("cupti_ring.h")
 LIB_NAME = "libingero_cupti.so"
@@ -72,7 +75,13 @@ def find_headers() -> Path | None:
 
 
 def library(cache: Path = CACHE_ROOT, source: Path = SOURCE, include: Path | None = None) -> Built:
-    """The built library, building it first if this source and these headers were never built here."""
+    """The built library, building it first if this source and these headers were never built here
+    ($INGERO_CUPTI_INJECTION: that one, built elsewhere)."""
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    if prebuilt:
+        if Path(prebuilt).is_file():
+            return Built(Path(prebuilt))
+        return Built(None, f"{PREBUILT_ENV}={prebuilt}: no such file")
     include = include or find_headers()
     if include is None:
         return Built(None, "no CUPTI headers found (a CUDA toolkit's cupti.h, or pip install nvidia-cuda-cupti-cu12; "
