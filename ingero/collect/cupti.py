@@ -33,6 +33,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ RING_HEADER_DTYPE = np.dtype({
     "itemsize": HEADER_BYTES,
 })
 _HEAD, _TAIL = 64 // 8, 128 // 8  # u64 indexes into the header
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 MAX_CAPACITY = 1 << 24
 
 # --- names CUPTI gives things (cupti_activity.h enums) -----------------------------
@@ -160,9 +162,12 @@ class Ring:
     """One process' ring, mapped shared: records are copied out, then ``tail`` is stored."""
 
     def __init__(self, path: Path, pid: int):
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
+            # (the tracer writes `tail` into it: only a file of its own, never a link to another's)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise RingError(f"{path}: not a regular file of its own")
             if st.st_size < HEADER_BYTES + RECORD_DTYPE.itemsize * 1024:
                 raise RingError(f"{path}: too small")
             self._mm = mmap.mmap(fd, st.st_size)
@@ -209,7 +214,9 @@ class Ring:
 
     def header(self) -> dict[str, Any]:
         h = self._hdr[0]
-        return {"flags": int(h["flags"]), "note": bytes(h["note"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+        # (the note is the process' to write: printable ASCII only reaches a terminal)
+        note = _UNPRINTABLE.sub("?", bytes(h["note"]).split(b"\0", 1)[0].decode("ascii", "replace"))
+        return {"flags": int(h["flags"]), "note": note,
                 "dropped": int(h["dropped"]), "cupti_records": int(h["cupti_records"]),
                 "buffers": int(h["buffers"]), "handled_ns": int(h["handled_ns"]),
                 "cupti_version": int(h["cupti_version"])}

@@ -281,6 +281,20 @@ def test_a_ring_that_is_not_one_is_refused_and_a_head_out_of_range_read_as_nothi
     rings.close()
 
 
+def test_a_ring_linked_elsewhere_is_refused_and_its_note_is_printable(tmp_path: Path) -> None:
+    write_ring(tmp_path / "3.ring", 3)
+    os.link(tmp_path / "3.ring", tmp_path / "other")  # the tracer would write into that file too
+    write_ring(tmp_path / "4.ring", 4)
+    raw = bytearray((tmp_path / "4.ring").read_bytes())
+    raw[256:256 + 12] = b"ok\x1b[2Jbad\n\xff\0"
+    (tmp_path / "4.ring").write_bytes(bytes(raw))
+    rings = cupti.Rings(tmp_path)
+    rings.scan({3, 4})
+    assert set(rings.rings) == {4} and rings.refused == {"3.ring"}
+    assert rings.rings[4].header()["note"] == "ok?[2Jbad??"
+    rings.close()
+
+
 def test_a_ring_is_opened_only_once_its_process_is_traced(tmp_path: Path) -> None:
     write_ring(tmp_path / "9.ring", 9)
     rings = cupti.Rings(tmp_path)
