@@ -608,8 +608,8 @@ def run_trace(
     settings = settings_for(opts)
     libs, watcher = _find_libraries(list(opts.cuda_libs),
                                     [(launcher.executable, "the --cmd program")] if launcher else [])
-    # (a hook of this trace only: it leaves opts.hooks again below)
-    # (its libcupti beside the runtime the user named first, then beside those found)
+    # --cmd: CUPTI's hook, this trace's only (it leaves opts.hooks again below); its libcupti
+    # beside the runtime the user named first, then beside those found
     cupti_hook, cupti_line = (cupti.for_command([*opts.cuda_libs, *(lib.path for lib in libs)])
                               if launcher is not None and opts.cupti else (None, None))
     if cupti_hook is not None:
