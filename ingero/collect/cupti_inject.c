@@ -121,6 +121,7 @@ static uint64_t mask;
 static uint64_t head; /* records written, published to ring->head */
 static int stopping;
 static int initialized;
+static pid_t owner; /* the process that set CUPTI up (a forked child must not call it) */
 
 /* API records wanted, when CUPTI cannot select them itself (before CUDA 12.x's
  * cuptiActivityEnableRuntimeApi): filtered here by callback id. */
@@ -399,6 +400,8 @@ static void *flusher(void *unused)
 /* At exit: everything CUPTI holds, finished or not, then a last clock pair. */
 static void flush_at_exit(void)
 {
+	if (getpid() != owner)
+		return; /* a forked child exiting: CUPTI is its parent's */
 	pthread_mutex_lock(&flush_mu);
 	stopping = 1;
 	cu.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
@@ -602,6 +605,7 @@ EXPORT int InitializeInjection(void)
 	ring = open_ring(dir);
 	if (!ring)
 		return 1;
+	owner = getpid();
 	int ok = set_up();
 	__atomic_or_fetch(&ring->flags, ok ? CUPTI_RING_READY : CUPTI_RING_FAILED, __ATOMIC_RELEASE);
 	if (!ok) {
