@@ -65,6 +65,15 @@
  * then places the work on the timeline from the start time the last rank
  * wrote.  simcudaGateWaitNs() sums the time spent waiting for gates.
  *
+ * The driver's injection (CUDA_INJECTION64_PATH): at its first call the
+ * runtime loads that library and calls its InitializeInjection, as NVIDIA's
+ * driver does at cuInit (how CUPTI-based profilers get into a job).  A CUPTI
+ * stand-in (demos/simcupti: libcupti.so beside this library) that such a
+ * library loads hands its hooks to simcudaSetActivityHooks; from then on the
+ * runtime reports every call that submits device work or waits for it (with a
+ * correlation id the stand-in assigns), and every kernel, copy and memset with
+ * the start and end the model gave it (simcuda_activity.h).
+ *
  * Knobs (environment, read once at load; setters below at run time):
  *   SIMCUDA_KERNEL_US      default kernel duration (100)
  *   SIMCUDA_LAUNCH_US      host CPU per launch (5; real launches cost ~3-8 us)
@@ -81,6 +90,7 @@
  * simcudaSetKernelUs(us) (sticky default for every thread).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <linux/futex.h>
@@ -94,6 +104,8 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "simcuda_activity.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -220,6 +232,11 @@ static int gate_open(const struct gate *g);
 
 static __thread cudaError_t last_error;
 static __thread uint64_t next_kernel_ns; /* 0 = none */
+
+/* The CUPTI stand-in's hooks (simcudaSetActivityHooks), NULL until it asks. */
+static const struct simcuda_activity_hooks *_Atomic hooks;
+static __thread uint32_t api_corr;  /* the current call's correlation id (0: none) */
+static __thread int api_depth;      /* calls nested in this thread: only the outermost is reported */
 
 struct sim_event {
 	uint64_t magic;
@@ -393,6 +410,21 @@ static void *device_main(void *unused)
 	return NULL;
 }
 
+/* CUDA_INJECTION64_PATH: loaded and initialised at the first call, as the driver
+ * does at cuInit; a library that fails to load or lacks the entry point is skipped. */
+static void load_injection(void)
+{
+	const char *path = getenv("CUDA_INJECTION64_PATH");
+	if (!path || !*path)
+		return;
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		return;
+	int (*initialize)(void) = (int (*)(void))dlsym(h, "InitializeInjection");
+	if (initialize)
+		initialize();
+}
+
 static void init(void)
 {
 	kernel_ns = env_u64("SIMCUDA_KERNEL_US", kernel_ns / NS_PER_US) * NS_PER_US;
@@ -425,6 +457,7 @@ static void init(void)
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	pthread_create(&th, &attr, device_main, NULL);
 	pthread_attr_destroy(&attr);
+	load_injection();
 }
 
 static void ensure_init(void)
@@ -437,6 +470,42 @@ static cudaError_t ret(cudaError_t e)
 	if (e != cudaSuccess)
 		last_error = e;
 	return e;
+}
+
+/* A call the CUPTI stand-in records (its API record, and the correlation id of
+ * the device work it submits); the outermost of nested ones only. */
+static void api_begin(const char *name, int per_thread)
+{
+	ensure_init(); /* the first call loads the injection, as cuInit does */
+	if (api_depth++)
+		return;
+	const struct simcuda_activity_hooks *h = hooks;
+	api_corr = h ? h->api_enter(name, per_thread) : 0;
+}
+
+static cudaError_t api_end(cudaError_t e)
+{
+	if (--api_depth == 0) {
+		const struct simcuda_activity_hooks *h = hooks;
+		if (h && api_corr)
+			h->api_exit(api_corr);
+		api_corr = 0;
+	}
+	return e;
+}
+
+#define API(name, per_thread, call)                                                                          \
+	do {                                                                                                 \
+		api_begin(name, per_thread);                                                                 \
+		return api_end(call);                                                                        \
+	} while (0)
+
+/* A host wait of the current call, for the stand-in's synchronization records. */
+static void report_sync(int kind, int si, uint64_t start)
+{
+	const struct simcuda_activity_hooks *h = hooks;
+	if (h && api_corr)
+		h->sync(kind, api_corr, si, start, now_ns());
 }
 
 /* Stream handle -> index; -1 when invalid.  Handles are index values, like
@@ -455,7 +524,8 @@ static int stream_index(cudaStream_t s)
 /* Queue one operation of duration dur on engine e and stream si, starting no
  * earlier than not_before (and now); returns its end time.  Called with mu
  * held; may wait for a queue slot. */
-static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_before, uint64_t queued)
+static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_before, uint64_t queued,
+				  const struct simcuda_device_op *what)
 {
 	/* a full launch queue blocks the launcher until the oldest operation ends */
 	while (q_len >= queue_depth) {
@@ -476,18 +546,26 @@ static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_befo
 	if (dep > start)
 		start = dep;
 	uint64_t end = start + dur;
-	if (timeline && !timeline_held) {
-		/* gated work (a collective) occupies the device from when the stream reaches it, its
-		 * wait for the peers included, as a real NCCL kernel does: what a GPU timeline shows */
-		uint64_t shown = start;
-		if (queued) {
-			shown = queued > engine_tail[e] ? queued : engine_tail[e];
-			if (dep > shown)
-				shown = dep;
-			if (shown > start)
-				shown = start;
-		}
+	/* gated work (a collective) occupies the device from when the stream reaches it, its
+	 * wait for the peers included, as a real NCCL kernel does: what a GPU timeline shows */
+	uint64_t shown = start;
+	if (queued) {
+		shown = queued > engine_tail[e] ? queued : engine_tail[e];
+		if (dep > shown)
+			shown = dep;
+		if (shown > start)
+			shown = start;
+	}
+	if (timeline && !timeline_held)
 		timeline_write(e, shown, end);
+	const struct simcuda_activity_hooks *h = hooks;
+	if (h && what && !timeline_held) {
+		struct simcuda_device_op op = *what;
+		op.stream = si;
+		op.correlation = api_corr;
+		op.start_ns = shown;
+		op.end_ns = end;
+		h->device_op(&op);
 	}
 	engine_tail[e] = end;
 	stream_tail[si] = end;
@@ -503,20 +581,20 @@ static uint64_t enqueue_locked_at(int e, int si, uint64_t dur, uint64_t not_befo
 	return end;
 }
 
-static uint64_t enqueue_locked(int e, int si, uint64_t dur)
+static uint64_t enqueue_locked(int e, int si, uint64_t dur, const struct simcuda_device_op *what)
 {
-	return enqueue_locked_at(e, si, dur, 0, 0);
+	return enqueue_locked_at(e, si, dur, 0, 0, what);
 }
 
 static void resolve_gates(int si);
 
-static uint64_t enqueue(int e, int si, uint64_t dur)
+static uint64_t enqueue(int e, int si, uint64_t dur, const struct simcuda_device_op *what)
 {
 	/* work behind a pending gate (a collective waiting for its peers) can only be
 	 * placed on the timeline once the gate's start is known */
 	resolve_gates(si);
 	pthread_mutex_lock(&mu);
-	uint64_t end = enqueue_locked(e, si, dur);
+	uint64_t end = enqueue_locked(e, si, dur, what);
 	pthread_mutex_unlock(&mu);
 	return end;
 }
@@ -560,6 +638,17 @@ static uint64_t dma_ns(size_t bytes)
 /* Pass &simcudaTimedKernel as the kernel function: args[0] -> uint32 us. */
 EXPORT const char simcudaTimedKernel[8] = "simkern";
 
+/* A kernel's name for the CUPTI stand-in: one string per function, as CUPTI keeps. */
+static const char *kernel_name(const void *func)
+{
+	if (func == (const void *)simcudaTimedKernel)
+		return "simcudaTimedKernel";
+	Dl_info info;
+	if (func && dladdr(func, &info) && info.dli_sname && info.dli_saddr == func)
+		return info.dli_sname;
+	return "simcudaKernel";
+}
+
 static cudaError_t launch(const void *func, void **args, cudaStream_t stream)
 {
 	ensure_init();
@@ -574,7 +663,8 @@ static cudaError_t launch(const void *func, void **args, cudaStream_t stream)
 	if (func == (const void *)simcudaTimedKernel && args && args[0])
 		dur = (uint64_t)(*(const uint32_t *)args[0]) * NS_PER_US;
 	spin_for(launch_ns);
-	enqueue(ENGINE_COMPUTE, si, dur);
+	struct simcuda_device_op what = {.kind = SIMCUDA_OP_KERNEL, .name = hooks ? kernel_name(func) : NULL};
+	enqueue(ENGINE_COMPUTE, si, dur, &what);
 	return cudaSuccess;
 }
 
@@ -582,14 +672,14 @@ EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDi
 				    size_t sharedMem, cudaStream_t stream)
 {
 	(void)gridDim, (void)blockDim, (void)sharedMem;
-	return launch(func, args, stream);
+	API("cudaLaunchKernel", 0, launch(func, args, stream));
 }
 
 EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args,
 					 size_t sharedMem, cudaStream_t stream)
 {
 	(void)gridDim, (void)blockDim, (void)sharedMem;
-	return launch(func, args, stream);
+	API("cudaLaunchKernel", 1, launch(func, args, stream));
 }
 
 static cudaError_t launch_exc(const cudaLaunchConfig_t *config, const void *func, void **args)
@@ -601,12 +691,12 @@ static cudaError_t launch_exc(const cudaLaunchConfig_t *config, const void *func
 
 EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-	return launch_exc(config, func, args);
+	API("cudaLaunchKernelExC", 0, launch_exc(config, func, args));
 }
 
 EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args)
 {
-	return launch_exc(config, func, args);
+	API("cudaLaunchKernelExC", 1, launch_exc(config, func, args));
 }
 
 /* A graph is opaque here: launching one runs one kernel of the default (or
@@ -620,12 +710,12 @@ static cudaError_t graph_launch(cudaGraphExec_t graphExec, cudaStream_t stream)
 
 EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
 {
-	return graph_launch(graphExec, stream);
+	API("cudaGraphLaunch", 0, graph_launch(graphExec, stream));
 }
 
 EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream)
 {
-	return graph_launch(graphExec, stream);
+	API("cudaGraphLaunch", 1, graph_launch(graphExec, stream));
 }
 
 /* ---- copies --------------------------------------------------------------- */
@@ -657,19 +747,31 @@ static void staged_copy(void *dst, const void *src, size_t count, int kind, int 
 	/* SIMCUDA_TIMELINE: one memcpy from the first chunk's start to the last one's end,
 	 * staging included, as a GPU's timeline shows a pageable copy */
 	uint64_t first = now_ns(), end = first;
+	/* the CUPTI stand-in: one memcpy from the first chunk's DMA to the last one's, as a GPU
+	 * timeline shows a pageable copy (one record per copy call) */
+	uint64_t dma_first = 0, dma_last = 0;
 	timeline_held = 1;
 	for (size_t off = 0; off < count; off += STAGE_CHUNK) {
 		size_t n = count - off < STAGE_CHUNK ? count - off : STAGE_CHUNK;
 		if (kind == cudaMemcpyHostToDevice) {
 			memcpy(bounce, (const unsigned char *)src + off, n);
-			wait_until(end = enqueue(ENGINE_COPY, si, dma_ns(n)));
+			wait_until(end = dma_last = enqueue(ENGINE_COPY, si, dma_ns(n), NULL));
 		} else {
-			wait_until(enqueue(ENGINE_COPY, si, dma_ns(n)));
+			wait_until(dma_last = enqueue(ENGINE_COPY, si, dma_ns(n), NULL));
 			memcpy((unsigned char *)dst + off, bounce, n);
 			end = now_ns();
 		}
+		if (!off)
+			dma_first = dma_last - dma_ns(n);
 	}
 	timeline_held = 0;
+	const struct simcuda_activity_hooks *h = hooks;
+	if (h) {
+		struct simcuda_device_op op = {.kind = SIMCUDA_OP_MEMCPY, .copy_kind = kind, .stream = si,
+					       .correlation = api_corr, .start_ns = dma_first, .end_ns = dma_last,
+					       .bytes = count};
+		h->device_op(&op);
+	}
 	if (timeline) {
 		pthread_mutex_lock(&mu);
 		if (timeline)
@@ -696,7 +798,8 @@ static cudaError_t copy(void *dst, const void *src, size_t count, int kind, cuda
 		return cudaSuccess;
 	case cudaMemcpyDeviceToDevice: {
 		/* on-device copy: runs on the compute engine at ~10x PCIe bandwidth */
-		uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
+		struct simcuda_device_op what = {.kind = SIMCUDA_OP_MEMCPY, .copy_kind = kind, .bytes = count};
+		uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10, &what);
 		if (!async)
 			wait_until(end);
 		return cudaSuccess;
@@ -707,7 +810,9 @@ static cudaError_t copy(void *dst, const void *src, size_t count, int kind, cuda
 			staged_copy(dst, src, count, kind, si);
 			return cudaSuccess;
 		}
-		uint64_t end = enqueue(ENGINE_COPY, si, dma_ns(count));
+		struct simcuda_device_op what = {.kind = SIMCUDA_OP_MEMCPY, .copy_kind = kind, .host_pinned = 1,
+						 .bytes = count};
+		uint64_t end = enqueue(ENGINE_COPY, si, dma_ns(count), &what);
 		if (!async)
 			wait_until(end);
 		return cudaSuccess;
@@ -717,24 +822,24 @@ static cudaError_t copy(void *dst, const void *src, size_t count, int kind, cuda
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-	return copy(dst, src, count, (int)kind, NULL, 0);
+	API("cudaMemcpy", 0, copy(dst, src, count, (int)kind, NULL, 0));
 }
 
 EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-	return copy(dst, src, count, (int)kind, NULL, 0);
+	API("cudaMemcpy", 1, copy(dst, src, count, (int)kind, NULL, 0));
 }
 
 EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
 				   cudaStream_t stream)
 {
-	return copy(dst, src, count, (int)kind, stream, 1);
+	API("cudaMemcpyAsync", 0, copy(dst, src, count, (int)kind, stream, 1));
 }
 
 EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
 					cudaStream_t stream)
 {
-	return copy(dst, src, count, (int)kind, stream, 1);
+	API("cudaMemcpyAsync", 1, copy(dst, src, count, (int)kind, stream, 1));
 }
 
 /* memset runs on the device at ~10x PCIe bandwidth; the synchronous form waits */
@@ -744,7 +849,8 @@ static cudaError_t memset_impl(void *devPtr, size_t count, cudaStream_t stream, 
 	int si = stream_index(stream);
 	if (!is_device(devPtr) || si < 0)
 		return ret(cudaErrorInvalidValue);
-	uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10);
+	struct simcuda_device_op what = {.kind = SIMCUDA_OP_MEMSET, .bytes = count};
+	uint64_t end = enqueue(ENGINE_COMPUTE, si, dma_ns(count) / 10, &what);
 	if (!async)
 		wait_until(end);
 	return cudaSuccess;
@@ -753,25 +859,25 @@ static cudaError_t memset_impl(void *devPtr, size_t count, cudaStream_t stream, 
 EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 {
 	(void)value;
-	return memset_impl(devPtr, count, NULL, 0);
+	API("cudaMemset", 0, memset_impl(devPtr, count, NULL, 0));
 }
 
 EXPORT cudaError_t cudaMemset_ptds(void *devPtr, int value, size_t count)
 {
 	(void)value;
-	return memset_impl(devPtr, count, NULL, 0);
+	API("cudaMemset", 1, memset_impl(devPtr, count, NULL, 0));
 }
 
 EXPORT cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
 	(void)value;
-	return memset_impl(devPtr, count, stream, 1);
+	API("cudaMemsetAsync", 0, memset_impl(devPtr, count, stream, 1));
 }
 
 EXPORT cudaError_t cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count, cudaStream_t stream)
 {
 	(void)value;
-	return memset_impl(devPtr, count, stream, 1);
+	API("cudaMemsetAsync", 1, memset_impl(devPtr, count, stream, 1));
 }
 
 /* ---- synchronisation ------------------------------------------------------ */
@@ -779,18 +885,20 @@ EXPORT cudaError_t cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count, c
 static cudaError_t device_sync(void)
 {
 	ensure_init();
+	uint64_t t0 = now_ns();
 	wait_until(tail_of(0));
+	report_sync(SIMCUDA_SYNC_CONTEXT, 0, t0);
 	return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
-	return device_sync();
+	API("cudaDeviceSynchronize", 0, device_sync());
 }
 
 EXPORT cudaError_t cudaThreadSynchronize(void)
 {
-	return device_sync();
+	API("cudaThreadSynchronize", 0, device_sync());
 }
 
 static cudaError_t stream_sync(cudaStream_t stream)
@@ -800,18 +908,20 @@ static cudaError_t stream_sync(cudaStream_t stream)
 	if (si < 0)
 		return ret(cudaErrorInvalidResourceHandle);
 	/* a stream is done when its own tail has passed; the legacy stream waits for all */
+	uint64_t t0 = now_ns();
 	wait_until(tail_of(si));
+	report_sync(SIMCUDA_SYNC_STREAM, si, t0);
 	return cudaSuccess;
 }
 
 EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-	return stream_sync(stream);
+	API("cudaStreamSynchronize", 0, stream_sync(stream));
 }
 
 EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
 {
-	return stream_sync(stream);
+	API("cudaStreamSynchronize", 1, stream_sync(stream));
 }
 
 static cudaError_t stream_query(cudaStream_t stream)
@@ -969,13 +1079,20 @@ EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t
 	return event_record(event, stream);
 }
 
-EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
+static cudaError_t event_sync(cudaEvent_t event)
 {
 	struct sim_event *ev = event_of(event);
 	if (!ev)
 		return ret(cudaErrorInvalidResourceHandle);
+	uint64_t t0 = now_ns();
 	wait_until(ev->done_ns);
+	report_sync(SIMCUDA_SYNC_EVENT, 0, t0);
 	return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+	API("cudaEventSynchronize", 0, event_sync(event));
 }
 
 EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
@@ -1275,7 +1392,12 @@ static void resolve_stream_gates(int si)
 		if (n_gates[si] && gates[si][0].word == g.word && gates[si][0].value == g.value) {
 			memmove(&gates[si][0], &gates[si][1], (n_gates[si] - 1) * sizeof(struct gate));
 			n_gates[si]--;
-			enqueue_locked_at(ENGINE_COMPUTE, si, g.dur_ns, *g.start_ns, g.queued_ns);
+			/* a collective's kernel: its call (simcudaEnqueueGated) has no API record */
+			struct simcuda_device_op what = {.kind = SIMCUDA_OP_KERNEL, .name = "simncclKernel"};
+			uint32_t corr = api_corr;
+			api_corr = 0;
+			enqueue_locked_at(ENGINE_COMPUTE, si, g.dur_ns, *g.start_ns, g.queued_ns, &what);
+			api_corr = corr;
 		}
 		pthread_mutex_unlock(&mu);
 	}
@@ -1340,6 +1462,17 @@ EXPORT uint64_t simcudaStreamTailNs(cudaStream_t stream)
 EXPORT uint64_t simcudaGateWaitNs(void)
 {
 	return gate_wait_ns;
+}
+
+/* ---- the CUPTI stand-in's hooks --------------------------------------------- */
+
+/* Called by demos/simcupti (from inside InitializeInjection, so never
+ * ensure_init here); NULL stops the reports.  Another version: ignored. */
+EXPORT void simcudaSetActivityHooks(const struct simcuda_activity_hooks *h)
+{
+	if (h && h->version != SIMCUDA_ACTIVITY_VERSION)
+		return;
+	hooks = h;
 }
 
 /* ---- simulator knobs and queries (not in NVIDIA's library) ----------------- */

@@ -1,5 +1,11 @@
 """What the device did and how the loop stepped, for one explain: measured where the session
-has a device timeline (an imported profiler trace), else inferred from the CUDA calls.
+has a device timeline (an imported profiler trace; CUPTI under `trace --cmd`), else inferred
+from the CUDA calls.
+
+A traced session whose processes have a CUPTI timeline is analysed as an inferred one (the
+calls' segments, the steps from NVTX marks or the calls' rhythm, the breakdown from the host's
+events), with each such process' device activity measured instead (measured.overlay): the
+rules read the measured numbers where they read the inferred ones.
 
 ``resolve(ctx)`` returns the report's ``DeviceBusy`` and ``StepStats`` and fills
 ``ctx.device_busy`` (busy share per CUDA process) for the rules, which read it
@@ -14,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ingero.analyze import device as inferred_device
+from ingero.analyze import measured as measured_device
 from ingero.analyze import steps as rhythm
 from ingero.analyze import procs, timeline
 from ingero.analyze.context import NS, Context
@@ -23,10 +30,17 @@ CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
 
 
 def device_activity(ctx: Context) -> dict:
-    """The inferred device activity per pid (cached on ctx by resolve; inferred here when missing)."""
+    """The device activity per pid, measured where CUPTI measured it, else inferred (cached on ctx by
+    resolve; found here when missing)."""
     if ctx.derived.device_activity is None:
-        ctx.derived.device_activity = inferred_device.infer(ctx)
+        ctx.derived.device_activity = _activity(ctx, measured_device.live(ctx))
     return ctx.derived.device_activity
+
+
+def _activity(ctx: Context, live: set[int]) -> dict:
+    """Inferred from the calls, then the processes in ``live`` measured."""
+    activity = inferred_device.infer(ctx)
+    return measured_device.overlay(ctx, activity, live) if live else activity
 
 
 def rhythm_steps(ctx: Context, pid: int):
@@ -45,6 +59,12 @@ MAX_RAW_SPAN_S = 300
 
 
 def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
+    live = measured_device.live(ctx)
+    if live:
+        # a traced session with CUPTI's timeline: its host events are there too
+        marked = _marked_steps(ctx)
+        with _recent_calls(ctx):
+            return _inferred(ctx, marked, live)
     measured, marked = _measured(ctx)
     if measured is not None:
         return measured, marked
@@ -107,17 +127,19 @@ def _recent_calls(ctx: Context) -> Iterator[None]:
         con.execute("DROP VIEW IF EXISTS temp.events")
 
 
-def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None, StepStats | None]:
-    """From the CUDA call stream: what the device can have done (bounds) and most likely did."""
-    activity = inferred_device.infer(ctx)
+def _inferred(ctx: Context, marked: StepStats | None,
+              live: set[int] | None = None) -> tuple[DeviceBusy | None, StepStats | None]:
+    """From the CUDA call stream: what the device can have done (bounds) and most likely did; the
+    processes in ``live`` as CUPTI measured it."""
+    activity = _activity(ctx, live or set())
     ctx.derived.device_activity = activity
     for pid, act in activity.items():
         ctx.device_busy[pid] = act.busy_share
     main = inferred_device.main_process(ctx, activity)
     if main is None:
         return None, marked
-    busy = DeviceBusy(round(main.busy_share, 4), round(main.low, 4), round(main.high, 4), "inferred",
-                      main.span_ns)
+    busy = DeviceBusy(round(main.busy_share, 4), round(main.low, 4), round(main.high, 4), main.source,
+                      main.span_ns, measured_by="CUPTI" if main.source == "measured" else None)
     if marked is not None:
         return busy, marked
     found = rhythm.detect(ctx, main)
@@ -133,19 +155,29 @@ def _inferred(ctx: Context, marked: StepStats | None) -> tuple[DeviceBusy | None
     return busy, stats
 
 
-def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
-    """From an imported profiler trace: its device timeline and ProfilerStep marks."""
+def _marked_steps(ctx: Context) -> StepStats | None:
+    """The ProfilerStep marks a profiler trace left (ctx.marked_steps), or None."""
     con = ctx.con
     # device_activity and spans come with schema 7 (one migration): a file written before it,
     # opened read-only, has neither
     if not procs.has_table(con, "device_activity"):
-        return None, None
+        return None
     lo, hi = (None, None) if ctx.whole_session else (ctx.start_ns, ctx.end_ns)
     steps = ctx.marked_steps = timeline.steps(con, ctx.session_id, lo, hi)
-    step_stats = None
-    if steps is not None:
-        step_stats = StepStats(steps.count, round(steps.median_ms, 3), round(steps.p99_ms, 3), "marked")
-        step_stats.breakdown.update(timeline.breakdown(con, ctx.session_id, steps).shares())
+    if steps is None:
+        return None
+    step_stats = StepStats(steps.count, round(steps.median_ms, 3), round(steps.p99_ms, 3), "marked")
+    step_stats.breakdown.update(timeline.breakdown(con, ctx.session_id, steps).shares())
+    return step_stats
+
+
+def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
+    """From an imported profiler trace: its device timeline and ProfilerStep marks."""
+    con = ctx.con
+    if not procs.has_table(con, "device_activity"):
+        return None, None
+    lo, hi = (None, None) if ctx.whole_session else (ctx.start_ns, ctx.end_ns)
+    step_stats = _marked_steps(ctx)
     measured = timeline.device(con, ctx.session_id, lo, hi)
     if measured is None:
         return None, step_stats

@@ -46,6 +46,7 @@ class Derived:
 
     win_rows: dict[int, list[dict[str, Any]]] | None = None  # baseline.windows_by_pid
     device_activity: dict[int, Any] | None = None  # activity.device_activity: device.DeviceActivity per pid
+    device_segments: Any = None  # device.infer: (its segments, the intervals analysed), for measured.py
     rhythm_steps: dict[int, Any] = field(default_factory=dict)  # activity.rhythm_steps: steps.Steps | None
     # activity: device activity and steps read the raw calls from here on (a long range)
     calls_from_ns: int | None = None

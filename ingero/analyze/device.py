@@ -271,6 +271,11 @@ class _Segments:
     pend: np.ndarray
     subs: np.ndarray  # ... its submissions, and its back-pressure launches
     pid_bp_n: np.ndarray
+    # [span_a, span_z): when the device could have run the segment's work (high's interval;
+    # valid where has_span): a measured timeline's idle is split by it (analyze/measured.py)
+    span_a: np.ndarray | None = None
+    span_z: np.ndarray | None = None
+    has_span: np.ndarray | None = None
 
     def steps(self) -> pa.Table:
         """ing_dev_steps (steps.py): the segments closed by a drain."""
@@ -379,7 +384,8 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
     a = np.where(seg == 0, np.maximum(iv_a, pstart), s1)
     has_a = (seg == 0) | has_sub
     z = np.where(has_r_call, r_call, np.minimum(np.minimum(iv_b, p["t1"]), np.where(has_pend, pend, big)))
-    high = np.where((~has_sub & (seg > 0)) | ~has_a, 0, np.maximum(0, z - a))
+    no_span = (~has_sub & (seg > 0)) | ~has_a
+    high = np.where(no_span, 0, np.maximum(0, z - a))
     low = np.minimum(high, drain_wait + other_wait + bp_ns)
     # least() skips NULLs: a segment without submissions has no a, and n * k is 0 there
     fit = np.minimum(np.where(has_a, r - a, np.inf), n * np.maximum(0.0, np.nan_to_num(k, nan=0.0)))
@@ -395,7 +401,8 @@ def _segment_table(seq: _Sequence, ivs: pa.Table, p: dict) -> _Segments:
         r_call=r_call[keep], has_r_call=has_r_call[keep], raw_wait=raw_wait[keep], r=r[keep], has_r=has_r[keep],
         k=k[keep], k_done=k_done[keep], bp_n=bp_n[keep], low=low[keep], high=high[keep],
         point=np.where(has_point, point, np.nan)[keep],
-        pstart=pstart[keep], pend=pend[keep], subs=p_subs[pid_i][keep], pid_bp_n=p_bp_n[pid_i][keep])
+        pstart=pstart[keep], pend=pend[keep], subs=p_subs[pid_i][keep], pid_bp_n=p_bp_n[pid_i][keep],
+        span_a=a[keep], span_z=z[keep], has_span=~no_span[keep])
 
 
 def _min_or_nan(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -493,6 +500,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
                                            iv_where="AND timestamp < iv.b"), p, seg_params, t)
     else:
         ivs = windows_iv
+    ctx.derived.device_segments = (seg, ivs)  # (a measured timeline's idle is split by them)
     rows = _window_rows(seg, t.wait_min_ns)
     by_pid: dict[int, list[tuple]] = {}
     for row in rows:

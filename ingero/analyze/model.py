@@ -105,7 +105,8 @@ class Analysed:
 class DeviceBusy:
     """How busy the device was over the analysed span (the steps' span when steps are known,
     else the span of the CUDA calls): measured from a device timeline (an imported profiler
-    trace), or inferred from the CUDA call stream, with the bounds the calls allow."""
+    trace, or CUPTI in a traced --cmd), or inferred from the CUDA call stream, with the bounds
+    the calls allow."""
 
     busy_share: float  # 0..1, the point estimate (= low = high when measured)
     low: float
@@ -115,6 +116,9 @@ class DeviceBusy:
     # NVML's utilization of the one sampled GPU over the same span, 0..1 (None: not one GPU
     # sampled): the share of time a kernel of any process ran there, copies not counted
     nvml_util: float | None = None
+    # measured live, by whom ('CUPTI': ingero's injection library in the traced command);
+    # None: inferred, or an imported trace's own timeline
+    measured_by: str | None = None
 
 
 @dataclass

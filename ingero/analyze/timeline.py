@@ -55,8 +55,12 @@ g AS (SELECT k, s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
                           OVER (PARTITION BY k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp FROM o)
 SELECT k, min(s) AS s, max(e) AS e FROM g GROUP BY k, grp"""
 
+# What the device ran: a live trace's rows of host waits (kind 'sync', CUPTI's synchronization
+# records) are no device time.
+DEVICE_WORK = "kind <> 'sync'"
+
 DEVICE_IN_SPAN = """SELECT {key} AS k, greatest(start_ns, $lo) AS s, least(end_ns, $hi) AS e
-FROM device_activity WHERE session_id = $sid AND end_ns > $lo AND start_ns < $hi"""
+FROM device_activity WHERE session_id = $sid AND end_ns > $lo AND start_ns < $hi AND kind <> 'sync'"""
 
 STEP_SPANS = """SELECT name, start_ns, end_ns FROM spans
 WHERE session_id = $sid AND starts_with(name, $prefix) AND end_ns > $lo AND start_ns < $hi
@@ -228,7 +232,7 @@ def steps(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None 
     rows = con.execute(STEP_SPANS, {"sid": session_id, "prefix": STEP_PREFIX, "lo": lo, "hi": hi}).fetchall()
     if not rows:
         return None
-    has_device = con.execute("SELECT count(*) > 0 FROM device_activity WHERE session_id = $sid",
+    has_device = con.execute(f"SELECT count(*) > 0 FROM device_activity WHERE session_id = $sid AND {DEVICE_WORK}",
                              {"sid": session_id}).fetchone()[0]
     out = []
     for name, s, e in rows:
@@ -297,7 +301,7 @@ calls AS (
 ), iv AS (
     SELECT s, e, 's' AS kind FROM st
     UNION ALL SELECT start_ns, end_ns, 'd' FROM device_activity
-        WHERE session_id = $sid AND start_ns < $hi AND end_ns > $lo
+        WHERE session_id = $sid AND start_ns < $hi AND end_ns > $lo AND kind <> 'sync'
     UNION ALL SELECT start_ns, end_ns, CASE WHEN starts_with(name, $loader) THEN 'l' ELSE 'h' END FROM spans
         WHERE session_id = $sid AND pid = $pid AND start_ns < $hi AND end_ns > $lo
           AND (category = 'cpu_op' OR starts_with(name, $loader))
@@ -417,7 +421,7 @@ def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int
                   "WHERE session_id = $sid AND list_contains($ops, op) "
                   "AND timestamp + coalesce(duration_ns, 0) > $lo AND timestamp < $hi", {"ops": CUDA_OP_NAMES}),
         ("device", "SELECT min(start_ns), max(end_ns) FROM device_activity WHERE session_id = $sid "
-                   "AND end_ns > $lo AND start_ns < $hi", {}),
+                   f"AND end_ns > $lo AND start_ns < $hi AND {DEVICE_WORK}", {}),
     )
     for source, sql, extra in queries:
         s, e = con.execute(sql, {**p, **extra}).fetchone()
@@ -429,7 +433,7 @@ def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int
 def device(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None = None,
            end_ns: int | None = None) -> DeviceTimeline | None:
     """The measured device timeline over the analysed span; None without device_activity rows."""
-    has = con.execute("SELECT count(*) FROM device_activity WHERE session_id = $sid",
+    has = con.execute(f"SELECT count(*) FROM device_activity WHERE session_id = $sid AND {DEVICE_WORK}",
                       {"sid": session_id}).fetchone()[0]
     if not has:
         return None
@@ -441,8 +445,9 @@ def device(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None
     activities = con.execute(f"SELECT count(*) FROM ({DEVICE_IN_SPAN.format(key='0')})", p).fetchone()[0]
     busy = _union_ns(con, DEVICE_IN_SPAN.format(key="0"), p)
     # streams numbered 1..K (dense_rank) so the sweep's key sum names the one busy stream
-    keys = con.execute("""SELECT DISTINCT device, stream, dense_rank() OVER (ORDER BY device, stream) AS k
-                          FROM device_activity WHERE session_id = $sid ORDER BY k""", {"sid": session_id}).fetchall()
+    keys = con.execute(f"""SELECT DISTINCT device, stream, dense_rank() OVER (ORDER BY device, stream) AS k
+                           FROM device_activity WHERE session_id = $sid AND {DEVICE_WORK} ORDER BY k""",
+                       {"sid": session_id}).fetchall()
     islands = ISLANDS.format(src=f"SELECT k, greatest(s, $lo) AS s, least(e, $hi) AS e FROM ({_ranked()}) "
                                  "WHERE e > $lo AND s < $hi")
     per_stream = dict(con.execute(f"SELECT k, sum(e - s) FROM ({islands}) GROUP BY k", p).fetchall())
@@ -462,4 +467,4 @@ def device(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int | None
 def _ranked() -> str:
     """device_activity of the session with a small stream key k (1..K, ordered by device, stream)."""
     return ("SELECT dense_rank() OVER (ORDER BY device, stream) AS k, start_ns AS s, end_ns AS e "
-            "FROM device_activity WHERE session_id = $sid")
+            f"FROM device_activity WHERE session_id = $sid AND {DEVICE_WORK}")

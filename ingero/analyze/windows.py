@@ -269,13 +269,58 @@ GROUP BY pid
 # Over ing_cuda rows (n, bytes, dur_ns): the transfer part.
 COPY_LATENCY_NS = 50_000
 COPY_FLOOR_BYTES_PER_S = 1e9
-COPY_TRANSFER_SQL = f"least(dur_ns, n * {COPY_LATENCY_NS} + bytes * {1e9 / COPY_FLOOR_BYTES_PER_S!r})"
+# Where the device's copies were measured (CUPTI under `trace --cmd`), ing_cuda.moved_ns holds
+# the group's transfer as measured (MOVED_SQL), and the model stands aside.
+COPY_MODEL_SQL = f"least(dur_ns, n * {COPY_LATENCY_NS} + bytes * {1e9 / COPY_FLOOR_BYTES_PER_S!r})"
+COPY_TRANSFER_SQL = f"coalesce(moved_ns, {COPY_MODEL_SQL})"
 # The two aggregates over ing_cuda rows that use it, read by ing_win and the step breakdown
 # (steps.py) alike: copy calls' transfer, and the time waiting for the device (syncs, and
 # copy calls beyond their transfer).
 COPY_NS_SQL = f"sum({COPY_TRANSFER_SQL}) FILTER (cat = 'copy')"
 DEVICE_WAIT_NS_SQL = (f"coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)"
                       f" + coalesce(sum(dur_ns - {COPY_TRANSFER_SQL}) FILTER (cat = 'copy'), 0)")
+
+# A copy call's transfer as the device measured it: the memcpy rows CUPTI recorded for it
+# (collect/cupti.py joins them to the call by its thread and start), at most the call; a copy
+# without one keeps the model's.  Per ing_cuda group of copies.
+MOVED_SQL = f"""
+UPDATE ing_cuda SET moved_ns = m.moved FROM (
+    SELECT e.tid, (e.timestamp - $t0) // $wns AS w, e.op, coalesce(e.kind, '') AS kind,
+           sum(CASE WHEN d.dur IS NOT NULL THEN least(e.duration_ns, d.dur)
+                    ELSE least(e.duration_ns, {COPY_LATENCY_NS} + coalesce(e.bytes, 0) * {1e9 / COPY_FLOOR_BYTES_PER_S!r})
+               END)::DOUBLE AS moved
+    FROM events e LEFT JOIN (
+        SELECT call_tid, call_ns, sum(end_ns - start_ns) AS dur FROM device_activity
+        WHERE session_id = $sid AND kind = 'memcpy' AND call_ns >= $t0 AND call_ns < $t1 GROUP BY ALL
+    ) d ON d.call_tid = e.tid AND d.call_ns = e.timestamp
+    WHERE {_FILTER} AND {_PID_FILTER} AND list_contains($copy_ops, e.op) AND e.duration_ns IS NOT NULL
+    GROUP BY ALL
+) m
+WHERE ing_cuda.cat = 'copy' AND ing_cuda.tid = m.tid AND ing_cuda.w = m.w AND ing_cuda.op = m.op
+  AND ing_cuda.kind = m.kind
+"""
+MEASURED_COPIES_SQL = """
+SELECT count(*) > 0 FROM device_activity WHERE session_id = $sid AND kind = 'memcpy' AND call_ns IS NOT NULL
+  AND call_ns >= $t0 AND call_ns < $t1
+"""
+
+
+def _measured_copies(ctx: Context, p: dict) -> None:
+    """ing_cuda.moved_ns: the measured transfer of each group of copies, where CUPTI measured them."""
+    con = ctx.con
+    con.execute("ALTER TABLE ing_cuda ADD COLUMN IF NOT EXISTS moved_ns DOUBLE")
+    if ctx.imported_from or not _has_call_ns(con):
+        return  # (an imported trace's copies are its own calls: the importer took their bytes from them)
+    q = {k: p[k] for k in ("sid", "t0", "t1")}
+    if con.execute(MEASURED_COPIES_SQL, q).fetchone()[0]:
+        con.execute(MOVED_SQL, {k: p[k] for k in ("sid", "t0", "t1", "wns", "all_pids", "pids", "copy_ops")})
+
+
+def _has_call_ns(con) -> bool:
+    """Whether the store has device_activity with call_ns (schema 7 on; a file before it has none)."""
+    return con.execute("SELECT count(*) > 0 FROM duckdb_columns() WHERE table_name = 'device_activity' "
+                       "AND column_name = 'call_ns'").fetchone()[0]
+
 
 # One row per CUDA process and window in which its loop thread made a CUDA
 # call ("active" windows).  Shares are fractions of the window's wall clock.
@@ -633,6 +678,7 @@ def build(ctx: Context, source: str = "summaries") -> None:
     if con.execute("SELECT count(*) FROM ing_failed").fetchone()[0]:
         run(SPLIT_FAILED_SQL, *cats)
     sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
+    _measured_copies(ctx, p)  # a copy's transfer as CUPTI measured it, where it did
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")
     run(PCPU_SQL, "sid", "t0", "t1", "wns")

@@ -33,7 +33,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import decode, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
+from ingero.collect import cupti, decode, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
@@ -89,6 +89,9 @@ class TraceOptions:
     # Stop a process that opens a CUDA / NCCL library (traced: execs a program) until its probes
     # are in (collect/holds.py; --no-hold: off)
     hold: bool = True
+    # --cmd: load ingero's CUPTI injection library into the command, the device's kernels and
+    # copies become device_activity (--no-cupti: off)
+    cupti: bool = True
     # Services the trace command wires in (the query daemon, the samplers, Prometheus
     # metrics ...): see ingero/traceapi.py TraceHook.
     hooks: list["TraceHook"] = field(default_factory=list)
@@ -662,6 +665,12 @@ def run_trace(
     settings = settings_for(opts)
     # (--cmd's own programs are examined by prelaunch.attach below, before it starts)
     libs, watcher = _find_libraries(list(opts.cuda_libs), [])
+    # --cmd: CUPTI's hook, this trace's only (it leaves opts.hooks again below); its libcupti
+    # beside the runtime the user named first, then beside those found
+    cupti_hook, cupti_line = (cupti.for_command([*opts.cuda_libs, *(lib.path for lib in libs)])
+                              if launcher is not None and opts.cupti else (None, None))
+    if cupti_hook is not None:
+        opts.hooks.append(cupti_hook)
     store = Store.open(opts.db_path)
     holds_off: str | None = None
     try:
@@ -669,6 +678,7 @@ def run_trace(
         program, settings, holds_off = _load(settings)
     except BaseException:
         store.close()
+        _drop_hook(opts, cupti_hook)
         raise
     stop = _Stop()
     resolver = None
@@ -688,6 +698,11 @@ def run_trace(
         if nvtx_lib is not None:
             cmd_env, why_not = nvtx_inject.command_env(nvtx_lib)
             lines.append(why_not or _attach_nvtx(program, nvtx_lib))
+        if cupti_hook is not None:  # CUDA_INJECTION64_PATH, INGERO_CUPTI_DIR (collect/cupti_inject.py)
+            cmd_env, line = cupti_hook.command_env(cmd_env)
+            lines.append(line)
+        elif cupti_line is not None:
+            lines.append(cupti_line)
         if launcher is not None:
             lines += _attach_before_launch(program, watcher, launcher, cmd_env)
         runtime_notes = watcher.take_notes()
@@ -770,9 +785,18 @@ def run_trace(
                 hook.on_stopping(sess)
         program.close()
         store.close()
+        _drop_hook(opts, cupti_hook)
     if fault is not None:
         raise _job_ran_untraced(fault, launcher)
     return summary
+
+
+def _drop_hook(opts: TraceOptions, hook: Any) -> None:
+    """A hook this trace added to opts.hooks (CUPTI's): out again, its resources released."""
+    if hook is not None:
+        if hook in opts.hooks:
+            opts.hooks.remove(hook)
+        hook.close()
 
 
 def _nvtx_note(n: nvtx.NvtxSpans) -> str:

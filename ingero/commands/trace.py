@@ -24,6 +24,10 @@ from ingero.values import parse_percent
               help="Never stop a process: by default one that opens a CUDA / NCCL library nobody had mapped "
                    "(a dlopen), or a traced one that execs a program, waits (at most 200 ms, a few ms as "
                    "measured) until its probes are in, so that its first calls are recorded too.")
+@click.option("--no-cupti", is_flag=True,
+              help="With --cmd: do not load ingero's CUPTI injection library into the command (the device's "
+                   "kernels and copies are then inferred from the calls, not measured; the library is built "
+                   "with the system C compiler against the CUDA toolkit's CUPTI headers).")
 @click.option("--cuda-lib", "cuda_libs", multiple=True, type=click.Path(path_type=Path),
               help="Also probe this libcudart/libcuda file (repeatable).")
 @click.option("--stack", is_flag=True, help="Record call stacks (Python + native) of CUDA calls and preemptions.")
@@ -59,7 +63,7 @@ from ingero.values import parse_percent
               help="Length of a published segment (default 5m, 5s-10m): a segment is published once closed.")
 @db_option
 @json_option
-def command(duration, pids, comm, cmd, no_nvtx, no_hold, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
+def command(duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_libs, stack, launch_streams, ring_mb, print_bpf, retain, max_db,
             no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 
@@ -67,7 +71,9 @@ def command(duration, pids, comm, cmd, no_nvtx, no_hold, cuda_libs, stack, launc
     By default every process that calls CUDA is traced, with its scheduling,
     page faults and block I/O; --pid / --comm / --cmd narrow it down.
     With --cmd, the command's NVTX ranges (torch.cuda.nvtx, nvtx.annotate,
-    nvtxRangePushA) are stored in the spans table, category 'nvtx'.
+    nvtxRangePushA) are stored in the spans table, category 'nvtx', and
+    the device's kernels, copies and memsets, as CUPTI measures them, in
+    device_activity (explain then reads the measured timeline).
     Without --duration it runs until Ctrl-C or SIGTERM (daemon mode); while
     it runs, `ingero query`, `explain` and `status` from another shell are
     answered by it over a local socket (root or the `ingero` group).
@@ -97,6 +103,7 @@ def command(duration, pids, comm, cmd, no_nvtx, no_hold, cuda_libs, stack, launc
         cmd_stdout_to_stderr=as_json,
         nvtx=not no_nvtx,
         hold=not no_hold,
+        cupti=not no_cupti,
     )
     if print_bpf:
         from ingero.collect.loader import compiled_source

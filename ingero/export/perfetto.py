@@ -16,7 +16,10 @@ Layout (what ui.perfetto.dev shows):
 - counter tracks: host CPU %, memory used, GPU utilisation (NVML), and per
   process its RSS and the run-queue wait of its threads per second;
 - a track per causal chain with a slice "[SEVERITY] title" over each
-  evidence window, and flow arrows (see flows.py) from causes to effects.
+  evidence window, and flow arrows (see flows.py) from causes to effects;
+- under each process, a track per GPU and stream with what the device ran
+  (kernels, copies, memsets: an imported trace's timeline, or CUPTI's under
+  `trace --cmd`; device_tracks.py).
 
 Slices on one thread track must nest; an interval that would cross the end
 of the slice around it (clock skew between probes) is clipped to it (threads.py).
@@ -37,7 +40,7 @@ import duckdb
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
 from ingero.errors import IngeroError
-from ingero.export import flows
+from ingero.export import device_tracks, flows
 from ingero.export.selection import WHERE, Selection, bounded_memory, run
 from ingero.export.threads import ThreadTracks
 from ingero.store.db import named_params
@@ -50,7 +53,7 @@ SEQ = 1  # the one trusted packet sequence of this writer
 
 # Track uuids: the id shifted left, the kind of track in the low 3 bits; small numbers
 # keep the varint of every event's track_uuid short (3-4 bytes, not 9).
-_PROC, _THREAD, _COUNTER, _CHAIN = 1, 2, 3, 4
+_PROC, _THREAD, _COUNTER, _CHAIN, _DEVICE = 1, 2, 3, 4, 5
 
 
 def _uuid(kind: int, id_: int) -> int:
@@ -151,6 +154,7 @@ class Summary:
     bytes: int
     chains: int
     flows: int
+    device_slices: int = 0  # kernels, copies, memsets drawn on the GPU tracks
 
 
 # The first packet of every export: the producer's name, so --force knows an earlier trace of ours.
@@ -317,12 +321,16 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
     _counters(con, w, params)
     _chains(w, chains, arrows)
     w.flush()
+    procs = {p for p, _ in threads}
+    device = device_tracks.write(con, w, f, params, lambda pid: _uuid(_PROC, pid) if pid in procs else 0,
+                                 lambda k: _uuid(_DEVICE, k))
     vocab = _vocabulary(con, params)
     tracks = ThreadTracks(f, threads, lambda tid: _uuid(_THREAD, tid), w.arg_names, params["t0"],
                           arrows.out_of, arrows.into, vocab["ops"], vocab["preempted"], vocab["strs"])
     with bounded_memory(con):
         _events(con, tracks, {**params, **{k: vocab[k] for k in ("ops", "others", "strs")}})
-    return Summary(path, tracks.events, w.packets + tracks.packets, f.tell(), len(chains), arrows.next_id - 1)
+    return Summary(path, tracks.events, w.packets + tracks.packets, f.tell(), len(chains), arrows.next_id - 1,
+                   device)
 
 
 def _vocabulary(con: duckdb.DuckDBPyConnection, params: dict) -> dict[str, list]:

@@ -44,7 +44,8 @@ def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False
 
             with output.atomic_file(path, force, kind) as tmp, open(tmp, "wb") as f:
                 s = perfetto.export(store.con, sel, f, path)
-            return (f"wrote {path}: {s.events:,} events, {s.chains} chains with {s.flows} arrows, "
+            device = f"{s.device_slices:,} device slices, " if s.device_slices else ""
+            return (f"wrote {path}: {s.events:,} events, {device}{s.chains} chains with {s.flows} arrows, "
                     f"{s.bytes / 1e6:.1f} MB — open it in https://ui.perfetto.dev")
         if fmt == "parquet":
             from ingero.export import parquet

@@ -170,13 +170,15 @@ FROM _imp_use c LEFT JOIN {SUBMITTED.format(copy_kind=COPY_KIND)} d USING (link)
 WHERE c.use = 'call'
 ORDER BY c.start_ns"""
 
-INSERT_DEVICE = f"""INSERT INTO device_activity
+INSERT_DEVICE = f"""INSERT INTO device_activity (session_id, device, stream, kind, copy_kind, bytes, start_ns, end_ns,
+                             name, correlation, call_tid, call_ns, pid)
 SELECT $sid, coalesce(d.device, d.pid), d.stream,
        CASE d.cat WHEN 'kernel' THEN 'kernel' WHEN 'gpu_memcpy' THEN 'memcpy' WHEN 'gpu_memset' THEN 'memset' END,
        {COPY_KIND}, d.bytes,
        d.start_ns + $offset, d.start_ns + d.dur_ns + $offset, d.name, d.correlation, c.tid,
-       coalesce(m.traced_ns, c.start_ns + $offset)
-FROM _imp_use d LEFT JOIN (SELECT link, any_value(tid) AS tid, any_value(start_ns) AS start_ns
+       coalesce(m.traced_ns, c.start_ns + $offset), c.pid
+FROM _imp_use d LEFT JOIN (SELECT link, any_value(tid) AS tid, any_value(start_ns) AS start_ns,
+                                  any_value(pid) AS pid
                            FROM _imp_use WHERE ph = 'X' AND cat IN {_CATS["calls"]} AND link IS NOT NULL
                            GROUP BY link) c USING (link)
      LEFT JOIN _imp_match m ON m.tid = c.tid AND m.trace_ns = c.start_ns

@@ -62,7 +62,9 @@ def device_lines(report: Report) -> list[str]:
     lines = []
     d = report.device
     if d is not None:
-        if d.source == "measured":
+        if d.source == "measured" and d.measured_by:
+            lines.append(f"Device: busy {units.pct(d.busy_share)} (measured by {d.measured_by})")
+        elif d.source == "measured":
             lines.append(f"Device: busy {units.pct(d.busy_share)} (measured: the trace's device timeline)")
         else:
             nvml = "" if d.nvml_util is None else f"; NVML {units.pct(d.nvml_util)}"

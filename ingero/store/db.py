@@ -78,6 +78,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      calibrated at the trace's start.
 #  15: cgroup_cpu: each traced process's cgroup CPU quota and throttling
 #      counters, once a second (sample/cgroup.py).  Older sessions have none.
+#      device_activity.pid (live traces store the device timeline of every
+#      traced process, from CUPTI); rows imported before it keep NULL.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -115,6 +117,7 @@ MIGRATIONS: dict[int, list[str]] = {
     14: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS call_cost_ns DOUBLE"],
     15: [f"ALTER TABLE events ADD COLUMN IF NOT EXISTS {c}" for c in (
         "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")]
+        + ["ALTER TABLE device_activity ADD COLUMN IF NOT EXISTS pid INTEGER"]
         + [REAPPLY_SCHEMA],  # creates thread_names and cgroup_cpu
 }
 

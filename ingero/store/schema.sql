@@ -220,20 +220,25 @@ CREATE TABLE IF NOT EXISTS probes (
 -- into events (same op names as the tracer), the device's own timeline into
 -- device_activity, CPU operators and annotations into spans.
 
--- What the device ran, as the trace measured it (CUPTI): one row per kernel, copy or memset.
+-- What the device ran, as CUPTI measured it: one row per kernel, copy or memset, from an
+-- imported profiler trace or, live, from ingero's CUPTI injection library in a traced `--cmd`
+-- (collect/cupti_inject.c).  A live trace also stores CUPTI's records of host waits
+-- (kind 'sync': cudaStreamSynchronize and the like, the stream waited on): they are not
+-- device time, so sums of what the device ran leave them out (kind <> 'sync').
 CREATE TABLE IF NOT EXISTS device_activity (
     session_id INTEGER,
     device INTEGER,              -- GPU index in the traced process
     stream BIGINT,               -- the profiler's stream id (a small number, not a cudaStream_t)
-    kind VARCHAR NOT NULL,       -- 'kernel' | 'memcpy' | 'memset'
+    kind VARCHAR NOT NULL,       -- 'kernel' | 'memcpy' | 'memset'; live traces also 'sync' (a host wait, not device time)
     copy_kind VARCHAR,           -- memcpy: H2D / D2H / D2D / H2H (PtoP is D2D); NULL otherwise
     bytes BIGINT,                -- memcpy, memset: bytes moved / set
     start_ns BIGINT NOT NULL,    -- on the host's clock (ns since the Unix epoch), like events.timestamp
     end_ns BIGINT NOT NULL,
     name VARCHAR,                -- kernel name, or 'Memcpy HtoD (Pageable -> Device)' etc. (pageable/pinned shows here)
-    correlation BIGINT,          -- the profiler's id linking it to the call that submitted it
+    correlation BIGINT,          -- the profiler's id linking it to the call that submitted it (per process)
     call_tid INTEGER,            -- thread of that call (NULL when the trace lacks it)
-    call_ns BIGINT               -- start of that call: JOIN events ON tid = call_tid AND timestamp = call_ns
+    call_ns BIGINT,              -- start of that call: JOIN events ON tid = call_tid AND timestamp = call_ns
+    pid INTEGER                  -- the process whose call submitted it (NULL: imported before schema 15)
 );
 
 -- CPU operators and user annotations of an imported trace (torch.profiler's

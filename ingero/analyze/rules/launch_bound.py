@@ -65,8 +65,8 @@ T = Thresholds()
 def _busy_shown(ctx: Context, pid: int) -> bool | None:
     """Whether a device busy at least ``max_device_busy_share`` is shown, not only modelled.
 
-    None: not that busy.  True: measured (an imported device timeline), or inferred with a
-    full launch queue behind it.  False: inferred from the drains' returns alone.  That point
+    None: not that busy.  True: measured (an imported device timeline, CUPTI's in a traced
+    command), or inferred with a full launch queue behind it.  False: inferred from the drains' returns alone.  That point
     takes the last kernel to end when the sync returned; a sleeping sync returns a wake-up
     later (15-23 µs on this VM, against 5-10 µs kernels), so behind short kernels the point
     reads a launch-bound loop as a busy device (launch-bound shape, block: 93% inferred, 57%
@@ -74,7 +74,7 @@ def _busy_shown(ctx: Context, pid: int) -> bool | None:
     if ctx.device_busy.get(pid, 0.0) < T.max_device_busy_share:
         return None
     act = (ctx.derived.device_activity or {}).get(pid)
-    if act is None:
+    if act is None or act.source == "measured":
         return True
     return act.backpressure_launches >= T.min_backpressure_share * max(1, act.submissions)
 
@@ -175,7 +175,9 @@ def _untraced(ctx: Context, pid: int, shown: bool | None, ev_split: list, wall: 
         return None
     act = activity.device_activity(ctx).get(pid)
     kernel = None
-    if shown is None and act is not None and abs(act.busy_share - (act.low + act.high) / 2) > T.min_point_off_middle:
+    # (a measured timeline says how long the kernels ran; an inferred point only off its middle)
+    if shown is None and act is not None and (act.source == "measured"
+                                              or abs(act.busy_share - (act.low + act.high) / 2) > T.min_point_off_middle):
         busy_ns = (sum(x.busy_share * x.wall_ns for x in ev_split) if ev_split
                    else ctx.device_busy.get(pid, 0.0) * wall)
         kernel = busy_ns / launches
