@@ -27,7 +27,8 @@ MIN_SOCKET_SHARE = 0.5
 
 SOCKET_WAITS_SQL = """
 SELECT b.pid, sum(b.n) FILTER (s), sum(b.ns) FILTER (s), sum(b.ns), count(DISTINCT b.w),
-       any_value(b.via_call ORDER BY b.ns DESC) FILTER (s)
+       any_value(b.via_call ORDER BY b.ns DESC) FILTER (s),
+       coalesce(sum(b.n) FILTER (list_contains(['accept', 'accept4'], b.via_call)), 0)
 FROM (SELECT *, list_contains($socket_calls, via_call) OR via_fd = 'socket' AS s FROM ing_block) b
 GROUP BY b.pid
 """
@@ -46,16 +47,22 @@ def classify(ctx: Context) -> dict[int, Kind]:
     """pid -> its kind, for every loop whose blocked time was attributed (others: training)."""
     out = {}
     wall_s = ctx.window_ns / 1e9
-    for pid, n, sock_ns, blocked_ns, nw, call in ctx.con.execute(
+    for pid, n, sock_ns, blocked_ns, nw, call, accepts in ctx.con.execute(
             SOCKET_WAITS_SQL, {"socket_calls": sorted(SOCKET_CALLS)}).fetchall():
         seconds = max(int(nw), 1) * wall_s
         rate = float(n or 0) / seconds
         share = float(sock_ns or 0) / float(blocked_ns) if blocked_ns else 0.0
+        wait = float(sock_ns or 0) / (seconds * 1e9)
         if rate >= MIN_REQUESTS_PER_S and share >= MIN_SOCKET_SHARE:
-            wait = float(sock_ns or 0) / (seconds * 1e9)
             out[int(pid)] = Kind(int(pid), SERVER, f"blocked in {call or 'a socket wait'} on a socket between "
                                  f"requests, {rate:,.1f} requests/s, waiting for them {units.pct(wait)} of wall clock",
                                  rate, wait)
+        elif accepts:
+            # the loop thread accepted connections itself: a server whose requests come back to back
+            # (its socket reads seldom wait, so they are not counted)
+            out[int(pid)] = Kind(int(pid), SERVER, f"the loop thread accepted connections (accept) and reads "
+                                 f"its requests from sockets, which seldom made it wait ({units.pct(wait)} of "
+                                 "wall clock): requests come back to back", None, wait)
     return out
 
 

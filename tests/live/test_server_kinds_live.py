@@ -60,10 +60,13 @@ def test_a_server_is_named_a_server_with_its_request_rate(runs, mode) -> None:
     truth, report = runs[mode]
     [served] = report["workloads"]
     assert served["kind"] == "inference server"
-    assert "recvfrom on a socket" in served["evidence"]
-    rate = truth["requests"] / SECONDS
-    # each request's blocking recv is one wait: the rate is the requests', over the active windows
-    assert 0.6 * rate <= served["requests_per_s"] <= 1.6 * rate, (served, truth)
+    if mode == "tokenize":  # the next request is there before the last is answered: recv never waits
+        assert "accepted connections" in served["evidence"] and served["requests_per_s"] is None, served
+    else:
+        assert "on a socket between requests" in served["evidence"], served
+        rate = truth["requests"] / SECONDS
+        # each request's blocking recv is one wait: the rate is the requests', over the active windows
+        assert 0.6 * rate <= served["requests_per_s"] <= 1.6 * rate, (served, truth)
     assert report["steps"]["unit"] == "request"
     assert not any("DataLoader" in line for line in _fixes(report)), _fixes(report)
 
