@@ -7,8 +7,8 @@
  * A uprobe is attached to a file, so a library nobody had mapped when the
  * trace began (a dlopen'd libnccl, a venv's libcudart, a program with the
  * runtime linked in) can only be probed once user space has seen it: the
- * calls it makes before then are lost.  So the thread that opens such a file
- * is stopped at the open's return, before it runs another instruction:
+ * calls it makes before then are lost.  So the thread that maps such a file's
+ * code is stopped as the mmap returns, before it runs another instruction:
  *
  *   - sys_enter_open(at): the path, read from the caller; kept (per thread)
  *     when its base name starts like a CUDA / NCCL library (libcudart*,

@@ -17,7 +17,7 @@ runtime linked in), attaches what is new, marks the path as looked at (never
 held again) and sends SIGCONT.  A hold never lasts longer than ``bound_s``:
 a watchdog resumes the process then, and a note says that its first calls
 may be missing.  What a hold costs the held thread is measured by
-bench/bench_attach.py (docs/benchmarks.md, "Holds").
+bench/bench_attach.py (docs/benchmarks.md, "Every call from the first one: holds").
 
 Never stopped, only attached at once: a child of an interactive shell (it
 would see the stop and suspend the job: "[1]+ Stopped"); the tracer itself.
@@ -45,13 +45,14 @@ from ingero.collect.procnames import read_proc_file, split_cmdline, stat_fields
 PROC = Path("/proc")
 
 # The longest a held thread waits (from its stop).  Measured (bench/bench_attach.py, docs/benchmarks.md
-# "Holds"): examining and attaching a library that is new to the trace took 2-30 ms here (NVIDIA's
-# 250 MB libnccl included), a file already looked at under 2 ms; the bound leaves room for a loaded box.
+# "Every call from the first one: holds"), on a 2-core VM at load ~20: a library new to the trace held
+# its thread 7-23 ms (medians per library, NVIDIA's 250 MB libnccl included), 155 ms at worst in 50;
+# an nvcc program at its exec 35 ms median, 104 ms at worst.
 HOLD_BOUND_S = 0.2
 POLL_MS = 50  # the holder's ring wait: how late a stop request is seen (the ring wakes it at once)
 # The holder's and the watchdog's threads run at this nice value: a hold is a few ms of CPU, but on a
 # box with 10 runnable threads per core a thread at nice 0 waited ~10x that for its turn (a 200 ms
-# bound reached: docs/benchmarks.md "Holds").  Per thread (Linux nice is per task), so the trace's
+# bound reached: docs/benchmarks.md, "... holds").  Per thread (Linux nice is per task), so the trace's
 # own loop and the job keep theirs.
 HOLD_NICE = -20
 # While a process is held, the interpreter hands the GIL between threads this often (its default
