@@ -12,8 +12,11 @@ interrupts again until the statement stops: see run_interruptible).
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -66,6 +69,24 @@ def tracer_socket(path: Path, why: IngeroError) -> Path:
     raise why
 
 
+@contextmanager
+def _sigint_heard() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt while a read waits, even when it was inherited ignored.
+
+    A shell without job control starts `cmd &` with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: `kill -INT` of a runaway `ingero query` did nothing (it ran on past 3 s).
+    A read has nothing to protect from SIGINT; the previous disposition comes back afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_interruptible(con: Any, fn: Callable[[Any], T], timeout_s: float) -> T:
     """``fn(con)`` on a worker thread: interrupted after ``timeout_s`` (one line naming the
     limit) or on Ctrl-C (KeyboardInterrupt within CTRL_C_GRACE_S).
@@ -93,10 +114,11 @@ def run_interruptible(con: Any, fn: Callable[[Any], T], timeout_s: float) -> T:
     deadline = time.monotonic() + timeout_s
     threading.Thread(target=work, name="ingero-read", daemon=True).start()
     try:
-        while not done.wait(_WAIT_STEP_S):
-            if time.monotonic() >= deadline:
-                timed_out = True
-                con.interrupt()
+        with _sigint_heard():
+            while not done.wait(_WAIT_STEP_S):
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    con.interrupt()
     except KeyboardInterrupt:
         give_up = time.monotonic() + CTRL_C_GRACE_S
         try:

@@ -50,6 +50,22 @@ def test_ctrl_c_ends_a_runaway_fleet_query(short_dir):
     assert q.returncode == 130 and err.strip() == "ingero: aborted" and out == "", err
 
 
+def test_sigint_ends_a_file_query_a_script_started_in_the_background(short_dir):
+    # `ingero query ... &` in a script inherits SIGINT ignored: `kill -INT` left it running (issue 41.12)
+    from ingero.store.db import Store
+
+    db = short_dir / "f.duckdb"
+    Store.open(db).close()
+    q = subprocess.Popen([*INGERO, "query", "--db", str(db), "--timeout", "300",
+                          "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"],
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_until(lambda: _cpu_s(q.pid) > 3.0, what="the query burning CPU")
+    q.send_signal(signal.SIGINT)
+    out, err = q.communicate(timeout=60)
+    assert q.returncode == 130 and err.strip() == "ingero: aborted" and out == "", err
+
+
 def test_the_tracer_refuses_a_giant_value_and_answers_on(short_dir):
     db, sock = short_dir / "t.duckdb", short_dir / "t.sock"
     env = {**ENV, "INGERO_SOCKET": str(sock), "INGERO_DB": str(db)}

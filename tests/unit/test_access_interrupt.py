@@ -123,3 +123,31 @@ def test_the_command_line_returns_normally_when_nothing_is_stuck(monkeypatch, ca
     monkeypatch.setattr(cli.cli, "main", aborted)
     assert cli.main(["query", "SELECT 1"]) == 130
     assert capsys.readouterr().err.strip() == "ingero: aborted"
+
+
+# issue 41.12: `ingero query ... &` from a script inherits SIGINT ignored; `kill -INT` did nothing
+INHERITED_IGNORE = """
+import json, os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell without job control starts `cmd &`
+sys.path.insert(0, {tests!r})
+from test_access_interrupt import Statement
+from ingero.daemon import access
+st = Statement(stop_at=1)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    access.run_interruptible(st, st.run, 300)
+    raised = None
+except KeyboardInterrupt:
+    raised = "KeyboardInterrupt"
+print(json.dumps({{"raised": raised, "interrupts": st.interrupts,
+                  "after": "ignored" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "other"}}))
+"""
+
+
+def test_sigint_is_heard_by_a_read_even_when_it_was_inherited_ignored():
+    code = INHERITED_IGNORE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr
+    # heard, the statement interrupted, and the inherited disposition back afterwards
+    assert json.loads(out.stdout) == {"raised": "KeyboardInterrupt", "interrupts": 1, "after": "ignored"}

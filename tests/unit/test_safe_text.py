@@ -227,3 +227,17 @@ def test_fleet_explain_and_query_show_a_nodes_hostile_chain_escaped(tmp_path: Pa
     res = CliRunner().invoke(cli, ["fleet", "query", str(root), "SELECT DISTINCT node, root FROM chains"])
     assert res.exit_code == 0, res.output
     assert raw_controls(res.output) == [] and "node-b\\x1b[2J" in res.output and "(1 row)" in res.output
+
+
+def test_the_html_report_escapes_names_its_own_way(tmp_path: Path):
+    path = tmp_path / "ingero.duckdb"
+    tr = hostile_trace()
+    tr.names[0]["name"] = "<b>python3</b> (train.py)"  # the charted process
+    tr.store(path).close()
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(cli, ["report", "--db", str(path), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "<b>python3</b>" not in page and "&lt;b&gt;python3&lt;/b&gt; (train.py)" in page
+    pre = page[page.index("<pre>"):page.index("</pre>")]  # explain's text view, as the terminal shows it
+    assert raw_controls(pre) == [] and SHOWN in pre
