@@ -101,3 +101,16 @@ def test_compiler_key_line_is_quoted():
     log = "In file included from x\n/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'\n1 error generated."
     assert loader._key_line(log, "fallback") == "/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'"
     assert loader._key_line("", "fallback") == "fallback"
+
+
+@pytest.mark.parametrize("flags, cupti", [([], True), (["--no-cupti"], False)])
+def test_no_cupti_turns_the_device_timeline_off(monkeypatch, flags, cupti):
+    seen = {}
+
+    def fake_run_trace(opts, **kw):
+        seen["cupti"], seen["nvtx"] = opts.cupti, opts.nvtx
+        raise IngeroError("stop here")
+
+    monkeypatch.setattr(session, "run_trace", fake_run_trace)
+    result = run("--cmd", "true", "--no-serve", *flags)
+    assert isinstance(result.exception, IngeroError) and seen == {"cupti": cupti, "nvtx": True}
