@@ -169,6 +169,7 @@ PARTS_SQL = """
 WITH c AS (
     -- copies and device wait as ing_win counts them (windows.COPY_NS_SQL, DEVICE_WAIT_NS_SQL)
     SELECT w, sum(dur_ns) FILTER (cat = 'launch') AS launch, {copy_ns} AS copy, {device_wait_ns} AS sync,
+           sum(dur_ns) FILTER (cat = 'copy') AS copy_dur,
            sum(dur_ns) FILTER (cat IN ('other', 'pinned')) AS other
     FROM ing_cuda WHERE tid = $tid GROUP BY w
 ), s AS (
@@ -200,8 +201,14 @@ WITH c AS (
 )
 SELECT w.w, w.wall_ns,
        coalesce(s.data_wait, 0), coalesce(c.launch, 0) - coalesce(s.cpu_in_launch, 0),
-       coalesce(c.copy, 0) - coalesce(s.cpu_in_copy, 0),
-       coalesce(c.sync, 0) - coalesce(s.cpu_in_sync, 0) - coalesce(lt.late, 0),
+       -- a copy call's CPU wait comes out of its wait for the device first, then of its transfer
+       -- (a measured transfer, CUPTI's, is often a small part of the call: taking the wait from it
+       -- alone left a 13 us copy of 64 KiB at nothing)
+       greatest(0, least(coalesce(c.copy, 0), coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0))),
+       coalesce(c.sync, 0) - (coalesce(c.copy_dur, 0) - coalesce(c.copy, 0))
+           + greatest(0, coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0)
+                         - greatest(0, least(coalesce(c.copy, 0), coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0))))
+           - coalesce(s.cpu_in_sync, 0) - coalesce(lt.late, 0),
        coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0),
        coalesce(s.cpu_wait, 0) - coalesce(s.preempt_in_sync, 0) + coalesce(lt.late, 0),
        coalesce(s.io, 0) + coalesce(f.faults, 0),
