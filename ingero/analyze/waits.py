@@ -38,8 +38,6 @@ ON_CPU_ROOT_SHARE = 0.5
 FLUSH_CALLS = frozenset({"fsync", "fdatasync", "sync_file_range", "msync", "sync", "syncfs"})
 SLEEP_CALLS = frozenset({"nanosleep", "clock_nanosleep", "pause"})
 SOCKET_CALLS = frozenset({"recvfrom", "recvmsg", "recvmmsg", "accept", "accept4", "connect"})
-POLL_CALLS = frozenset({"poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "epoll_pwait2"})
-KERNEL_WAKERS = ("kworker", "ksoftirqd", "irq/", "rcu_", "migration/", "jbd2", "kswapd", "swapper")
 
 # Roots: what the trace can show without guessing.
 ON_CPU = "on-cpu"          # a thread running (root_pid/root_tid): a worker computing, a lock or GIL holder
