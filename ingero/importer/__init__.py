@@ -57,6 +57,9 @@ class ImportResult:
     name: str = ""  # the input in summaries: its file name, or '-'
     n_pids: int = 0  # processes with calls or spans (pids holds the first load.MAX_PIDS)
     skipped: dict[str, int] = field(default_factory=dict)  # field -> bad numbers skipped
+    # joined to a session whose process has a device timeline CUPTI measured live: the trace's
+    # device rows (this many) were not stored a second time
+    device_measured_live: int = 0
 
 
 def _int32(v: Any, what: str, skipped: dict[str, int]) -> int | None:
@@ -154,8 +157,15 @@ def _import(store: Store, src: Source, *, calls_only: bool, command: str, join: 
                 if alignment is not None:
                     session_id, offset = alignment.session_id, alignment.offset_ns
                     _mark_joined(con, session_id, src, meta, result, offset)
-                    # the traced session has the calls already: only the device timeline and spans come in
-                    load.insert(con, session_id, offset_ns=offset, calls_only=calls_only, calls=False)
+                    # the traced session has the calls already: only the device timeline and spans come in,
+                    # and not the timeline where CUPTI measured it live in the process (on the host's own
+                    # clock, every kernel, not a profiled window shifted by the estimated offset): two
+                    # copies of each kernel would double every count of what the device ran
+                    live = load.measured_live(con, session_id, alignment.pid)
+                    load.insert(con, session_id, offset_ns=offset, calls_only=calls_only, calls=False,
+                                device=not live)
+                    if live:
+                        result.device_measured_live, result.device = result.device, 0
                 else:
                     session_id = _insert_session(con, src, meta, counts, result, command)
                     load.insert(con, session_id, offset_ns=0, calls_only=calls_only)

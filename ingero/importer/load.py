@@ -260,16 +260,27 @@ def prepare(con: duckdb.DuckDBPyConnection, *, base_ns: int, calls_only: bool) -
     return counts
 
 
+def measured_live(con: duckdb.DuckDBPyConnection, session_id: int, pid: int) -> bool:
+    """Whether the traced session holds a device timeline CUPTI measured live for ``pid``."""
+    cols = {r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'device_activity'").fetchall()}
+    if "pid" not in cols:
+        return False
+    return con.execute("SELECT count(*) > 0 FROM device_activity WHERE session_id = $s AND pid = $p",
+                       {"s": session_id, "p": pid}).fetchone()[0]
+
+
 def insert(con: duckdb.DuckDBPyConnection, session_id: int, *, offset_ns: int, calls_only: bool,
-           calls: bool = True) -> None:
-    """Append the prepared rows to events (unless not ``calls``), device_activity and spans.
+           calls: bool = True, device: bool = True) -> None:
+    """Append the prepared rows to events (unless not ``calls``), device_activity (unless not
+    ``device``) and spans.
 
     Runs inside the caller's transaction; ``offset_ns`` is added to every time.
     """
     p = {"sid": session_id, "offset": offset_ns}
     if calls:
         con.execute(INSERT_EVENTS, {**p, "copy_ops": list(COPY_OPS), "stream_ops": list(STREAM_OPS)})
-    if not calls_only:
+    if device and not calls_only:
         con.execute(INSERT_DEVICE, p)
     con.execute(INSERT_SPANS, {"sid": session_id, "offset": offset_ns})
 

@@ -60,7 +60,11 @@ def _lines(r: Any) -> list[str]:
     lines.append(f"  {' '.join(dist) or 'no rank'}; {devices}")
     lines.append(f"  {r.calls:,} CUDA calls -> events, {r.device:,} kernels/copies/memsets -> device_activity, "
                  f"{r.spans:,} CPU ops/annotations -> spans")
-    if r.calls == 0 and r.device == 0:
+    live = getattr(r, "device_measured_live", 0)
+    if live:
+        lines.append(f"  device timeline: kept the one CUPTI measured live in the traced process; "
+                     f"the trace's {live:,} kernels/copies/memsets were not stored again")
+    if r.calls == 0 and r.device == 0 and not live:
         lines.append("  CPU-only trace: no CUDA calls and no device activity (explain has no GPU side to measure)")
     skipped = getattr(r, "skipped", None)
     if skipped:

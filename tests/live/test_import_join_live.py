@@ -116,7 +116,9 @@ def test_replayed_calls_are_matched_and_the_offset_recovered(tmp_path, simcuda, 
 
     calls_file, go, out, db = tmp_path / "calls.json", tmp_path / "go", tmp_path / "replay.json", tmp_path / "t.duckdb"
     calls_file.write_text(json.dumps(_source_threads()))
-    tracer = Tracer(db, "--cuda-lib", str(simcuda), "--duration", "120s",
+    # --no-cupti: the import's own device rows are what this checks (with CUPTI's live timeline the
+    # trace's would not be stored again: test_import_join.py)
+    tracer = Tracer(db, "--cuda-lib", str(simcuda), "--duration", "120s", "--no-cupti",
                     "--cmd", f"{sys.executable} {Path(__file__).resolve()} {simcuda} {go} {calls_file} {out}",
                     env={"SIMCUDA_KERNEL_US": "5", "SIMCUDA_LAUNCH_US": "1"})
     tracer.wait_started()

@@ -92,3 +92,32 @@ def test_a_periodic_loop_takes_the_smallest_shift():
     traced = {tid: [(t, OP.get(n, n)) for t, n in rows] for tid, rows in calls.items()}
     offset, pairs = join._align_threads(trace, traced)
     assert offset == -OFFSET and len(pairs) == 120
+
+
+def test_a_timeline_cupti_measured_live_is_kept_and_the_traces_not_stored_again(tmp_path):
+    """`trace --cmd` stored the process' kernels from CUPTI; a profiler trace of the same run joins its
+    spans and calls' alignment but not a second copy of every kernel (each count would double)."""
+    from ingero.importer.report import summary_lines
+
+    store, sid, path, calls = _make(tmp_path)
+    launches = [t for t, name in calls[TIDS[0]] if name == "cudaLaunchKernel"]
+    for t in launches:  # the live timeline: one kernel per launch of the first thread
+        store.con.execute("INSERT INTO device_activity (session_id, device, stream, kind, start_ns, end_ns, name, "
+                          "call_tid, call_ns, pid) VALUES ($s, 0, 7, 'kernel', $t + 50000, $t + 90000, 'k', $tid, "
+                          "$t, $pid)", {"s": sid, "t": t, "tid": TIDS[0], "pid": PID})
+    r = import_trace(store, path)
+    assert r.joined is not None and r.session_id == sid
+    assert (r.device, r.device_measured_live) == (0, 2 * 5 * 13)
+    assert store.con.execute("SELECT count(*) FROM device_activity").fetchone()[0] == len(launches) == 12 * 13
+    lines = summary_lines(r)
+    assert any("kept the one CUPTI measured live" in ln and "130 kernels/copies/memsets were not stored" in ln
+               for ln in lines), lines
+
+
+def test_an_imported_timeline_without_a_live_one_is_stored(tmp_path):
+    """Rows an earlier import stored (pid NULL before schema 15) are not a live timeline."""
+    store, sid, path, _ = _make(tmp_path)
+    store.con.execute("INSERT INTO device_activity (session_id, device, kind, start_ns, end_ns) "
+                      "VALUES ($s, 0, 'kernel', $t, $t + 1)", {"s": sid, "t": T0})
+    r = import_trace(store, path)
+    assert (r.device, r.device_measured_live) == (2 * 5 * 13, 0)
