@@ -21,11 +21,9 @@ truth (--truth: one JSON line) that the assertions compare with:
 6. gil_logger_train.py --log-every 0.05: the look-alike of 1 whose logger
    sleeps: no lock chain, healthy.
 
-The tests of what explain should say are marked xfail until #37's mechanism
-lands (wait class at switch-out, the waker at wake-up, a host critical path
-in analyze).  The checks that the workload really made its shape and that
-the trace recorded it (exact call counts against the truth) are not: they
-hold today.
+Each shape has two kinds of test: that the workload really made its shape
+and the trace recorded it (exact call counts against the truth), and what
+explain says of it.
 
 Isolation: every traced run (its workload, its hogs, the tracer) is one
 session, so one autogroup, at autogroup nice -20: the other sessions on this

@@ -372,6 +372,18 @@ def chains_of(report: Report, rule_id: str) -> list:
     return [c for c in report.chains if c.rule_id == rule_id]
 
 
+def silent(report: Report, *rule_ids: str) -> bool:
+    """No chain of ``rule_ids`` (of any rule when none is named) in a report that analysed the loop.
+
+    "The rule stays silent" would also pass if explain had read nothing: this fails then.
+    """
+    a = report.analysed
+    assert a.windows > 0 and a.events > 0 and a.cuda_events > 0, f"nothing was analysed: {a}"
+    found = [c.rule_id for c in report.chains if not rule_ids or c.rule_id in rule_ids]
+    assert found == [], found
+    return True
+
+
 def sample_store(store: Store, ratio: float, period_ns: int = S, phase_ns: int = 0) -> tuple[int, int]:
     """Apply the tracer's duty cycle to a stored trace: keep the launch rows of the first ``ratio`` of
     every period, drop the rest, and write the sampling rows; (launch rows before, after)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analyze_helpers import MAIN_PID, SESSION, S, T0, Trace, healthy
+from analyze_helpers import MAIN_PID, SESSION, S, T0, Trace, healthy, silent
 from ingero.analyze import context
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
@@ -69,7 +69,7 @@ def test_since_limits_to_the_last_span_and_loses_the_earlier_cause():
     tr.name(STRESS, "stress", "stress").loop(0, 10, preempt_ms=40, preempt_by=STRESS).loop(10, 40).system(0, 40)
     assert tr.explain().chains[0].rule_id == "cpu-contention"
     report = tr.explain(since_s=20)
-    assert report.chains == []
+    assert silent(report)
     assert report.analysed.end_ns - report.analysed.start_ns == pytest.approx(20 * S, rel=0.01)
 
 
@@ -77,7 +77,7 @@ def test_pid_filter_keeps_only_that_process():
     tr = contended().loop(0, 30, pid=4300, tid=4300)
     report = tr.explain(pids=(4300,))
     assert [p for p in report.analysed.processes] == ["pid 4300 (PID 4300)"]
-    assert report.chains == []
+    assert silent(report)
 
 
 def test_adaptive_window():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 import pytest
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, S, T0, Trace, chains_of, with_call_state
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, S, T0, Trace, chains_of, with_call_state, silent
 from old_schemas import old_schema
 
 from ingero.analyze.context import Options
@@ -78,7 +78,7 @@ def test_a_v4_file_read_only_gives_the_chains_of_the_migrated_file_and_of_the_tr
     tagged = tr.explain()  # schema 5 rows as the tracer tags them (analyze_helpers)
 
     assert {c.rule_id for c in before.chains} >= {"input-bound", "cpu-contention"}
-    assert chains_of(before, "transfer-bound") == []  # the copies were slow for want of a CPU
+    assert silent(before, "transfer-bound")  # the copies were slow for want of a CPU
     assert before.chains == after.chains == tagged.chains
     assert before.analysed == after.analysed
 

@@ -7,7 +7,7 @@ pages), and its faults or sleeps there are no slowdown of a training loop.
 
 from __future__ import annotations
 
-from analyze_helpers import MAIN_PID, MS, S, T0, US, Trace, chains_of
+from analyze_helpers import MAIN_PID, MS, S, T0, US, Trace, chains_of, silent
 
 
 def startup(tr: Trace, seconds: float, *, faults: int = 0, fault_us: float = 0, sleep_ms: float = 0) -> Trace:
@@ -30,13 +30,13 @@ def base() -> Trace:
 def test_first_touch_faults_before_the_first_launch_are_not_memory_pressure():
     # 8 s of start-up: 100 faults of 60 us per 10 ms (60% of the time in faults), then a healthy loop
     tr = startup(base(), 8, faults=100, fault_us=60).loop(8, 30)
-    assert chains_of(tr.explain(), "memory-pressure") == []
+    assert silent(tr.explain(), "memory-pressure")
 
 
 def test_waiting_before_the_first_launch_is_not_input_bound():
     # 8 s of loading (sleeping outside CUDA calls 7 ms of every 10 ms), then a healthy loop
     tr = startup(base(), 8, sleep_ms=7).loop(8, 30)
-    assert chains_of(tr.explain(), "input-bound") == []
+    assert silent(tr.explain(), "input-bound")
 
 
 def test_the_same_faults_during_the_loop_still_fire():

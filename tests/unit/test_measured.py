@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, silent
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.rules import launch_bound
@@ -104,7 +104,7 @@ def test_a_measured_busy_device_is_not_launch_bound():
     tr = short_kernels("block")
     report, _ = explained(tr, kernels(tr, 15_500))
     assert report.device.busy_share >= launch_bound.T.max_device_busy_share
-    assert chains_of(report, "launch-bound") == []
+    assert silent(report, "launch-bound")
     assert report.analysed.cuda_events > 400  # (something was analysed)
 
 

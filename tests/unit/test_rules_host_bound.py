@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from analyze_helpers import MAIN_PID, SESSION, Trace, chains_of
+from analyze_helpers import MAIN_PID, SESSION, Trace, chains_of, silent
 from test_device_infer import Host
 
 from ingero.analyze.context import Options
@@ -66,7 +66,7 @@ def test_inline_loading_fires_and_is_not_launch_bound(sleep):
     [chain] = chains_of(rep, "host-bound")
     assert rep.chains[0] is chain
     assert chain.severity == "HIGH"
-    assert chains_of(rep, "launch-bound") == []
+    assert silent(rep, "launch-bound")
     n = chain.numbers
     assert n["inline_loading"] == 1.0 and n["workers"] == 0
     # idle host work per step: the load, the bookkeeping and the loop's own Python gaps
@@ -89,7 +89,7 @@ def test_host_work_after_the_last_launch_is_host_bound_not_launch_bound(sleep):
     rep = report(loop(load_us=20, kernels=40, host_us=0, tail_us=1000, sleep=sleep))
     [chain] = chains_of(rep, "host-bound")
     assert rep.chains[0] is chain
-    assert chains_of(rep, "launch-bound") == []
+    assert silent(rep, "launch-bound")
     n = chain.numbers
     # the tail the point leaves idle: 1 ms less what the point spills past the launches
     assert 0.3 < n["host_tail_share"] <= n["host_idle_share"]
@@ -110,8 +110,8 @@ def test_a_wait_for_data_after_the_last_launch_is_not_host_work():
 def test_just_below_threshold_does_not_fire():
     # 200 µs of idle host work per ~1.3 ms step: 16% < 20%
     rep = report(loop(load_us=150))
-    assert chains_of(rep, "host-bound") == []
-    assert rep.chains == []
+    assert silent(rep, "host-bound")
+    assert silent(rep)
 
 
 def test_just_above_threshold_is_medium():
@@ -125,7 +125,7 @@ def test_workers_and_a_busy_device_do_not_fire():
     # the look-alike: the same loop fed by two workers, 200 µs kernels (device ~10 ms per step)
     h = with_workers(loop(load_us=0, kernel_us=200, steps=60))
     rep = report(h)
-    assert chains_of(rep, "host-bound") == []
+    assert silent(rep, "host-bound")
     assert [c for c in rep.chains if c.severity in ("HIGH", "MEDIUM")] == []
 
 

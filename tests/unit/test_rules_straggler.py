@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, Trace, chains_of
+from analyze_helpers import MAIN_PID, Trace, chains_of, silent
 from ingero.analyze.rules import straggler
 
 RANK1 = 4300
@@ -45,7 +45,7 @@ def test_half_speed_is_high():
 def test_just_below_the_rate_threshold_is_silent():
     # ~0.77 of the peers' rate: slower, but within what healthy ranks differ by
     report = ranks(wait_ms=9).explain()
-    assert chains_of(report, "straggler") == []
+    assert silent(report, "straggler")
 
 
 def test_the_same_slowdown_one_run_after_the_other_is_not_a_straggler():
@@ -53,10 +53,10 @@ def test_the_same_slowdown_one_run_after_the_other_is_not_a_straggler():
     tr = Trace().name(MAIN_PID, "python3 (train.py rank0)", "python3", "torchrun train.py")
     tr.name(RANK1, "python3 (train.py rank1)", "python3", "torchrun train.py")
     tr.system(0, 20).loop(0, 10).loop(10, 20, pid=RANK1, tid=RANK1, preempt_ms=60, preempt_by=0)
-    assert chains_of(tr.explain(), "straggler") == []
+    assert silent(tr.explain(), "straggler")
 
 
 def test_a_lone_slow_process_has_no_peers():
     tr = Trace().name(RANK1, "python3 (train.py rank1)", "python3", "torchrun train.py")
     tr.system(0, 20).loop(0, 20, pid=RANK1, tid=RANK1, wait_ms=31)
-    assert chains_of(tr.explain(), "straggler") == []
+    assert silent(tr.explain(), "straggler")
