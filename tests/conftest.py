@@ -10,6 +10,9 @@ Any other prerequisite goes through tests/prereqs.py: the same rule, one place.
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,14 @@ def raw_request():
             s.close()
 
     return send
+
+
+@pytest.fixture()
+def short_dir():
+    """A fresh directory under /tmp with a short path: a Unix socket's path is limited to 107 bytes
+    and pytest's tmp_path can be longer.  World-readable (other users may look in: the socket's and
+    the DB's own modes are what tests check)."""
+    d = Path(tempfile.mkdtemp(prefix="ing-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -20,15 +18,6 @@ from workloads import wait_until
 pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)
 
 INGERO = [sys.executable, "-m", "ingero"]
-
-
-@pytest.fixture()
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="ingt-", dir="/tmp"))
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    d.rmdir()
 
 
 def test_trace_answers_status_query_and_explain_while_running(short_dir):

@@ -12,7 +12,6 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,14 +31,6 @@ INGERO = [sys.executable, "-m", "ingero"]
 REPO = Path(__file__).resolve().parents[2]
 RUNAWAY = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT max(n) FROM r"
 OUTSIDER = "ingero-outsider"  # a user outside the ingero group, made by the test when missing
-
-
-@pytest.fixture()
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="ingh-", dir="/tmp"))
-    os.chmod(d, 0o755)  # other users may look in (the socket and DB modes are what is tested)
-    yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
 @pytest.fixture()

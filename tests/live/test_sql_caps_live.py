@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ pytestmark = [pytest.mark.live, pytest.mark.exact]  # counts and lines; times no
 REPO = Path(__file__).resolve().parents[2]
 INGERO = [sys.executable, "-m", "ingero"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="ingq-", dir="/tmp"))
-    yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
 def _cpu_s(pid: int) -> float:

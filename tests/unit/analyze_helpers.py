@@ -368,6 +368,12 @@ def healthy(seconds: float = 30, **step: Any) -> Trace:
     return tr
 
 
+def named_loop(seconds: float, script: str = "train.py") -> Trace:
+    """A trace of one named Python process (MAIN_PID running ``script``) and the host's samples over
+    ``seconds``: the start of most rule tests, which then add the loop's shape."""
+    return Trace().name(MAIN_PID, f"python3 ({script})", "python3", f"python3 {script}").system(0, seconds)
+
+
 def chains_of(report: Report, rule_id: str) -> list:
     return [c for c in report.chains if c.rule_id == rule_id]
 

@@ -8,7 +8,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,16 +23,6 @@ from ingero.errors import IngeroError
 from ingero.store.db import DatabaseLocked, Store, open_for_user_sql
 
 T0 = 1_700_000_000_000_000_000
-
-
-@pytest.fixture()
-def short_dir():
-    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
-    d = Path(tempfile.mkdtemp(prefix="ingd-", dir="/tmp"))
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    d.rmdir()
 
 
 @pytest.fixture()

@@ -8,7 +8,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,15 +27,6 @@ WRITER = Path(__file__).resolve().parents[2] / "bench" / "synthetic_writer.py"
 RATE = 20_000          # events/s the synthetic writer produces
 FLUSH_S = 0.2          # its flush interval (the tracer's is <= 1 s)
 BATCH = int(RATE * FLUSH_S)
-
-
-@pytest.fixture()
-def short_dir():
-    d = Path(tempfile.mkdtemp(prefix="ingw-", dir="/tmp"))
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    d.rmdir()
 
 
 class Writer:

@@ -7,7 +7,7 @@ pages), and its faults or sleeps there are no slowdown of a training loop.
 
 from __future__ import annotations
 
-from analyze_helpers import MAIN_PID, MS, S, T0, US, Trace, chains_of, silent
+from analyze_helpers import MAIN_PID, MS, S, T0, US, Trace, chains_of, silent, named_loop
 
 
 def startup(tr: Trace, seconds: float, *, faults: int = 0, fault_us: float = 0, sleep_ms: float = 0) -> Trace:
@@ -24,7 +24,7 @@ def startup(tr: Trace, seconds: float, *, faults: int = 0, fault_us: float = 0, 
 
 
 def base() -> Trace:
-    return Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py").system(0, 30)
+    return named_loop(30)
 
 
 def test_first_touch_faults_before_the_first_launch_are_not_memory_pressure():

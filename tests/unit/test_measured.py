@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, silent
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, silent, named_loop
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.rules import launch_bound
@@ -13,8 +13,7 @@ from ingero.render.terminal import device_lines
 
 
 def base() -> Trace:
-    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    return tr.system(0, 20)
+    return named_loop(20)
 
 
 def kernels(tr: Trace, kernel_ns: int, pid: int = MAIN_PID) -> list[dict]:

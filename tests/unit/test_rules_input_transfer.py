@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, S, Trace, chains_of, silent
+from analyze_helpers import MAIN_PID, S, Trace, chains_of, silent, named_loop
 from ingero.analyze.rules import input_bound, transfer_bound
 
 
 def base() -> Trace:
-    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    return tr.system(0, 30)
+    return named_loop(30)
 
 
 def with_workers(tr: Trace, n: int, oncpu: float, **kw) -> Trace:

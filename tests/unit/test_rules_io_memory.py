@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, Trace, chains_of, silent
+from analyze_helpers import MAIN_PID, Trace, chains_of, silent, named_loop
 from ingero.analyze.rules import io_stall, memory_pressure
 
 DD = 8000
 
 
 def base() -> Trace:
-    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    return tr.name(DD, "dd", "dd", "dd if=/dev/zero of=/data/ckpt bs=1M").system(0, 30)
+    return named_loop(30).name(DD, "dd", "dd", "dd if=/dev/zero of=/data/ckpt bs=1M")
 
 
 def test_io_stall_fires_names_writer():

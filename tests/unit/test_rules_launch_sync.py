@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, sample_store, silent
+from analyze_helpers import MAIN_PID, MAIN_TID, SESSION, T0, US, S, Trace, chains_of, sample_store, silent, named_loop
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.rules import launch_bound, sync_heavy
 
 
 def base() -> Trace:
-    tr = Trace().name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py")
-    return tr.system(0, 20)
+    return named_loop(20)
 
 
 def test_launch_bound_fires():

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, Trace, chains_of, silent
+from analyze_helpers import Trace, chains_of, silent, named_loop
 from ingero.analyze.rules import cpu_contention, launch_bound
 
 
 def base() -> Trace:
-    tr = Trace().name(MAIN_PID, "python3 (loop.py)", "python3", "python3 loop.py")
-    return tr.system(0, 20)
+    return named_loop(20, "loop.py")
 
 
 # A GPU-bound step: 8 launches, 8 ms of kernels, 1 ms of Python; the sync waits ~6.7 ms.
