@@ -60,13 +60,17 @@ def test_a_server_is_named_a_server_with_its_request_rate(runs, mode) -> None:
     truth, report = runs[mode]
     [served] = report["workloads"]
     assert served["kind"] == "inference server"
-    if mode in ("tokenize", "batched"):  # back to back: the next request is there before recv is called
-        assert "accepted connections" in served["evidence"] and served["requests_per_s"] is None, served
-    else:
-        assert "on a socket between requests" in served["evidence"], served
+    # back to back, the next request is usually there before recv is called and the server is told
+    # by its loop thread blocking in accept; on a loaded box the client lags and recv blocks instead:
+    # either way the rate, where it is given, is the requests'
+    on_socket = "on a socket between requests" in served["evidence"]
+    assert on_socket or (mode != "low" and "accepted connections" in served["evidence"]), served
+    if on_socket:
         rate = truth["requests"] / SECONDS
         # each request's blocking recv is one wait: the rate is the requests', over the active windows
         assert 0.6 * rate <= served["requests_per_s"] <= 1.6 * rate, (served, truth)
+    else:
+        assert served["requests_per_s"] is None, served
     assert report["steps"]["unit"] == "request"
     assert not any("DataLoader" in line for line in _fixes(report)), _fixes(report)
 
