@@ -9,7 +9,6 @@ running (then it describes the last session: closed or crashed).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import duckdb

@@ -28,7 +28,6 @@ wire format with protowire.py, ~3x the CPU time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np

@@ -55,7 +55,7 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
             wall = np.full(secs, float(NS))
             launches = np.full(secs, 8.0 * 1000 / spec.step_ms)
             win = {"session_id": np.full(secs, 1, np.int32), "pid": np.full(secs, pid, np.int32),
-                   "process": [f"python3 (train.py)"] * secs, "start_ns": t0 + w * NS,
+                   "process": ["python3 (train.py)"] * secs, "start_ns": t0 + w * NS,
                    "window_ns": np.full(secs, NS), "wall_ns": wall, "ops_n": launches * 1.5,
                    "launch_n": launches, "sync_n": launches / 8, "cpu_wait_ns": wall * spec.cpu_wait_share}
             tables["windows"] = schema.conform(pa.table(win), schema.WINDOWS)

@@ -11,7 +11,6 @@ import ctypes
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

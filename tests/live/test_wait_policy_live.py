@@ -12,7 +12,6 @@ must be cpu-contention, with no launch-bound claim (launch-bound ranked first).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
