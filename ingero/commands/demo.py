@@ -26,7 +26,7 @@ def _list_text() -> str:
 @click.option("--keep-db", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Keep the slow run's trace in this DuckDB file (for ingero query/explain).")
 @click.option("--report", "report", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the slow run's one-file HTML report (ingero report) here.")
+              help="Also write the one-file HTML report (ingero report) of the slow run, with before/after, here.")
 @click.option("--no-fix", is_flag=True, help="Only the slow run and its explanation.")
 @click.option("--synthetic", is_flag=True, help="Synthetic replay even where live tracing works.")
 @json_option
@@ -72,8 +72,9 @@ def command(scenario: str | None, list_only: bool, duration_s: float | None, kee
 
         check_report_target(report)  # an unwritable --report fails before the runs, not after
 
-        def _write_report(db: Path, from_ns: int | None) -> str:
-            return html_report(db, report, Options(from_ns=from_ns), force=True)
+        def _write_report(db: Path, from_ns: int | None, after_db: Path | None, after_from_ns: int | None) -> str:
+            after = (after_db, Options(from_ns=after_from_ns)) if after_db is not None else None
+            return html_report(db, report, Options(from_ns=from_ns), force=True, after=after)
 
         write_report = _write_report
     if as_json:

@@ -380,9 +380,10 @@ def _check_replaceable_db(path: Path) -> None:
 
 def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
         fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None,
-        report: Callable[[Path, int | None], str] | None = None) -> DemoResult:
+        report: Callable[[Path, int | None, Path | None, int | None], str] | None = None) -> DemoResult:
     """Run scenario ``name``; see the module docstring.  ``report``: called with the slow run's DB
-    and the start of its steady state (what explain reads) before the DB goes; returns a line."""
+    and the start of its steady state (what explain reads), then the fixed run's (None, None
+    without one), before the DBs go; returns a line."""
     s = scn.get(name)
     if duration_s <= 0:
         raise IngeroError("--duration must be positive")
@@ -411,10 +412,6 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
             mode = "synthetic"
         say("explaining the slow run")
         before.report, before.report_dict = explain_db(before_db, before.steady_from_ns)
-        report_line = None
-        if report is not None:
-            say("writing the HTML report")
-            report_line = report(before_db, before.steady_from_ns)
         after = None
         if fix and s.expected_rule is not None:
             say(f"applying the fix: {s.fix}")
@@ -424,6 +421,11 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
                 after = _synthetic_run(s, "after", True, per_run, after_db)
             after.report, after.report_dict = explain_db(after_db, after.steady_from_ns)
             after.db_path = None  # temporary
+        report_line = None
+        if report is not None:  # after both runs: the page shows before/after
+            say("writing the HTML report")
+            report_line = report(before_db, before.steady_from_ns, after_db if after is not None else None,
+                                 after.steady_from_ns if after is not None else None)
         return DemoResult(s, mode, reason, before, after, report_line=report_line)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

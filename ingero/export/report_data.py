@@ -1,7 +1,10 @@
 """What the HTML report charts: per traced process and window, aggregated in DuckDB.
 
 Never raw events: a few numbers per window and process, so a 10 M-event
-session still makes a small page.
+session still makes a small page.  The windows are explain's (whole seconds,
+``resolve(align=True)``), so a window here is the window a chain's evidence
+names; the per-step breakdown reads the window tables explain left on the
+connection (``collect`` runs after ``explain`` on the same one).
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from ingero.analyze import steps as step_parts
 from ingero.analyze.context import resolve
+from ingero.analyze.model import StepStats
 from ingero.export.selection import WHERE, Selection, run
+from ingero.store.sessions import latest_session
 
 # Per window and traced process (a process with CUDA calls): call rate and latency
 # percentiles by family, in ms.
@@ -83,17 +89,124 @@ class Series:
     metrics: dict[str, list[float | None]] = field(default_factory=dict)
 
 
+# The loop thread's drains (syncs, synchronous copies) per window: the rhythm's steps end at
+# every p-th of them, so a window's share of the range's drains is its share of the steps.
+_DRAINS_SQL = f"""
+SELECT (timestamp - $t0) // $wns AS w, count(*) AS n FROM events
+WHERE {WHERE} AND pid = $pid AND tid = $tid AND (op ILIKE '%sync%' OR (op ILIKE '%memcpy%' AND op NOT ILIKE '%async%'))
+GROUP BY ALL
+"""
+
+# Marked steps (NVTX ranges of the marker's family, a profiler trace's ProfilerStep#N) by the
+# window they start in.
+_MARKS_SQL = """
+SELECT (start_ns - $t0) // $wns AS w, count(*) AS n FROM spans
+WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 AND pid = $pid
+  AND trim(regexp_replace(name, '[0-9]+', '#', 'g')) = $family
+GROUP BY ALL
+"""
+
+_LOOP_SQL = f"""
+SELECT arg_max(tid, n) FROM (SELECT tid, count(*) AS n FROM events WHERE {WHERE} AND pid = $pid AND op LIKE 'cu%'
+                             GROUP BY tid)
+"""
+
+
+@dataclass
+class StepWindows:
+    """The loop's step (or request) per window: ms per step by part (step_parts.PARTS), from the
+    loop thread's time in the window over the steps it held; None where it held none."""
+
+    pid: int
+    tid: int
+    unit: str  # 'step' | 'request'
+    parts_ms: dict[str, list[float | None]]
+    steps: list[float | None]  # steps (or requests) per window
+
+
+@dataclass
+class Session:
+    """What the page's header says about the run."""
+
+    session_id: int
+    command: str
+    hostname: str
+    targets: str
+    started_ns: int
+    ended_ns: int | None
+    ingero_version: str
+    kernel: str
+
+
 @dataclass
 class Charts:
     start_ns: int
     window_ns: int
     n_windows: int
     processes: list[Series]
+    session: Session | None = None
+    steps: StepWindows | None = None
+    params: dict = field(default_factory=dict)  # the queries' (sid, t0, t1, pids, wns): the timeline's too
 
 
-def collect(con: duckdb.DuckDBPyConnection, sel: Selection) -> Charts:
-    ctx = resolve(con, sel.opts)
-    params = {**sel.params(), "wns": ctx.window_ns}
+def session_of(con: duckdb.DuckDBPyConnection, sid: int) -> Session | None:
+    row = latest_session(con, "session_id = $sid", {"sid": sid})
+    if row is None:
+        return None
+    return Session(sid, row.get("command") or "", row.get("hostname") or "", row.get("targets") or "",
+                   int(row["started_ns"]), row.get("ended_ns"), row.get("ingero_version") or "",
+                   row.get("kernel") or "")
+
+
+def step_windows(con: duckdb.DuckDBPyConnection, params: dict, n: int, steps: StepStats | None) -> StepWindows | None:
+    """Per window, the mean step of the loop by part (None without steps or window tables)."""
+    if steps is None or steps.pid is None or steps.count <= 0:
+        return None
+    pid = steps.pid
+    p = {**params, "pid": pid}
+    tid_row = run(con, _LOOP_SQL, p).fetchone()
+    if tid_row is None or tid_row[0] is None:
+        return None
+    tid = int(tid_row[0])
+    if steps.source in ("nvtx", "marked"):
+        # (ProfilerStep#N with its number as '#', as steps.py names a family)
+        family = steps.marker if steps.source == "nvtx" and steps.marker else "ProfilerStep##"
+        per_w = dict(run(con, _MARKS_SQL, {**p, "family": family}).fetchall()) if _has(con, "spans") else {}
+        counts = {int(w): float(c) for w, c in per_w.items()}
+    else:
+        drains = {int(w): float(c) for w, c in run(con, _DRAINS_SQL, {**p, "tid": tid}).fetchall()}
+        total = sum(drains.values())
+        counts = {w: c * steps.count / total for w, c in drains.items()} if total else {}
+    if not _has(con, "ing_win"):
+        return None
+    from ingero.analyze.context import Context
+
+    ctx = Context(con, params["sid"], params["t0"], params["t1"], params["wns"])
+    parts = step_parts.window_parts(ctx, pid, tid, list(range(n)))
+    out = {part: [None] * n for part in step_parts.PARTS}
+    held: list[float | None] = [None] * n
+    for w, wp in parts.items():
+        k = counts.get(w, 0.0)
+        # a window holding under half a step is an edge (the loop starting or ending): no mean step
+        if not 0 <= w < n or k < 0.5 or wp.wall_ns <= 0:
+            continue
+        held[w] = k
+        for part in step_parts.PARTS:
+            out[part][w] = getattr(wp, f"{part}_ns") / k / 1e6
+    if not any(v is not None for v in held):
+        return None
+    return StepWindows(pid, tid, steps.unit, out, held)
+
+
+def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = $t", {"t": table}).fetchone()[0]
+                or con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = $t", {"t": table}).fetchone()[0])
+
+
+def collect(con: duckdb.DuckDBPyConnection, sel: Selection, steps: StepStats | None = None) -> Charts:
+    """The charts' numbers; ``steps``: explain's steps of the same range (the breakdown over time)."""
+    ctx = resolve(con, sel.opts, align=True)
+    params = {**sel.params(), "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns}
     n = ctx.n_windows
     names = dict(run(con, _NAMES_SQL, params).fetchall())
     per_pid: dict[int, Series] = {}
@@ -110,4 +223,6 @@ def collect(con: duckdb.DuckDBPyConnection, sel: Selection) -> Charts:
                 target.setdefault(col, [None] * n)[int(w)] = None if v is None else float(v)
     for s in per_pid.values():
         s.metrics.update(gpu)
-    return Charts(ctx.start_ns, ctx.window_ns, n, [per_pid[p] for p in sorted(per_pid)])
+    return Charts(ctx.start_ns, ctx.window_ns, n, [per_pid[p] for p in sorted(per_pid)],
+                  session=session_of(con, ctx.session_id), steps=step_windows(con, params, n, steps),
+                  params=params)

@@ -58,21 +58,33 @@ def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False
         store.close()
 
 
-def report(db: Path, path: Path, opts: Options, *, force: bool = False) -> str:
-    """Write the one-file HTML report; return the line to print about it."""
+def report(db: Path, path: Path, opts: Options, *, force: bool = False,
+           after: tuple[Path, Options] | None = None) -> str:
+    """Write the one-file HTML report; return the line to print about it.  ``after``: the fixed
+    run's store and range (the demo's second run): the page adds before/after."""
     from ingero.analyze.explain import explain
-    from ingero.export import report_data, report_html
+    from ingero.export import report_data, report_html, report_timeline
 
     kind = _kind("html")
     output.check_target(path, force, kind)
+    after_rep = None
+    if after is not None:
+        store = Store.open(after[0], read_only=True)
+        try:
+            after_rep = explain(store.con, after[1])
+        finally:
+            store.close()
     store = Store.open(db, read_only=True)
     try:
         sel = select(store.con, opts)
         rep = explain(store.con, opts)
-        charts = report_data.collect(store.con, sel)
+        # (after explain, on its connection: the step breakdown reads the window tables it built)
+        charts = report_data.collect(store.con, sel, rep.steps)
+        timeline = report_timeline.collect(store.con, rep, charts.params)
         with output.atomic_file(path, force, kind) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            n = report_html.write(rep, charts, f)
+            n = report_html.write(rep, charts, f, timeline=timeline, after=after_rep)
             size = f.tell()
     finally:
         store.close()
-    return f"wrote {path}: {len(rep.chains)} chains, {n} processes charted, {size / 1e6:.1f} MB"
+    ba = ", before/after" if after_rep is not None else ""
+    return f"wrote {path}: {len(rep.chains)} chains, {n} charts{ba}, {size / 1e6:.1f} MB"
