@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -47,3 +48,17 @@ def test_design_contract_columns_exist() -> None:
     assert con.execute("SELECT typeof('sched_switch'::OP_NAME::VARCHAR)").fetchall() == [("VARCHAR",)]
     for table in ("process_names", "sessions", "stacks", "system_metrics", "gpu_metrics"):
         con.execute(f"SELECT * FROM {table} LIMIT 0")
+
+
+def test_the_readme_is_read_in_a_minute_and_its_links_resolve() -> None:
+    """A newcomer's page: at most ~150 lines, the install, the quick start and the requirements in it,
+    everything else in docs/ behind links that exist."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    headings = re.findall(r"^## (.+)$", readme, re.M)
+    assert {"Install", "Quick start", "Requirements"} <= set(headings), headings
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    assert links and all((ROOT / link).exists() for link in links), [ln for ln in links if not (ROOT / ln).exists()]
+    for doc in (ROOT / "docs").glob("*.md"):  # the docs' own relative links
+        for link in re.findall(r"\]\(([^)#:]+)\)", doc.read_text()):
+            assert (doc.parent / link).exists(), (doc.name, link)

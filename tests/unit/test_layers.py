@@ -1,4 +1,4 @@
-"""The layers of the README's Design section, checked against the imports of every ingero module.
+"""The layers of docs/architecture.md, checked against the imports of every ingero module.
 
 Every ``import`` / ``from ... import`` of an ingero module (at the top or
 inside a function: a lazy import is still a dependency) is read with ``ast``.
@@ -159,7 +159,7 @@ def cycles() -> list[frozenset[str]]:
 
 def test_every_module_is_in_a_known_layer():
     unknown = sorted(n for n in MODULES if n not in BASE and layer(n) not in MAY_IMPORT)
-    assert unknown == [], "place new top-level modules in MAY_IMPORT (and the README's Design section)"
+    assert unknown == [], "place new top-level modules in MAY_IMPORT (and docs/architecture.md)"
 
 
 def test_the_import_reader_sees_real_edges():
