@@ -135,11 +135,21 @@ def parse_count(value: Any, what: str = "count", *, minimum: int = 1, cap: int |
     return n
 
 
+# Epoch seconds as text, up to nanoseconds: read exactly (what `ingero demo --keep-db` prints).
+_EPOCH = re.compile(r"\+?(\d{1,12})(?:\.(\d{1,9}))?")
+
+
 def parse_time(value: Any, what: str = "time") -> int:
     """'2026-11-22T21:05:00' (local unless it has an offset/Z), epoch seconds (text or number) -> epoch ns."""
     v = _number(value, what)
     if v is None:
         s = value.strip()
+        exact = _EPOCH.fullmatch(s)
+        if exact:  # to the nanosecond (a float would round 1796184393.116334058 by ~100 ns)
+            ns = int(exact.group(1)) * NS + int((exact.group(2) or "").ljust(9, "0"))
+            if ns > TIME_CAP_NS:
+                raise BadValue(f"bad {what}: {value!r} is outside 1970 .. 9999")
+            return ns
         try:
             v = float(s)
         except ValueError:

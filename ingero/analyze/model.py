@@ -60,11 +60,11 @@ class Chain:
     impact: float = 0.0
     # Share of the affected loop's whole analysed wall clock (every window it
     # was active in) that the cause explains, 0-1: the ranking key, printed
-    # as "explains N% of wall clock".  Set by explain from impact.
+    # as "N% of the loop's time in the range".  Set by explain from impact.
     share: float = 0.0
     numbers: dict[str, float] = field(default_factory=dict)  # key numbers, machine readable
     # What the chain measures when it is no share of wall clock (a notice: "306,000 of 306,000
-    # CUDA calls failed"), printed instead of "explains N% of wall clock"; "" for timing chains.
+    # CUDA calls failed"), printed instead of "N% of the loop's time in the range"; "" for timing chains.
     headline: str = ""
 
     def sort_key(self) -> tuple[float, int]:

@@ -12,8 +12,8 @@ explain stays linear in the number of events.
                other_pid (who preempted, 0 for sleeps): count, off-CPU ns, runq ns
   ing_preempt  pid, tid, w, other_pid: preemptions while runnable and their time
   ing_late     pid, tid, w: preempted time inside device waits (syncs), the part of it that
-               ended right before the wait returned (the only part that can delay it), and
-               the estimated delay
+               ended right before the wait returned (the only part that can delay it), the
+               estimated delay, and how many waits it delayed
   ing_faults   pid, tid, w, inside (as ing_sched): page faults of traced processes (count, time when known)
   ing_bio      w, pid (issuer), kind: block requests, bytes, latency
   ing_sys      w: host metrics;  ing_gpu  w: NVML metrics
@@ -191,7 +191,8 @@ SELECT p.pid, p.tid, (p.a - $t0) // $wns AS w,
        sum(p.duration_ns)::DOUBLE AS wait_preempt_ns,
        coalesce(sum(p.duration_ns) FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_hi_ns,
        coalesce(sum(p.b - greatest(p.a, least(p.b, s.s0 + q.undisturbed_ns)))
-                FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_ns
+                FILTER (s.s1 - p.b <= $late_eps_ns), 0)::DOUBLE AS late_ns,
+       count(*) FILTER (s.s1 - p.b <= $late_eps_ns)::DOUBLE AS late_n
 FROM p ASOF JOIN s ON p.tid = s.tid AND p.a >= s.s0 JOIN q ON q.tid = p.tid
 GROUP BY ALL
 """
@@ -369,7 +370,7 @@ WITH c AS (
     GROUP BY ALL
 ), lt AS (
     SELECT lt.pid, lt.w, sum(wait_preempt_ns) AS wait_preempt_ns, sum(late_hi_ns) AS late_hi_ns,
-           sum(late_ns) AS late_ns
+           sum(late_ns) AS late_ns, sum(late_n) AS late_n
     FROM ing_late lt JOIN ing_loop l ON lt.pid = l.pid AND lt.tid = l.tid
     GROUP BY ALL
 )
@@ -389,7 +390,7 @@ SELECT c.pid, c.w, (least($t0 + (c.w + 1) * $wns, $c1) - greatest($t0 + c.w * $w
     least(greatest(0, coalesce(s.preempt_ns, 0) - coalesce(lt.wait_preempt_ns, 0))
           + coalesce(lt.late_ns, 0) + coalesce(s.wake_runq_ns, 0), $wns) AS cpu_wait_ns,
     coalesce(lt.wait_preempt_ns, 0) AS wait_preempt_ns, coalesce(lt.late_hi_ns, 0) AS late_hi_ns,
-    coalesce(lt.late_ns, 0) AS late_ns,
+    coalesce(lt.late_ns, 0) AS late_ns, coalesce(lt.late_n, 0) AS late_n,
     coalesce(s.sleep_ns, 0) AS sleep_ns, coalesce(s.sleep_out_ns, 0) AS sleep_out_ns,
     coalesce(s.sleep_out_idle_ns, 0) AS sleep_out_idle_ns, coalesce(s.sleep_out_queued_ns, 0) AS sleep_out_queued_ns,
     coalesce(s.sleep_sync_ns, 0) AS sleep_sync_ns,
@@ -574,13 +575,14 @@ WITH p AS (
     GROUP BY ALL
 ), x AS (
     SELECT pid, tid, {_SW} AS w, sum(preempted_ns)::DOUBLE AS late_hi_ns,
-           sum(least(preempted_ns, greatest(0, since_call_ns - q.value)))::DOUBLE AS late_ns
+           sum(least(preempted_ns, greatest(0, since_call_ns - q.value)))::DOUBLE AS late_ns,
+           count(*)::DOUBLE AS late_n
     FROM {{l}} JOIN {SYNC_Q25} q USING (tid)
     WHERE {_SFILTER} AND {_PID_FILTER}
     GROUP BY ALL
 )
 SELECT p.pid, p.tid, p.w, p.wait_preempt_ns, coalesce(x.late_hi_ns, 0)::DOUBLE AS late_hi_ns,
-       coalesce(x.late_ns, 0)::DOUBLE AS late_ns
+       coalesce(x.late_ns, 0)::DOUBLE AS late_ns, coalesce(x.late_n, 0)::DOUBLE AS late_n
 FROM p JOIN {SYNC_Q25} q USING (tid) LEFT JOIN x USING (pid, tid, w)
 """
 

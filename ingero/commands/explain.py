@@ -25,18 +25,21 @@ from ingero.daemon import protocol
 @click.option("--window", "window_s", type=WINDOW, default=None,
               help="Window length, at least 1s (default: span/30, between 1 s and 60 s).")
 @click.option("--stack", is_flag=True, help="Add the top callers and most-preempted source lines.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Every line of each chain (what contributed, every root, effect and fix line), every step part.")
 @click.option("--timeout", "timeout_s", type=TIMEOUT, default=protocol.DEFAULT_TIMEOUT_S, show_default=True,
               help=f"Stop after this long (at most {protocol.MAX_TIMEOUT_S:.0f}s); Ctrl-C stops it too.")
 @json_option
 @db_option
 def command(since: float | None, from_ns: int | None, to_ns: int | None, session: int | None,
-            pids: tuple[int, ...], window_s: float | None, stack: bool, timeout_s: float, as_json: bool,
-            db_path: Path | None) -> None:
+            pids: tuple[int, ...], window_s: float | None, stack: bool, verbose: bool, timeout_s: float,
+            as_json: bool, db_path: Path | None) -> None:
     """Explain why the traced GPU job was slow: causal chains with fixes.
 
     \b
       ingero explain                       the latest session
       ingero explain --since 2m            its last two minutes
+      ingero explain -v                    every line of each chain
       ingero explain --pid 4242 --json     one process, machine-readable
       ingero explain --session 3 --stack   with source lines (needs trace --stack)
     """
@@ -57,10 +60,9 @@ def command(since: float | None, from_ns: int | None, to_ns: int | None, session
         json.dump(reply["json"], sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        from ingero.render import safe
+        from ingero.render import reply as shown
 
-        # the text a tracer sent (or an older tracer, unsanitised): its own line breaks kept
-        sys.stdout.write(safe.lines(reply["text"]))
+        shown.write(reply, sys.stdout, verbose)
 
 
 def _explain_file(con: Any, opts: Any) -> dict[str, Any]:

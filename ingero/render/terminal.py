@@ -1,20 +1,19 @@
-"""explain's terminal view: a pure function of a Report, written to a stream."""
+"""explain's terminal view: a pure function of a Report, written to a stream.
+
+Per chain, the short form (explain's default) prints the headline with its share, the first
+line of its root and of its effect, its first fixes and its evidence line; ``-v`` prints every
+line.  Layout (width, colour) is render/layout.py's; every line is sanitised there."""
 
 from __future__ import annotations
 
+import re
 from typing import IO, Any
 
 from ingero.analyze import units
 from ingero.analyze.model import Chain, Report
-from ingero.render import counts, safe
+from ingero.render import counts, layout
 
 INDENT = "  "
-
-
-def _put(out: IO[str], line: str = "") -> None:
-    """One line of the view: names from the trace in it (processes, NVTX ranges, source lines) are
-    untrusted, so the whole line goes through the sanitiser, its own line breaks included."""
-    out.write(safe.text(line) + "\n")
 
 
 def span_text(seconds: float) -> str:
@@ -57,8 +56,13 @@ STEP_PARTS = (("data_wait", "data wait"), ("host", "host work"), ("launch", "lau
 REQUEST_PARTS = {"data_wait": "waiting for a request", "host": "request path (host)"}
 
 
-def device_lines(report: Report) -> list[str]:
-    """What the device did and how the loop stepped, when known."""
+# The short form lists the parts of a step that take at least this share of it (-v: every part).
+SHORT_MIN_PART = 0.01
+
+
+def device_lines(report: Report, verbose: bool = True) -> list[str]:
+    """What the device did and how the loop stepped, when known.  Untrusted text in them (an NVTX
+    range's name) is sanitised where the lines are written."""
     lines = []
     d = report.device
     if d is not None:
@@ -82,7 +86,8 @@ def device_lines(report: Report) -> list[str]:
         line = (f"{'Requests' if served else 'Steps'}{whose}: {st.count:,} (from {how}), p50 {st.median_ms:.2f} ms, "
                 f"p99 {st.p99_ms:.2f} ms")
         names = dict(STEP_PARTS, **(REQUEST_PARTS if served else {}))
-        parts = [f"{names[key]} {units.pct(st.breakdown[key])}" for key, _ in STEP_PARTS if key in st.breakdown]
+        parts = [f"{names[key]} {units.pct(st.breakdown[key])}" for key, _ in STEP_PARTS
+                 if key in st.breakdown and (verbose or st.breakdown[key] >= SHORT_MIN_PART)]
         lines.append(line)
         if parts:
             lines.append(INDENT + f"a {st.unit}: " + " | ".join(parts))
@@ -107,43 +112,97 @@ def analysed_line(report: Report) -> str:
     return text
 
 
-def _block(out: IO[str], label: str, lines: list[str]) -> None:
-    if not lines:
-        return
-    head = f"{INDENT}{label}: "
-    _put(out, head + lines[0])
-    pad = " " * len(head)
-    for line in lines[1:]:
-        _put(out, pad + line)
+# Block labels, in the order a chain prints them.
+ROOT, EFFECT, CONTRIBUTING, FIX, EVIDENCE = "Root", "Effect", "Contributing", "Fix", "Evidence"
+# The short form (explain without -v) shows this many lines of each block (a chain's lines come
+# most telling first: the cause with its count, the effect with its numbers, the fix for the
+# loop itself); Contributing shows none.
+SHORT = {ROOT: 1, EFFECT: 1, CONTRIBUTING: 0, FIX: 3}
+MORE = "ingero explain -v"  # what shows the rest, named by the short form
 
 
-def write_chain(chain: Chain, out: IO[str]) -> None:
-    measure = chain.headline or f"explains {units.pct(chain.share)} of wall clock"
-    _put(out, f"[{chain.severity}] {chain.title}   ({measure})")
-    _block(out, "Root", chain.root)
-    _block(out, "Effect", chain.effect)
-    _block(out, "Contributing", chain.contributing)
-    _block(out, "Fix", chain.fix)
+class _Writer:
+    """Lines to a stream, each sanitised, wrapped and coloured as the view says."""
+
+    def __init__(self, out: IO[str], view: layout.View):
+        self.out, self.view = out, view
+
+    def put(self, text: str = "", first: str = "", rest: str | None = None, *, command: bool = False,
+            severity: str | None = None, keep: tuple[str, ...] = ()) -> None:
+        for line in layout.lines(text, self.view, first, rest, command=command, keep=keep):
+            self.out.write((layout.coloured(line, severity, self.view) if severity else line) + "\n")
+
+    def block(self, label: str, items: list[str], column: int, *, command: bool = False) -> None:
+        """``label:`` and its items, one under the other from ``column``; an item's continuation
+        lines two deeper."""
+        for i, item in enumerate(items):
+            first = (INDENT + f"{label}:" if i == 0 else "").ljust(column)
+            self.put(item, first, " " * (column + len(layout.CONTINUATION)), command=command)
+
+
+def chain_measure(chain: Chain) -> str:
+    """What the headline measures: the share of the loop's time the cause took over the analysed
+    range (what chains are ranked by; a root's "N% of the loop's time in K of M windows" is the
+    share inside its evidence windows), or a notice's own count."""
+    return chain.headline or f"{units.pct(chain.share)} of the loop's time in the range"
+
+
+def evidence_text(chain: Chain) -> str:
     ev = f"{len(chain.evidence_windows)} of {chain.windows_total} windows"
     if chain.correlation is not None:
         ev += f", cause/effect correlation {chain.correlation:+.2f} across {chain.windows_total} windows"
         if chain.correlation_note:
             ev += f" ({chain.correlation_note})"
-    _put(out, f"{INDENT}Evidence: {ev}  [{chain.rule_id}]")
+    return f"{ev}  [{chain.rule_id}]"
 
 
-def write_chains(report: Report, out: IO[str], heading: str, none: str) -> None:
-    """The report's chains under ``heading`` (``none`` when it has none), then its notes."""
+def _write_chain(chain: Chain, w: _Writer) -> int:
+    """One chain; returns how many of its lines the short form left out."""
+    blocks = [(ROOT, chain.root), (EFFECT, chain.effect), (CONTRIBUTING, chain.contributing), (FIX, chain.fix)]
+    hidden = 0
+    if not w.view.verbose:
+        hidden = sum(max(0, len(items) - SHORT[label]) for label, items in blocks)
+        blocks = [(label, items[:SHORT[label]]) for label, items in blocks]
+    shown = [(label, items) for label, items in blocks if items] + [(EVIDENCE, [evidence_text(chain)])]
+    column = len(INDENT) + max(len(label) for label, _ in shown) + 2
+    measure = chain_measure(chain)
+    w.put(f"[{chain.severity}] {chain.title} — {measure}", rest=INDENT * 2, severity=chain.severity,
+          keep=(measure,))
+    for label, items in shown:
+        w.block(label, items, column, command=label == FIX)
+    return hidden
+
+
+def write_chain(chain: Chain, out: IO[str], view: layout.View | None = None) -> int:
+    return _write_chain(chain, _Writer(out, view or layout.View()))
+
+
+def write_chains(report: Report, out: IO[str], heading: str, none: str, view: layout.View | None = None,
+                 more: str | None = None) -> None:
+    """The report's chains under ``heading`` (``none`` when it has none), then its notes.  The short
+    form ends with a line naming ``more``, the command that shows what it left out."""
+    w = _Writer(out, _named(report, view or layout.View()))
+    hidden = 0
     if report.chains:
-        _put(out, heading)
+        w.put(heading)
         for chain in report.chains:
-            _put(out)
-            write_chain(chain, out)
-        _put(out)
+            w.put()
+            hidden += _write_chain(chain, w)
+        w.put()
     else:
-        _put(out, none)
+        w.put(none)
     for note in report.notes:
-        _put(out, f"Note: {note}")
+        w.put(note, "Note: ")
+    if hidden and more:
+        w.put(f"{hidden} more line{'s' if hidden != 1 else ''} (what contributed, the rest of each root, effect "
+              f"and fix): {more}", keep=(more,))
+
+
+def _named(report: Report, view: layout.View) -> layout.View:
+    """The view, knowing the report's process names (kept whole when wrapped)."""
+    names = [c.name for ch in report.chains for c in ch.culprits]
+    names += [re.sub(r" \(PID \d+\)$", "", p) for p in report.analysed.processes]
+    return view.with_names(names)
 
 
 def _site(item: dict[str, Any]) -> str:
@@ -187,19 +246,25 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write(report: Report, out: IO[str]) -> None:
-    _put(out, system_line(report))
-    for line in device_lines(report):
-        _put(out, line)
+def write(report: Report, out: IO[str], view: layout.View | None = None, more: str | None = MORE) -> None:
+    """explain's view of ``report``.  ``view``: how (default: every line, unwrapped, uncoloured: the
+    text a tracer's socket, MCP and the HTML report carry); ``more``: the command the short form
+    names for the rest (None: name none)."""
+    view = _named(report, view or layout.View())
+    w = _Writer(out, view)
+    w.put(system_line(report), keep=tuple(system_line(report).split(" | ")))
+    for line in device_lines(report, verbose=view.verbose):
+        # the parts of a step ('other CUDA 0.0%') stay whole
+        w.put(line, keep=tuple(line.split(" | ")) if " | " in line else ())
     span = (report.analysed.end_ns - report.analysed.start_ns) / 1e9
     write_chains(report, out, f"Causal Chains (last {span_text(span)}):",
-                 "No causal chains: nothing on the host explains a slowdown in this range.")
+                 "No causal chains: nothing on the host explains a slowdown in this range.", view, more)
     if report.stack is not None:
         for line in _stack_lines(report.stack):
-            _put(out, line)
-    _put(out, analysed_line(report))
+            w.put(line)
+    w.put(analysed_line(report))
     if not report.chains and report.analysed.processes:
-        _put(out, "Processes: " + ", ".join(report.analysed.processes[:8]))
+        w.put("Processes: " + ", ".join(report.analysed.processes[:8]))
 
 
 __all__ = ["write", "span_text", "units"]

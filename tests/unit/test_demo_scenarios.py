@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -271,6 +272,6 @@ def test_cli_synthetic_renders_diagnosis_and_before_after():
     assert "[HIGH] " in out
     assert "Diagnosis: named the cause" in out
     assert "Fix applied: pinned memory" in out
-    steps = next(line for line in out.splitlines() if line.strip().startswith("steps/s"))
-    assert steps.rstrip().endswith("better")
+    steps = next(line for line in out.splitlines() if line.strip().startswith("throughput"))
+    assert re.fullmatch(r"  throughput +\d+\.\d\d steps/s +\d+\.\d\d steps/s  \d\.\d\d× faster \(\+\d+%\)", steps), steps
     assert "After the fix, explain finds no causal chains" in out

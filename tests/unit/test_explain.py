@@ -107,8 +107,9 @@ def test_terminal_view_of_a_chain():
     text = out.getvalue()
     assert text.startswith("System Context: CPU: 91.0% | Memory: 40.0% | Load: 6.1 (2 cores) | Swap: 0 MB")
     assert "Causal Chains (last 30 s):" in text
-    assert "[HIGH] CPU scheduling contention" in text
-    assert "  Root: " in text and "  Fix: taskset -c 1 python3 train.py" in text
+    assert ("[HIGH] CPU scheduling contention → CUDA calls delayed — 29.5% of the loop's time in the range\n"
+            "  Root:         884 involuntary context switches on python3 (train.py) (PID 4242)\n") in text
+    assert "  Fix:          taskset -c 1 python3 train.py   (give the loop its own core)\n" in text
 
 
 def test_cli_text_and_json(db: Path):

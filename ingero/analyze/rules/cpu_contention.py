@@ -164,7 +164,7 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
     root = [
         f"{units.count(preempt_n)} involuntary context switches on {me.label}",
         f"waiting for a CPU {units.ns(wait_ns)} of {units.ns(ev_wall)} "
-        f"({units.pct(wait_share)} of wall clock) in {len(ws)} of {len(rows)} windows",
+        f"({units.pct(wait_share)} of the loop's time in {len(ws)} of {len(rows)} windows)",
     ]
     if outsiders:
         top = list(outsiders)[:3]
@@ -183,8 +183,10 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         effect.extend(_effect_without_baseline(ctx, pid, tid, s))
     contributing = []
     if outsiders:
-        comms = sorted({names[p].comm or names[p].name for p in outsiders if p in names})
-        contributing.append(f"{len(outsiders)} busy processes ({', '.join(comms[:4])}) on {ctx.ncpu} cores")
+        # named as the root names them (a hog that set its comm, e.g. 'cpu-hog', keeps its readable name)
+        kinds = sorted({names[p].name for p in outsiders if p in names})
+        contributing.append(f"{len(outsiders)} busy process{'es' if len(outsiders) != 1 else ''} "
+                            f"({', '.join(kinds[:4])}) on {ctx.ncpu} cores")
     if own:
         kids = [p for p in own if p in names and names[p].child_of(pid)]
         if kids:
@@ -203,10 +205,14 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         # spinning / yielding syncs (CUDA's default) are preempted while the GPU works
         late_hi = sum(r["late_hi_ns"] for r in s.evidence)
         late = sum(r["late_ns"] for r in s.evidence)
+        # (a window table without the count, e.g. a fleet dataset's: the total alone)
+        late_n = sum(r.get("late_n") or 0 for r in s.evidence)
+        came = (f"{units.count(late_n)} sync{'s' if late_n != 1 else ''} returned {units.ns(late)} late in total, "
+                f"{units.ns(late / late_n)} each on average" if late_n else f"the returns came {units.ns(late)} late in total")
         contributing.append(
             f"preempted {units.ns(in_waits)} inside syncs that spin or yield: {units.ns(in_waits - late_hi)} "
             f"while the GPU was still busy (no delay, not counted), {units.ns(late_hi)} right before the sync "
-            f"returned (the GPU finished meanwhile: the return came {units.ns(late)} late)"
+            f"returned (the GPU finished meanwhile: {came})"
         )
     fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
     return baseline.chain(
@@ -270,7 +276,7 @@ def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int
         if outsiders:
             others = " ".join(str(p.pid) for p in outsiders)
             rest = "0" if last == 1 else f"0-{last - 1}"
-            fix.append(f"taskset -acp {rest} {others}   (keep {', '.join(sorted({p.comm or p.name for p in outsiders}))} off it)")
+            fix.append(f"taskset -acp {rest} {others}   (keep {', '.join(sorted({p.name for p in outsiders}))} off it)")
     if outsiders:
         pids = " ".join(str(p.pid) for p in outsiders)
         fix.append("renice -n 19 -p " + pids)

@@ -198,7 +198,7 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
         f"times in {units.count(limit.periods_n)} periods, {units.ns(limit.throttled_ns)} throttled in "
         f"{units.ns(limit.covered_ns)} (cpu.stat)",
         f"{me.label} waited for its quota {units.ns(quota_ns)} of {units.ns(ev_wall)} "
-        f"({units.pct(wait_share)} of wall clock) in {len(ws)} of {len(rows)} windows: switched out while "
+        f"({units.pct(wait_share)} of the loop's time in {len(ws)} of {len(rows)} windows): switched out while "
         f"runnable with the CPU left idle ({units.ns(idle_ns)}) or running processes of no higher claim "
         f"({units.ns(max(0.0, quota_ns - idle_ns))})",
     ]

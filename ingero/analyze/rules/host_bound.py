@@ -211,7 +211,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     step_ms = found.mean_ms if found is not None else None
     root = [
         f"{me.label} was on CPU outside CUDA calls while the GPU had nothing to run {units.ns(host_idle)} "
-        f"of {units.ns(wall)} ({units.pct(impact)} of wall clock) in {len(ev)} of {len(rows)} windows",
+        f"of {units.ns(wall)} ({units.pct(impact)} of the loop's time in {len(ev)} of {len(rows)} windows)",
     ]
     if step_ms:
         per = step_ms * 1e6 / wall  # ns of a mean step per ns of the windows

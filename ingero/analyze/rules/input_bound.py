@@ -134,7 +134,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
 
         root = [
             f"{me.label} waited outside CUDA calls {units.ns(waited)} of {units.ns(wall)} "
-            f"({units.pct(wait)} of wall clock) in {len(ws)} of {len(rows)} windows",
+            f"({units.pct(wait)} of the loop's time in {len(ws)} of {len(rows)} windows)",
         ]
         if n_workers:
             root.append(

@@ -188,7 +188,7 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         fix.append("save checkpoints from a background thread or process (or less often), not inside the step")
     if others:
         fix.append("ionice -c 3 -p " + " ".join(str(p.pid) for p in others)
-                   + f"   (idle-class I/O for {', '.join(sorted({p.comm or p.name for p in others}))})")
+                   + f"   (idle-class I/O for {', '.join(sorted({p.name for p in others}))})")
         fix.append(f"move {others[0].command} to another disk, or run it between epochs")
     if any("read" in (i[4] or "") for i in own):
         fix.append("the job's own readers wait on cold blocks: keep the dataset in page cache or on local NVMe, "

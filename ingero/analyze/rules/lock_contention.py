@@ -77,8 +77,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         top_tid, top_ns, _, _, top_name = holders[0]
         label = f"thread {top_name or '?'} (TID {top_tid})"
         root = [f"{me.label}: its loop thread (TID {tid}) waited for {what} held by {label} "
-                f"{units.ns(lock)} of {units.ns(wall)} ({units.pct(impact)} of wall clock) in {len(ws)} of "
-                f"{len(rows)} windows"]
+                f"{units.ns(lock)} of {units.ns(wall)} ({units.pct(impact)} of the loop's time in {len(ws)} of "
+                f"{len(rows)} windows)"]
         if gil:
             root.append(f"{units.ns(timed_out)} of it in GIL-style waits that ran out while the holder ran "
                         f"(CPython asks the holder to drop the GIL every 5 ms)")

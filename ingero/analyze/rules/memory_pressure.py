@@ -178,7 +178,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
     culprits = []
     held = holders(con, ctx, ctx.window_bounds(ws[-1])[1])
     if held:
-        hp, hcomm, peak, growth = held[0]
+        hp, _, peak, growth = held[0]
         hnames = procs.lookup(con, [hp])
         h = hnames[hp]
         mine = hp == pid or h.child_of(pid)
@@ -188,7 +188,7 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
         culprits.append(Culprit(hp, who, f"RSS {units.size(peak)}{grew}"))
         if not mine:
             fix.append(
-                f"stop PID {hp} ({h.comm or hcomm or h.name}) or cap it: "
+                f"stop PID {hp} ({h.name}) or cap it: "
                 f"systemd-run --scope -p MemoryMax=<limit> {h.command}   (it holds {units.size(peak)})"
             )
         else:

@@ -107,8 +107,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             continue
 
         root = [
-            f"{me.label} spent {units.ns(copy_ns)} of {units.ns(wall)} ({units.pct(share)} of wall clock) "
-            f"inside {units.count(copy_n)} copy calls, on CPU",
+            f"{me.label} spent {units.ns(copy_ns)} of {units.ns(wall)} ({units.pct(share)} of the loop's time "
+            f"in {len(ws)} of {len(rows)} windows) inside {units.count(copy_n)} copy calls, on CPU",
             f"effective bandwidth {units.rate(copy_bytes, copy_ns)} for {units.size(copy_bytes)} "
             f"({units.size(copy_bytes / copy_n if copy_n else 0)} per copy)",
         ]
