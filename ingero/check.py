@@ -190,12 +190,16 @@ def check_nvidia() -> Check:
 
 
 def check_db(db_path: Path) -> Check:
-    parent = db_path.parent
-    probe = parent
+    try:
+        exists = db_path.exists()
+    except PermissionError:  # in a directory this user may not enter
+        return Check("database", False, f"{db_path} (cannot be reached as uid {os.geteuid()}: permission denied)",
+                     "pass --db PATH in a directory you can write, or run as root")
+    probe = db_path.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    writable = os.access(db_path if db_path.exists() else probe, os.W_OK)
-    state = "exists" if db_path.exists() else "will be created"
+    writable = os.access(db_path if exists else probe, os.W_OK)
+    state = "exists" if exists else "will be created"
     return Check("database", writable, f"{db_path} ({state}{'' if writable else ', not writable'})",
                  "pass --db PATH in a writable directory")
 

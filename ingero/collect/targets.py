@@ -123,7 +123,9 @@ class Launcher:
             raise IngeroError("--cmd is empty", 'pass a command line, e.g. --cmd "python3 train.py"')
         exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
         if exe is None or not os.access(exe, os.X_OK):
-            raise IngeroError(f"--cmd: {argv[0]!r} not found or not executable", "check the command (it runs without a shell)")
+            # (the words after `--` or --cmd's: said the same either way)
+            raise IngeroError(f"the command {argv[0]!r} is not found or not executable",
+                              "check the command (it runs without a shell)")
         self.argv = argv
         self._exe = exe
         self._run_as = run_as

@@ -359,3 +359,15 @@ def test_a_check_that_may_not_read_says_what_and_that_root_is_needed(monkeypatch
     assert [(c.name, c.ok, c.detail, c.fix) for c in results[1:2]] == [
         ("denied", False, "could not read /sys/kernel/tracing/events as uid 1000 (permission denied): "
                           "reading it needs root", "run as root: sudo ingero check")]
+
+
+@pytest.mark.parametrize("args", [["--", "nosuchprog", "x"], ["--cmd", "nosuchprog x"], ["60s"]])
+def test_a_command_that_is_not_there_is_one_line_exit_2_before_anything(args, capsys, tmp_path, monkeypatch):
+    # (`ingero trace 60s`, for -d 60s, says it too; the database is never created)
+    monkeypatch.setattr(session, "check_can_trace", lambda: None)  # as any user: the command is looked at first
+    db = tmp_path / "t.duckdb"
+    word = args[-1].split()[0] if args[0] == "--cmd" else args[1] if args[0] == "--" else args[0]
+    code, out, err = run(["trace", "--no-serve", "--db", str(db), *args], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"ingero: the command {word!r} is not found or not executable — check the command (it runs without a shell)\n"
+    assert not db.exists()
