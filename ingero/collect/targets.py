@@ -36,21 +36,6 @@ class TargetSpec:
         return bool(self.pids or self.comm or self.cmd)
 
 
-def parse_pids(text: str | None) -> list[int]:
-    """'123,456' -> [123, 456]; IngeroError on junk."""
-    if not text:
-        return []
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or int(part) <= 0:
-            raise IngeroError(f"--pid {part!r} is not a process id", "pass numbers separated by commas: --pid 123,456")
-        out.append(int(part))
-    return out
-
-
 def check_pids(pids: list[int], proc: Path = PROC) -> None:
     for pid in pids:
         if not (proc / str(pid)).is_dir():

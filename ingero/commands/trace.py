@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import (COMMAND, COUNT, DURATION, PIDS_METAVAR, SIZE, Value, db_option, json_option,
-                                     pid_option, resolve_db)
+from ingero.commands.options import (COMMAND, COUNT, DURATION, SIZE, Value, db_option, json_option, pid_option,
+                                     resolve_db)
 from ingero.metrics.bind import DEFAULT_ADDR, parse_address, parse_port
 from ingero.values import parse_percent
 

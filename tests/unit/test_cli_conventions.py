@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from analyze_helpers import MAIN_PID, SESSION, S, T0, Trace, healthy
-from ingero.analyze.context import Options
 from ingero.cli import COMMANDS, cli, main
 from ingero.collect import session, targets
 from ingero.commands import explain as explain_cmd
