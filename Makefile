@@ -40,6 +40,7 @@ bench: setup
 
 docs: setup
 	$(PY) -c "from ingero.store.schema_doc import markdown; open('docs/schema.md','w').write(markdown())"
+	$(PY) -c "from ingero.commands.reference import markdown; open('docs/cli.md','w').write(markdown())"
 
 clean:
 	rm -rf $(VENV) demos/build .pytest_cache

@@ -11,7 +11,7 @@ import platform
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from ingero import ops
 
@@ -57,8 +57,15 @@ def check_tracepoints() -> Check:
         mounted = ensure_tracefs() if os.geteuid() == 0 else None
     except IngeroError as exc:
         return Check("tracepoints", False, exc.message, exc.hint or "")
-    base = next((p for p in (Path("/sys/kernel/tracing/events"), Path("/sys/kernel/debug/tracing/events"))
-                 if p.exists()), None)
+    base = None
+    for p in (Path("/sys/kernel/tracing/events"), Path("/sys/kernel/debug/tracing/events")):
+        try:
+            if p.exists():
+                base = p
+                break
+        except PermissionError:  # tracefs is root's only (mode 700)
+            return Check("tracepoints", False, f"skipped: {p.parent} (where they are listed) is readable by root only",
+                         "run with sudo")
     if base is None:
         return Check("tracepoints", False, "tracefs not mounted", "run as root (ingero mounts tracefs itself)")
     missing = [tp for tp in TRACEPOINTS if not (base / tp).exists()]
@@ -124,11 +131,35 @@ def check_cuda_libs() -> Check:
         from ingero.collect import libs
     except ImportError:
         return Check("CUDA libraries", False, "library discovery unavailable", required=False)
-    found = libs.find_cuda_libraries()
+    places = libs.default_places()
+    found = libs.find_cuda_libraries(places=places)
+    unseen = _not_searched(places.unreadable)
     if not found:
-        return Check("CUDA libraries", False, "no libcudart/libcuda/libnccl found",
-                     "install your CUDA stack, or pass --cuda-lib / --pid to `ingero trace`", required=False)
-    return Check("CUDA libraries", True, "; ".join(libs.describe(lib) for lib in found), required=False)
+        return Check("CUDA libraries", False, "no libcudart/libcuda/libnccl found" + unseen,
+                     "install your CUDA stack, or pass --cuda-lib / --pid to `ingero trace`"
+                     + ("; run as root to search everywhere" if unseen else ""), required=False)
+    return Check("CUDA libraries", True, "; ".join(libs.describe(lib) for lib in found) + unseen, required=False)
+
+
+def _not_searched(unreadable: tuple[Path, ...], proc: Path = Path("/proc")) -> str:
+    """What this user could not search for CUDA libraries (nothing as root), as the end of a line:
+    directories it may not enter, and processes of other users whose maps it may not read."""
+    hidden = 0
+    if os.geteuid() != 0:
+        for name in os.listdir(proc):
+            if name.isdigit():
+                try:
+                    open(proc / name / "maps", "rb").close()
+                except PermissionError:
+                    hidden += 1
+                except OSError:  # exited meanwhile
+                    pass
+    what = [str(d) for d in unreadable]
+    if hidden:
+        what.append(f"the memory maps of {hidden:,} processes of other users")
+    if not what:
+        return ""
+    return f"; not searched as uid {os.geteuid()}: {', '.join(what)} (reading them needs root)"
 
 
 def check_process(pid: int) -> Check:
@@ -159,12 +190,16 @@ def check_nvidia() -> Check:
 
 
 def check_db(db_path: Path) -> Check:
-    parent = db_path.parent
-    probe = parent
+    try:
+        exists = db_path.exists()
+    except PermissionError:  # in a directory this user may not enter
+        return Check("database", False, f"{db_path} (cannot be reached as uid {os.geteuid()}: permission denied)",
+                     "pass --db PATH in a directory you can write, or run as root")
+    probe = db_path.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    writable = os.access(db_path if db_path.exists() else probe, os.W_OK)
-    state = "exists" if db_path.exists() else "will be created"
+    writable = os.access(db_path if exists else probe, os.W_OK)
+    state = "exists" if exists else "will be created"
     return Check("database", writable, f"{db_path} ({state}{'' if writable else ', not writable'})",
                  "pass --db PATH in a writable directory")
 
@@ -184,19 +219,24 @@ CHECKS: tuple[Callable[[], Check], ...] = (
 )
 
 
-def run_checks(db_path: Path, pid: int | None = None) -> list[Check]:
-    if pid is not None:
-        process = check_process(pid)  # first: a pid that does not exist is the user's error (exit 2)
+def run_checks(db_path: Path, pids: Iterable[int] = ()) -> list[Check]:
+    # first: a pid that does not exist is the user's error (exit 2)
+    processes = [check_process(pid) for pid in pids]
     results = []
     for fn in CHECKS:
         try:
             results.append(fn())
+        except PermissionError as exc:  # what a user other than root may not read: say what, not a repr
+            results.append(Check(fn.__name__.removeprefix("check_"), False, _unreadable(exc), "run as root: sudo ingero check"))
         except Exception as exc:  # a check that crashes is reported, never hides the others
             results.append(Check(fn.__name__.removeprefix("check_"), False, f"check failed: {exc!r}"))
     results.append(check_db(db_path))
-    if pid is not None:
-        results.append(process)
-    return results
+    return results + processes
+
+
+def _unreadable(exc: OSError) -> str:
+    what = exc.filename if exc.filename else "a file it needs"
+    return f"could not read {what} as uid {os.geteuid()} (permission denied): reading it needs root"
 
 
 def can_trace(results: list[Check]) -> bool:

@@ -21,6 +21,8 @@ from ingero.render import safe
 # name -> module in ingero.commands exposing a click command called `command`.
 COMMANDS = ("trace", "explain", "query", "check", "demo", "status", "import", "export", "report", "mcp", "fleet")
 MODULES = {"import": "import_cmd"}  # a command whose name is a Python keyword
+# click >= 8.2 raises this for a group called without a command (8.1 printed the help and exited 0)
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class LazyGroup(click.Group):
@@ -47,7 +49,8 @@ def cli() -> None:
     """Why is my GPU job slow?  eBPF tracing of CUDA calls and host events.
 
     \b
-      sudo ingero trace --duration 120s     record CUDA calls + host events
+      sudo ingero trace -- python3 train.py   record a job's CUDA calls + host events
+      sudo ingero trace -d 120s             every CUDA process for two minutes
       ingero explain --since 120s           causal chains with fixes
       ingero query "SELECT op, count(*) FROM events GROUP BY op"
       ingero demo cpu-contention            the whole story, no GPU needed
@@ -77,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("ingero: aborted", err=True)
         _exit_now_if_stuck(130)
         return 130
+    except NO_ARGS_IS_HELP as exc:
+        # bare `ingero` (or `ingero fleet`): the help, on stdout, exit 0, as `git` does
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else cli.get_help(click.Context(cli)))
+        return 0
     except click.UsageError as exc:
         # One line, like every other user error: what is wrong and where to look.
         where = f"ingero {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path else "ingero --help"
@@ -87,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.exit_code in (1, 2) else exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:  # a command's own exit code (check: 2 not ready; explain --fail-on: 1)
+        if isinstance(exc.code, int) or exc.code is None:
+            return exc.code or 0
+        raise
     except BrokenPipeError:
         return 0
     return 0

@@ -264,6 +264,8 @@ class SearchPlaces:
     lib_dirs: tuple[Path, ...]
     site_packages: tuple[Path, ...]
     use_ldconfig: bool = True
+    # places this user may not look into (another user's home, as anyone but root): not searched
+    unreadable: tuple[Path, ...] = ()
 
 
 # Where distributions, the CUDA toolkit, NVIDIA's container toolkit and WSL put them.
@@ -300,6 +302,18 @@ def _homes() -> list[Path]:
     return sorted(homes)
 
 
+def _unreadable_dirs(dirs: Iterable[Path]) -> list[Path]:
+    """Those of ``dirs`` that exist but this user may not list (/root as anyone but root)."""
+    return [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except PermissionError:  # inside a directory this user may not enter: not searched
+        return False
+
+
 def _conda_prefixes() -> list[Path]:
     roots = []
     if os.environ.get("CONDA_PREFIX"):
@@ -309,7 +323,7 @@ def _conda_prefixes() -> list[Path]:
         for name in ("miniconda3", "anaconda3", "miniforge3", "mambaforge", ".conda"):
             bases.append(home / name)
     for base in bases:
-        if base.is_dir():
+        if _is_dir(base):
             roots.append(base)
             roots.extend(Path(p) for p in glob.glob(str(base / "envs" / "*")))
     return roots
@@ -375,7 +389,8 @@ def default_places(proc: Path | None = PROC) -> SearchPlaces:
     lib_dirs.extend(p / "lib" for p in conda)
     sites = [sp for prefix in _python_prefixes(proc) + conda for sp in _site_packages_of(prefix)]
     sites.extend(Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages")))
-    return SearchPlaces(tuple(dict.fromkeys(lib_dirs)), tuple(dict.fromkeys(sites)))
+    return SearchPlaces(tuple(dict.fromkeys(lib_dirs)), tuple(dict.fromkeys(sites)),
+                        unreadable=tuple(_unreadable_dirs(dict.fromkeys([*_homes(), *lib_dirs]))))
 
 
 def _ldconfig_paths() -> list[Path]:

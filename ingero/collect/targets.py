@@ -36,21 +36,6 @@ class TargetSpec:
         return bool(self.pids or self.comm or self.cmd)
 
 
-def parse_pids(text: str | None) -> list[int]:
-    """'123,456' -> [123, 456]; IngeroError on junk."""
-    if not text:
-        return []
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or int(part) <= 0:
-            raise IngeroError(f"--pid {part!r} is not a process id", "pass numbers separated by commas: --pid 123,456")
-        out.append(int(part))
-    return out
-
-
 def check_pids(pids: list[int], proc: Path = PROC) -> None:
     for pid in pids:
         if not (proc / str(pid)).is_dir():
@@ -123,7 +108,9 @@ class Launcher:
             raise IngeroError("--cmd is empty", 'pass a command line, e.g. --cmd "python3 train.py"')
         exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
         if exe is None or not os.access(exe, os.X_OK):
-            raise IngeroError(f"--cmd: {argv[0]!r} not found or not executable", "check the command (it runs without a shell)")
+            # (the words after `--` or --cmd's: said the same either way)
+            raise IngeroError(f"the command {argv[0]!r} is not found or not executable",
+                              "check the command (it runs without a shell)")
         self.argv = argv
         self._exe = exe
         self._run_as = run_as

@@ -9,16 +9,15 @@ from pathlib import Path
 import click
 
 from ingero.check import as_dict, can_trace, run_checks
-from ingero.commands.options import db_option, json_option, resolve_db
+from ingero.commands.options import db_option, json_option, pid_option, resolve_db
 
 
 @click.command()
 @db_option
 @json_option
-@click.option("--pid", "pid", type=int, default=None,
-              help="Also say what of CUDA this process maps and whether its calls can be traced "
-                   "(e.g. a runtime linked in without symbols).")
-def command(db_path: Path | None, as_json: bool, pid: int | None) -> None:
+@pid_option("Also say what of CUDA these processes map and whether their calls can be traced "
+            "(e.g. a runtime linked in without symbols).")
+def command(db_path: Path | None, as_json: bool, pids: tuple[int, ...]) -> None:
     """Report what tracing needs and what is missing, with a fix per line.
 
     Exit code 0 when `ingero trace` can run here, 2 when it cannot.
@@ -26,10 +25,10 @@ def command(db_path: Path | None, as_json: bool, pid: int | None) -> None:
     \b
     Example:
       sudo ingero check
-      sudo ingero check --pid 4242
+      sudo ingero check -p 4242
       ingero check --json | jq .ready
     """
-    results = run_checks(resolve_db(db_path), pid)
+    results = run_checks(resolve_db(db_path), pids)
     if as_json:
         json.dump(as_dict(results), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ingero.commands.options import db_option, resolve_db, since_option
+from ingero.commands.options import SESSION, db_option, pid_option, resolve_db, since_option
 from ingero.errors import IngeroError
 
 FORMATS = ("perfetto", "parquet")
@@ -16,8 +16,8 @@ def selection_options(f):
     """--force, --since, --session, --pid, --db: what export and report both take."""
     for option in (
         db_option,
-        click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable)."),
-        click.option("--session", type=int, default=None, help="Session id (default: the latest)."),
+        pid_option("Only these processes."),
+        click.option("--session", type=SESSION, default=None, help="Session id (default: the latest)."),
         since_option,
         click.option("--force", is_flag=True, help="Overwrite an existing output."),
     ):
@@ -26,7 +26,7 @@ def selection_options(f):
 
 
 @click.command("export")
-@click.option("--format", "fmt", metavar="FORMAT", required=True,
+@click.option("--format", "fmt", metavar="perfetto|parquet", required=True,
               help="perfetto (a .pftrace for ui.perfetto.dev) or parquet (a directory of tables).")
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True,
               help="File (perfetto) or directory (parquet) to create.")
@@ -37,7 +37,7 @@ def command(fmt: str, output: Path, force: bool, since: float | None, session: i
 
     \b
       ingero export --format perfetto -o run.pftrace        open in ui.perfetto.dev
-      ingero export --format perfetto --since 2m --pid 4242 -o tail.pftrace
+      ingero export --format perfetto --since 2m -p 4242 -o tail.pftrace
       ingero export --format parquet -o run-parquet/         node=…/session=…/*.parquet
     """
     from ingero.analyze.context import Options

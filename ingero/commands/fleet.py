@@ -12,7 +12,7 @@ from ingero.commands.options import DURATION, TIMEOUT, Value, json_option
 from ingero.daemon import protocol
 from ingero.render import safe
 
-_MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP)
+_MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP, metavar="N")
 
 
 @click.group("fleet")
@@ -28,7 +28,7 @@ def command() -> None:
 
 @command.command("explain")
 @click.argument("root")
-@click.option("--job", default=None, help="The job to explain (default: the one with the newest segment).")
+@click.option("--job", default=None, metavar="ID", help="The job to explain (default: the one with the newest segment).")
 @click.option("--since", type=DURATION, default=None,
               help="The last DURATION before the end of the job's newest data (default 1h).")
 @json_option
@@ -49,7 +49,7 @@ def explain_cmd(root: str, job: str | None, since: float | None, as_json: bool) 
 
 @command.command("status")
 @click.argument("root")
-@click.option("--job", default=None, help="Only this job.")
+@click.option("--job", default=None, metavar="ID", help="Only this job.")
 @json_option
 def status_cmd(root: str, job: str | None, as_json: bool) -> None:
     """Nodes, their last segment, drops and clock sync (skew between nodes)."""

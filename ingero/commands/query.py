@@ -26,7 +26,7 @@ Examples:
 
 
 # The socket's limits, so a file query and a tracer query are bounded alike.
-_MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP)
+_MAX_ROWS = Value("count", values.parse_count, cap=protocol.MAX_ROWS_CAP, metavar="N")
 
 
 

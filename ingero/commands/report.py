@@ -21,7 +21,7 @@ def command(as_html: bool, output: Path, force: bool, since: float | None, sessi
 
     \b
       ingero report --html -o report.html
-      ingero report --since 5m --pid 4242 -o tail.html
+      ingero report --since 5m -p 4242 -o tail.html
     """
     from ingero.analyze.context import Options
     from ingero.export.run import report

@@ -30,12 +30,6 @@ def test_pid_that_does_not_exist(tmp_path):
         targets.check_pids([1, 999999], proc=tmp_path)
 
 
-def test_pid_list_parsing():
-    assert targets.parse_pids("12, 34,") == [12, 34]
-    with pytest.raises(IngeroError, match="'x1' is not a process id"):
-        targets.parse_pids("12,x1")
-
-
 def test_ring_size_must_be_a_power_of_two():
     assert loader.ring_bytes_from_mb(64) == 64 << 20
     with pytest.raises(IngeroError, match="not a power of two"):
