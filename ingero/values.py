@@ -37,9 +37,9 @@ DURATION_CAP_S = 100 * 365 * 86400.0
 TIME_CAP_NS = 253402300799 * NS
 SIZE_CAP = 1 << 60  # an exabyte: bigger is a typo
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|ns|h|m|s|d)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|ns|h|m|s|d)", re.ASCII)
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)$", re.ASCII)
 _SIZE_MULT = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
               "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
@@ -53,6 +53,9 @@ def _number(value: Any, what: str) -> float | None:
     if isinstance(value, float):
         return value
     if isinstance(value, str):
+        # int(), float() and \d take other scripts' digits ('٣' is 3): every value here is ASCII
+        if not value.isascii():
+            raise BadValue(f"bad {what}: {value!r} holds characters other than ASCII")
         return None
     raise BadValue(f"bad {what}: expected a number or text, got {type(value).__name__}")
 
@@ -120,7 +123,7 @@ def parse_count(value: Any, what: str = "count", *, minimum: int = 1, cap: int |
     v = _number(value, what)
     if v is None:
         text = value.strip()
-        if not re.fullmatch(r"[+-]?\d{1,19}", text):
+        if not re.fullmatch(r"[+-]?\d{1,19}", text, re.ASCII):
             raise BadValue(f"bad {what}: {value!r} is not a whole number")
         n = int(text)
     else:
@@ -136,7 +139,7 @@ def parse_count(value: Any, what: str = "count", *, minimum: int = 1, cap: int |
 
 
 # Epoch seconds as text, up to nanoseconds: read exactly (what `ingero demo --keep-db` prints).
-_EPOCH = re.compile(r"\+?(\d{1,12})(?:\.(\d{1,9}))?")
+_EPOCH = re.compile(r"\+?(\d{1,12})(?:\.(\d{1,9}))?", re.ASCII)
 
 
 def parse_time(value: Any, what: str = "time") -> int:

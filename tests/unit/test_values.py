@@ -127,3 +127,12 @@ def test_deep_nesting_is_refused_before_parsing():
     with pytest.raises(protocol.ProtocolError, match="nested deeper"):
         protocol.decode(body)
     assert protocol.nesting_depth(b'{"a": "[[[[[[[[[[[[[["}') == 1
+
+
+@pytest.mark.parametrize("parse", [values.parse_duration, values.parse_size, values.parse_count, values.parse_time,
+                                   values.parse_percent], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("text", ["٣", "３s", "1٠", "²"])
+def test_digits_of_other_scripts_are_refused(parse, text):
+    """int('٣') is 3 and float('３') is 3.0: --max-rows ٣ read as 3 before."""
+    with pytest.raises(values.BadValue, match="other than ASCII"):
+        parse(text)
