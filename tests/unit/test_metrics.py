@@ -67,9 +67,10 @@ def test_cuda_calls_count_per_pid_and_op_with_le_buckets(server):
     s = samples(server)
     sync = {"pid": "100", "process": "python3 (train.py)", "op": "cudaStreamSync"}
     assert s[("ingero_cuda_call_duration_seconds_count", frozenset(sync.items()))] == 4
-    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls, 5 us the 1,001 ns one too
+    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls, the next bound
+    # (1.096 us) the 1,001 ns one too
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "1e-06"}.items()))] == 2
-    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "5e-06"}.items()))] == 3
+    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "1.096e-06"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "10.0"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "+Inf"}.items()))] == 4
     assert s[("ingero_cuda_call_duration_seconds_sum", frozenset(sync.items()))] == pytest.approx(20.000003001)
