@@ -8,12 +8,13 @@ as the store has it); names are documented in the README's metrics section.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ingero import __version__
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates, Histo
 from ingero.metrics.diagnosis import SEVERITY_LEVEL, Diagnosis
 
@@ -35,12 +36,16 @@ class IngeroCollector(Collector):
     def __init__(self, aggregates: Aggregates, diagnosis: Diagnosis | None = None) -> None:
         self.aggregates = aggregates
         self.diagnosis = diagnosis
+        self.http_closed: Callable[[], dict[str, int]] | None = None  # the server's counters (http.Stats)
 
     def collect(self) -> Iterator[object]:
         s = self.aggregates.snapshot()
         names = s.names
+        info = GaugeMetricFamily("ingero_build_info", "The tracer's version (always 1)", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
 
-        # its _count is the call counter: a separate *_total would repeat it in 1 of ~18 series
+        # its _count is the call counter: a separate *_total would repeat it beside every histogram
         durs = HistogramMetricFamily("ingero_cuda_call_duration_seconds", "CUDA runtime/driver calls per traced "
                                      "process and op: count and durations (entry to return)", labels=[*_PROC, "op"])
         for (pid, op), h in sorted(s.cuda.items()):
@@ -76,6 +81,14 @@ class IngeroCollector(Collector):
         yield bio
 
         yield from _health(s.health)
+        if self.http_closed is not None:
+            closed = CounterMetricFamily("ingero_metrics_connections_closed", "Connections to /metrics closed "
+                                         "unanswered: evicted (a newer one needed the slot while it still "
+                                         "sent its request), timeout (no whole request in time), too_large, "
+                                         "busy (answered 503)", labels=["reason"])
+            for reason, n in self.http_closed().items():
+                closed.add_metric([reason], n)
+            yield closed
         if self.diagnosis is not None:
             yield from _diagnosis(self.diagnosis, names)
 
