@@ -115,17 +115,31 @@ def _health(h) -> Iterator[object]:
 
 def _diagnosis(d: Diagnosis, names: dict[int, str]) -> Iterator[object]:
     snap = d.snapshot()
+    # no severity label on the share: it would clash with alert rules' own `severity` label, and
+    # a chain moving between MEDIUM and HIGH would start a new series; the severity gauge has it
     share = GaugeMetricFamily("ingero_diagnosis_share_ratio", "Share of the process' wall clock a causal chain "
-                              "active in the last diagnosis window explains (0-1)",
-                              labels=["rule", *_PROC, "severity"])
+                              "active in the last diagnosis window explains (0-1)", labels=["rule", *_PROC])
     level = GaugeMetricFamily("ingero_diagnosis_severity", "Severity of an active causal chain: "
                               "3 HIGH, 2 MEDIUM, 1 LOW", labels=["rule", *_PROC])
     for c in snap.chains:
         p = [str(c.pid), names.get(c.pid) or c.process]
-        share.add_metric([c.rule, *p, c.severity], c.share)
+        share.add_metric([c.rule, *p], c.share)
         level.add_metric([c.rule, *p], SEVERITY_LEVEL.get(c.severity, 0))
     yield share
     yield level
+    step = GaugeMetricFamily("ingero_step_duration_seconds", "Step time of the loop explain analysed in the "
+                             "last diagnosis window (a request for an inference server): median (quantile "
+                             "0.5) and p99", labels=[*_PROC, "quantile"])
+    rate = GaugeMetricFamily("ingero_steps_per_second", "Steps the loop completed in the last diagnosis "
+                             "window, per second of it", labels=_PROC)
+    if snap.steps is not None:
+        st = snap.steps
+        p = [str(st.pid), names.get(st.pid) or st.process]
+        step.add_metric([*p, "0.5"], st.median_s)
+        step.add_metric([*p, "0.99"], st.p99_s)
+        rate.add_metric(p, st.per_s)
+    yield step
+    yield rate
     yield CounterMetricFamily("ingero_diagnosis_runs", "Diagnosis runs over the last window",
                               value=snap.runs)
     yield CounterMetricFamily("ingero_diagnosis_errors", "Diagnosis runs that failed", value=snap.errors)
