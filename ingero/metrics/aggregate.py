@@ -30,12 +30,18 @@ import numpy as np
 from ingero.collect.records import CUDA_OPS, KIND_NAMES, OP_NAMES, SWITCH_RUNQ_BITS, Kind, Op
 from ingero.host import pid_alive
 
-# Histogram bucket upper bounds (seconds, Prometheus' `le`): 1 µs to 10 s in 1-5 steps.
-# A uprobe'd call costs 1-7 µs here (the floor), a launch tens of µs, a sync or a pageable
-# 64 MiB copy ms to tens of ms, a starved step or an fsync-bound read up to seconds.  Each
-# bound is a series per process and op: 15 keep a scrape of 50 processes under 50 ms
-# (bench_metrics; 22 bounds in 1-2.5-5 steps took 57 ms).
-BUCKETS_S = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0)
+# Histogram bucket upper bounds (seconds, Prometheus' `le`): 1 µs to 10 s in steps of 10^(1/25),
+# 25 a decade (4 significant digits; 1 ms, 10 ms, 0.1 s and 1 s stay bounds).  histogram_quantile
+# interpolates linearly inside the bucket its rank falls in, so its answer and the order statistic
+# at that rank share a bucket: within the bound ratio, 1.097, whatever the shape.  Interpolation
+# does not help the worst shape, and it is the common one: a loop's syncs and copies are a narrow
+# peak (the same kernel, the same copy every step), so a ratio of ~1.2 can still read ~20% high
+# and 1-5-10 steps read issue 42's 23.7 ms p99 as 49.6 ms (docs/benchmarks.md has the layouts
+# measured).  The whole range matters: launches and the uprobe's floor are µs, syncs and copies
+# µs to seconds, block I/O tens of µs to a second.  Each bound is a series per process and op,
+# and a scrape's cost grows with them (bench_metrics); Prometheus' native histograms would be
+# cheaper, but need its protobuf exposition, which prometheus_client does not write.
+BUCKETS_S = tuple(float(f"{10 ** (k / 25):.4g}") for k in range(-150, 26))
 _BOUNDS_NS = np.array([round(b * 1e9) for b in BUCKETS_S], dtype=np.uint64)
 NBUCKETS = len(BUCKETS_S) + 1  # the last one is +Inf
 
@@ -95,14 +101,17 @@ class Snapshot:
 def _dense(keys: np.ndarray, dur: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(used keys, their counts, duration sums in ns, bucket counts [key, bucket]) of one batch.
 
-    Keys are small dense ints (< size), so counting is bincount: no sort per flush."""
+    Keys are small dense ints (< size), so counting is bincount: no sort per flush.  The buckets
+    are counted over the used keys only (a handful of a possible size x NBUCKETS)."""
     counts = np.bincount(keys, minlength=size)
     used = np.flatnonzero(counts)
     sums = np.bincount(keys, weights=dur, minlength=size)
+    compact = np.zeros(size, dtype=np.int64)
+    compact[used] = np.arange(len(used))
     # side='left': bucket i holds durations <= bound i (Prometheus' le); past the last: +Inf
     b = np.searchsorted(_BOUNDS_NS, dur, side="left")
-    buckets = np.bincount(keys * NBUCKETS + b, minlength=size * NBUCKETS).reshape(size, NBUCKETS)
-    return used, counts[used], sums[used], buckets[used]
+    buckets = np.bincount(compact[keys] * NBUCKETS + b, minlength=len(used) * NBUCKETS).reshape(len(used), NBUCKETS)
+    return used, counts[used], sums[used], buckets
 
 
 def _add(h: Histo, count: int, sum_ns: float, buckets: np.ndarray) -> None:

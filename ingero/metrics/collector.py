@@ -8,12 +8,13 @@ as the store has it); names are documented in the README's metrics section.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ingero import __version__
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates, Histo
 from ingero.metrics.diagnosis import SEVERITY_LEVEL, Diagnosis
 
@@ -35,12 +36,16 @@ class IngeroCollector(Collector):
     def __init__(self, aggregates: Aggregates, diagnosis: Diagnosis | None = None) -> None:
         self.aggregates = aggregates
         self.diagnosis = diagnosis
+        self.http_closed: Callable[[], dict[str, int]] | None = None  # the server's counters (http.Stats)
 
     def collect(self) -> Iterator[object]:
         s = self.aggregates.snapshot()
         names = s.names
+        info = GaugeMetricFamily("ingero_build_info", "The tracer's version (always 1)", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
 
-        # its _count is the call counter: a separate *_total would repeat it in 1 of ~18 series
+        # its _count is the call counter: a separate *_total would repeat it beside every histogram
         durs = HistogramMetricFamily("ingero_cuda_call_duration_seconds", "CUDA runtime/driver calls per traced "
                                      "process and op: count and durations (entry to return)", labels=[*_PROC, "op"])
         for (pid, op), h in sorted(s.cuda.items()):
@@ -76,6 +81,14 @@ class IngeroCollector(Collector):
         yield bio
 
         yield from _health(s.health)
+        if self.http_closed is not None:
+            closed = CounterMetricFamily("ingero_metrics_connections_closed", "Connections to /metrics closed "
+                                         "unanswered: evicted (a newer one needed the slot while it still "
+                                         "sent its request), timeout (no whole request in time), too_large, "
+                                         "busy (answered 503)", labels=["reason"])
+            for reason, n in self.http_closed().items():
+                closed.add_metric([reason], n)
+            yield closed
         if self.diagnosis is not None:
             yield from _diagnosis(self.diagnosis, names)
 
@@ -102,17 +115,31 @@ def _health(h) -> Iterator[object]:
 
 def _diagnosis(d: Diagnosis, names: dict[int, str]) -> Iterator[object]:
     snap = d.snapshot()
+    # no severity label on the share: it would clash with alert rules' own `severity` label, and
+    # a chain moving between MEDIUM and HIGH would start a new series; the severity gauge has it
     share = GaugeMetricFamily("ingero_diagnosis_share_ratio", "Share of the process' wall clock a causal chain "
-                              "active in the last diagnosis window explains (0-1)",
-                              labels=["rule", *_PROC, "severity"])
+                              "active in the last diagnosis window explains (0-1)", labels=["rule", *_PROC])
     level = GaugeMetricFamily("ingero_diagnosis_severity", "Severity of an active causal chain: "
                               "3 HIGH, 2 MEDIUM, 1 LOW", labels=["rule", *_PROC])
     for c in snap.chains:
         p = [str(c.pid), names.get(c.pid) or c.process]
-        share.add_metric([c.rule, *p, c.severity], c.share)
+        share.add_metric([c.rule, *p], c.share)
         level.add_metric([c.rule, *p], SEVERITY_LEVEL.get(c.severity, 0))
     yield share
     yield level
+    step = GaugeMetricFamily("ingero_step_duration_seconds", "Step time of the loop explain analysed in the "
+                             "last diagnosis window (a request for an inference server): median (quantile "
+                             "0.5) and p99", labels=[*_PROC, "quantile"])
+    rate = GaugeMetricFamily("ingero_steps_per_second", "Steps the loop completed in the last diagnosis "
+                             "window, per second of it", labels=_PROC)
+    if snap.steps is not None:
+        st = snap.steps
+        p = [str(st.pid), names.get(st.pid) or st.process]
+        step.add_metric([*p, "0.5"], st.median_s)
+        step.add_metric([*p, "0.99"], st.p99_s)
+        rate.add_metric(p, st.per_s)
+    yield step
+    yield rate
     yield CounterMetricFamily("ingero_diagnosis_runs", "Diagnosis runs over the last window",
                               value=snap.runs)
     yield CounterMetricFamily("ingero_diagnosis_errors", "Diagnosis runs that failed", value=snap.errors)

@@ -5,8 +5,10 @@ explain over the last SPAN_S seconds of the session (the same request
 `ingero explain --since 60s` sends when a tracer holds the file; the
 server answers it in a read-only transaction on a cursor of its own, with its
 time limit), and keeps one entry per (rule, affected pid) of the chains it
-returns.  The collector turns them into gauges; a chain that is no longer
-found disappears at the next run.  The writer thread never waits on it.
+returns, and the steps explain found in the loop it analyses (its main CUDA
+process: StepStats in explain --json).  The collector turns them into gauges;
+a chain (or a loop) that is no longer found disappears at the next run.  The
+writer thread never waits on it.
 """
 
 from __future__ import annotations
@@ -40,23 +42,41 @@ class ActiveChain:
     share: float  # 0-1 of the process' wall clock
 
 
+@dataclass(frozen=True)
+class StepRate:
+    """The loop's steps over the last run's window (a request each, for an inference server)."""
+
+    pid: int
+    process: str
+    count: int
+    median_s: float
+    p99_s: float
+    per_s: float  # count over the window explain analysed: steps completed in it, per second
+
+
 @dataclass
 class DiagnosisState:
     chains: list[ActiveChain] = field(default_factory=list)
+    steps: StepRate | None = None
     runs: int = 0
     errors: int = 0
     last_run_s: float | None = None
     last_error: str | None = None
 
 
-def active_chains(payload: dict[str, Any]) -> list[ActiveChain]:
-    """One entry per (rule, affected pid) of an explain --json payload; the highest share wins."""
+def _names(payload: dict[str, Any]) -> dict[int, str]:
     names = {}
     for text in (payload.get("analysed") or {}).get("processes") or []:
         # "python (train.py) (PID 4242)"
         head, _, tail = str(text).rpartition(" (PID ")
         if tail.rstrip(")").isdigit():
             names[int(tail.rstrip(")"))] = head
+    return names
+
+
+def active_chains(payload: dict[str, Any]) -> list[ActiveChain]:
+    """One entry per (rule, affected pid) of an explain --json payload; the highest share wins."""
+    names = _names(payload)
     best: dict[tuple[str, int], ActiveChain] = {}
     for ch in payload.get("chains") or []:
         for pid in ch.get("pids") or []:
@@ -66,6 +86,19 @@ def active_chains(payload: dict[str, Any]) -> list[ActiveChain]:
             if old is None or c.share > old.share:
                 best[(c.rule, c.pid)] = c
     return sorted(best.values(), key=lambda c: (c.rule, c.pid))
+
+
+def step_rate(payload: dict[str, Any]) -> StepRate | None:
+    """The steps of an explain --json payload, or None: none found, or none of one traced process
+    (an imported trace's ProfilerStep marks carry no pid)."""
+    steps = payload.get("steps") or {}
+    analysed = payload.get("analysed") or {}
+    pid, count = steps.get("pid"), int(steps.get("count") or 0)
+    span_s = (int(analysed.get("end_ns") or 0) - int(analysed.get("start_ns") or 0)) / 1e9
+    if pid is None or count <= 0 or span_s <= 0:
+        return None
+    return StepRate(int(pid), _names(payload).get(int(pid), ""), count, float(steps["median_ms"]) / 1e3,
+                    float(steps["p99_ms"]) / 1e3, count / span_s)
 
 
 class Diagnosis:
@@ -95,19 +128,20 @@ class Diagnosis:
     def snapshot(self) -> DiagnosisState:
         with self._lock:
             s = self._state
-            return DiagnosisState(list(s.chains), s.runs, s.errors, s.last_run_s, s.last_error)
+            return DiagnosisState(list(s.chains), s.steps, s.runs, s.errors, s.last_run_s, s.last_error)
 
     def run_once(self) -> None:
         try:
             reply = self._explain(socket_path=self.socket_path, timeout_s=TIMEOUT_S,
                                   session=self.session_id, since_s=self.span_s)
-            chains = active_chains(reply["json"])
+            chains, steps = active_chains(reply["json"]), step_rate(reply["json"])
             error = None
         except IngeroError as exc:  # no data yet, tracer stopping, time limit: no chains this round
-            chains, error = [], exc.message
+            chains, steps, error = [], None, exc.message
         with self._lock:
             s = self._state
             s.chains = chains
+            s.steps = steps
             s.runs += 1
             s.errors += error is not None
             s.last_error = error

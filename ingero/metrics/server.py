@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.process_collector import ProcessCollector
 
 from ingero.traceapi import TraceHook
@@ -23,10 +23,11 @@ from ingero.metrics.aggregate import Aggregates
 from ingero.metrics.bind import DEFAULT_ADDR, DEFAULT_PORT, parse_address
 from ingero.metrics.collector import IngeroCollector
 from ingero.metrics.diagnosis import Diagnosis
+from ingero.metrics.http import BoundedServer
 
 
 class MetricsServer(TraceHook):
-    """The HTTP endpoint (prometheus_client's own server, on a daemon thread) over one Aggregates."""
+    """The HTTP endpoint (http.BoundedServer: a fixed set of threads) over one Aggregates."""
 
     def __init__(self, addr: str, port: int) -> None:
         self.addr = addr
@@ -37,23 +38,26 @@ class MetricsServer(TraceHook):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         ProcessCollector(namespace="ingero", registry=self.registry)  # the tracer's own CPU and RSS
-        self._httpd: Any = None
-        self._thread: Any = None
+        self._httpd: BoundedServer | None = None
 
     @classmethod
-    def bind(cls, addr: str = DEFAULT_ADDR, port: int = DEFAULT_PORT) -> "MetricsServer":
-        """Listen now; IngeroError (one line) when the address or port cannot be used."""
+    def bind(cls, addr: str = DEFAULT_ADDR, port: int = DEFAULT_PORT, **limits: Any) -> "MetricsServer":
+        """Listen now; IngeroError (one line) when the address or port cannot be used.
+
+        ``limits``: BoundedServer's (max_pending, read_timeout_s, ...), for tests."""
         addr = parse_address(addr)
         port = int(port)  # parsed by the CLI (parse_port); 0 (any free port) is for tests and benchmarks
         self = cls(addr, port)
         try:
-            self._httpd, self._thread = start_http_server(port, addr, registry=self.registry)
+            self._httpd = BoundedServer(addr, port, make_wsgi_app(self.registry), **limits)
         except OSError as exc:
             why = exc.strerror or str(exc)
             hint = ("another process listens there (`ss -ltnp 'sport = :%d'` names it); pass another "
                     "--metrics-port" % port) if exc.errno == errno.EADDRINUSE else "pass an address of this host with --metrics-addr"
             raise IngeroError(f"cannot serve metrics on {addr}:{port}: {why}", hint) from None
         self.port = self._httpd.server_address[1]  # the one the kernel gave for port 0 (tests)
+        self.collector.http_closed = self._httpd.stats.closed
+        self._httpd.start()
         return self
 
     @property
@@ -79,8 +83,7 @@ class MetricsServer(TraceHook):
         if self.diagnosis is not None:
             self.diagnosis.stop()
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            self._httpd.stop()
             self._httpd = None
 
 

@@ -17,7 +17,8 @@ import prereqs
 from ingero.cli import main
 from ingero.collect.records import EVENT_DTYPE, Kind, Op
 from ingero.metrics.aggregate import Aggregates
-from ingero.metrics.diagnosis import Diagnosis, active_chains
+from ingero import __version__
+from ingero.metrics.diagnosis import Diagnosis, StepRate, active_chains, step_rate
 from ingero.metrics.server import MetricsServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,9 +68,10 @@ def test_cuda_calls_count_per_pid_and_op_with_le_buckets(server):
     s = samples(server)
     sync = {"pid": "100", "process": "python3 (train.py)", "op": "cudaStreamSync"}
     assert s[("ingero_cuda_call_duration_seconds_count", frozenset(sync.items()))] == 4
-    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls, 5 us the 1,001 ns one too
+    # buckets are cumulative and inclusive (le): 1 us holds the two 1,000 ns calls, the next bound
+    # (1.096 us) the 1,001 ns one too
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "1e-06"}.items()))] == 2
-    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "5e-06"}.items()))] == 3
+    assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "1.096e-06"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "10.0"}.items()))] == 3
     assert s[("ingero_cuda_call_duration_seconds_bucket", frozenset({**sync, "le": "+Inf"}.items()))] == 4
     assert s[("ingero_cuda_call_duration_seconds_sum", frozenset(sync.items()))] == pytest.approx(20.000003001)
@@ -130,6 +132,36 @@ def test_active_chains_one_per_rule_and_pid():
         ("cpu-contention", 7, "", "LOW", 0.1), ("cpu-contention", 4242, "python3 (train.py)", "HIGH", 0.4)]
 
 
+def test_step_rate_from_explains_steps():
+    payload = {"analysed": {"start_ns": 10 * 10**9, "end_ns": 70 * 10**9,
+                            "processes": ["python3 (train.py) (PID 4242)"]},
+               "steps": {"count": 1200, "median_ms": 48.5, "p99_ms": 61.0, "source": "rhythm", "pid": 4242}}
+    assert step_rate(payload) == StepRate(4242, "python3 (train.py)", 1200, 0.0485, 0.061, 20.0)
+    # none found, or marks of an imported trace (no pid): no gauge
+    assert step_rate({**payload, "steps": None}) is None
+    assert step_rate({**payload, "steps": {**payload["steps"], "pid": None}}) is None
+
+
+def test_build_info_and_no_severity_label_on_the_share(server):
+    class Fixed:
+        def snapshot(self):
+            from ingero.metrics.diagnosis import ActiveChain, DiagnosisState
+
+            return DiagnosisState([ActiveChain("cpu-contention", 100, "python3", "HIGH", 0.4)],
+                                  StepRate(100, "python3", 600, 0.05, 0.09, 10.0), runs=1)
+
+    server.collector.diagnosis = Fixed()
+    s = samples(server)
+    assert s[("ingero_build_info", frozenset({"version": __version__}.items()))] == 1
+    p = {"pid": "100", "process": "python3"}
+    # one series per (rule, process) whatever the severity: alert rules set their own `severity`
+    assert [dict(k[1]) for k in s if k[0] == "ingero_diagnosis_share_ratio"] == [{"rule": "cpu-contention", **p}]
+    assert s[("ingero_diagnosis_severity", frozenset({"rule": "cpu-contention", **p}.items()))] == 3
+    assert s[("ingero_step_duration_seconds", frozenset({**p, "quantile": "0.5"}.items()))] == 0.05
+    assert s[("ingero_step_duration_seconds", frozenset({**p, "quantile": "0.99"}.items()))] == 0.09
+    assert s[("ingero_steps_per_second", frozenset(p.items()))] == 10.0
+
+
 def test_diagnosis_gauges_from_a_real_query_server(tmp_path, server):
     """The demo's cpu-contention replay in a store served by the daemon's QueryServer: the timer's
     explain goes over the socket, and the gauges name the rule, the pid and the severity."""
@@ -159,6 +191,12 @@ def test_diagnosis_gauges_from_a_real_query_server(tmp_path, server):
     assert pid == str(chain.pid) and level == {"HIGH": 3, "MEDIUM": 2, "LOW": 1}[chain.severity]
     share = [v for k, v in s.items() if k[0] == "ingero_diagnosis_share_ratio" and dict(k[1])["rule"] == "cpu-contention"]
     assert share == [pytest.approx(chain.share)] and 0 < chain.share <= 1
+    # the loop's steps, as explain found them over the same window
+    steps = state.steps
+    assert steps is not None and steps.pid == chain.pid and steps.count > 0
+    p = {"pid": str(steps.pid), "process": steps.process}
+    assert s[("ingero_step_duration_seconds", frozenset({**p, "quantile": "0.5"}.items()))] == steps.median_s > 0
+    assert s[("ingero_steps_per_second", frozenset(p.items()))] == steps.per_s > 0
 
 
 # -- bad input: one line, exit 2, before anything is opened or attached ---------------------
