@@ -151,7 +151,9 @@ def test_replayed_calls_are_matched_and_the_offset_recovered(tmp_path, simcuda, 
     assert sessions == [(summary["session_id"], str((tmp_path / "trace.json").resolve()), a.offset_ns)]
     linked = query(db, """SELECT count(*), count(e.timestamp) FROM device_activity d LEFT JOIN events e
                           ON e.session_id = d.session_id AND e.tid = d.call_tid AND e.timestamp = d.call_ns""")[0]
-    assert linked == (4350, 4350)  # each kernel points at the traced launch that submitted it
+    # each kernel points at the traced launch that submitted it, but a kernel of a call its own
+    # bracket left unsure (above) may point at the trace's time of it instead
+    assert linked[0] == 4350 and 4350 - unsure <= linked[1] <= 4350, (linked, unsure)
 
 
 if __name__ == "__main__":
