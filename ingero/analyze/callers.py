@@ -40,7 +40,7 @@ from typing import Any
 
 import duckdb
 
-from ingero.collect.records import CUDA_OPS, OP_NAMES
+from ingero.events.ops import CUDA_OP_NAMES
 
 # Slow = above this percentile of the same op's durations in the range: the
 # usual "tail" cut used by the rest of explain (p90), kept here as a number a
@@ -48,7 +48,6 @@ from ingero.collect.records import CUDA_OPS, OP_NAMES
 SLOW_PERCENTILE = 0.90
 DEFAULT_LIMIT = 10
 
-CUDA_OP_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,7 @@ def top_callers(con: duckdb.DuckDBPyConnection, ctx: Any, limit: int = DEFAULT_L
     params = _params(ctx, limit)
     # Depth 0 of a CUDA op's stack is the CUDA entry point itself: the caller
     # is at depth >= 1.
-    params.update(ops=CUDA_OP_NAMES, pct=SLOW_PERCENTILE, min_native_depth=1)
+    params.update(ops=list(CUDA_OP_NAMES), pct=SLOW_PERCENTILE, min_native_depth=1)
     return _rows(con, TOP_CALLERS_SQL, params)
 
 

@@ -24,11 +24,7 @@ import duckdb
 
 from ingero.analyze import procs
 from ingero.analyze.context import Context
-
-# Collectives every rank of the communicator calls (send / recv are pairwise).
-COLLECTIVE_OPS = ["ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce"]
-
-SYNC_OPS = ["cudaStreamSync", "cudaDeviceSync", "cudaEventSync", "cuCtxSynchronize", "cuStreamSynchronize"]
+from ingero.events.ops import COLLECTIVE_OPS, SYNC_OPS
 
 # A rank's first traced collective is at most this many calls off another's
 # (a trace attached mid-run catches ranks within a step or two of each other).
@@ -111,7 +107,7 @@ def jobs(ctx: Context) -> list[Job]:
         # a file from before the NCCL probes (schema 10) opened read-only: no collectives to line up
         ctx.derived.nccl_jobs = []
         return []
-    if not ctx.pids and con.execute(RANKED_PIDS_SQL, {"ops": COLLECTIVE_OPS}).fetchall()[0][0] < 2:
+    if not ctx.pids and con.execute(RANKED_PIDS_SQL, {"ops": list(COLLECTIVE_OPS)}).fetchall()[0][0] < 2:
         # a job needs two ranks: without them the raw calls need not be read (~10 ms of
         # `explain --since 120s` over a day's store, where no process calls NCCL)
         ctx.derived.nccl_jobs = []
@@ -119,7 +115,7 @@ def jobs(ctx: Context) -> list[Job]:
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}
     ops: dict[tuple[int, str], int] = {}  # (pid, op) -> calls
     params = {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
-              "ops": COLLECTIVE_OPS, "sync_ops": SYNC_OPS}
+              "ops": list(COLLECTIVE_OPS), "sync_ops": list(SYNC_OPS)}
     for pid, ts, comm, op, done in con.execute(CALLS_SQL, params).fetchall():
         calls.setdefault(int(pid), []).append((int(ts), None if comm is None else int(comm),
                                                None if done is None else int(done)))

@@ -14,9 +14,8 @@ from typing import Any
 import duckdb
 
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.store.sessions import latest_session
-
-NS = 1_000_000_000
 
 # Adaptive window: about this many windows over the span, so baselines and
 # correlations have enough points, within bounds that keep one window long

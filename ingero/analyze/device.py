@@ -62,18 +62,12 @@ import pyarrow as pa
 
 from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
-from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
+from ingero.events.ops import ASYNC_COPY_OPS, DEVICE_SYNC_OPS, EVENT_SYNC_OPS, LAUNCH_OPS, STREAM_SYNC_OPS, SYNC_COPY_OPS
 from ingero.store.db import named_params
 from ingero.store.derive import events_relation
 
-ASYNC_COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync"]
-# Wait for everything the process queued, on every stream.
-DEVICE_SYNC_OPS = ["cudaDeviceSync", "cuCtxSynchronize"]
-# Wait for one stream: a drain only when the process uses a single stream.
-STREAM_SYNC_OPS = ["cudaStreamSync", "cuStreamSynchronize"]
-# Wait for one point of one stream: never a drain, a wait only.
-EVENT_SYNC_OPS = ["cudaEventSync"]
-DEVICE_OPS = LAUNCH_OPS + ASYNC_COPY_OPS + SYNC_COPY_OPS + DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS
+# The device calls analysed, by role (events/ops.py: the categories say what each waits for).
+DEVICE_OPS = [*LAUNCH_OPS, *ASYNC_COPY_OPS, *SYNC_COPY_OPS, *DEVICE_SYNC_OPS, *STREAM_SYNC_OPS, *EVENT_SYNC_OPS]
 
 
 @dataclass(frozen=True)
@@ -482,7 +476,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     slice_ns = ctx.window_ns if sampled >= 1.0 else max(1, int(ctx.window_ns * sampled))
     p = ctx.params(
         slice_ns=slice_ns, device_ops=DEVICE_OPS,
-        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS,
+        wait_ops=[*DEVICE_SYNC_OPS, *STREAM_SYNC_OPS, *EVENT_SYNC_OPS, *SYNC_COPY_OPS],
     )
     seg_params = {"t1": ctx.end_ns, "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns}
     events = events_relation(con, ctx.session_id)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingero import ops
 from ingero.analyze.context import Context
-from ingero.ops import OP_NAMES
+from ingero.events import ops
+from ingero.events.ops import OP_NAMES
 
 SAMPLING_SQL = """
 SELECT from_ns, to_ns, attached_from_ns, attached_to_ns

@@ -40,6 +40,7 @@ import duckdb
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.export import device_tracks, flows
 from ingero.export.selection import WHERE, Selection, bounded_memory, run
 from ingero.export.threads import ThreadTracks
@@ -48,7 +49,6 @@ from ingero.store.db import named_params
 BATCH = 20_000  # packets per write
 ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
              "share_of_wall_clock", "fix")
-NS = 1_000_000_000
 SEQ = 1  # the one trusted packet sequence of this writer
 
 # Track uuids: the id shifted left, the kind of track in the low 3 bits; small numbers

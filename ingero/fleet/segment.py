@@ -26,6 +26,7 @@ from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.procs import has_table
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.export.parquet import _PROCESSES_SQL, _chain_row
 from ingero.export.selection import Selection, reader
 from ingero.fleet import schema
@@ -33,7 +34,6 @@ from ingero.fleet.facts import ClockState, NodeFacts
 from ingero.store.db import named_params
 from ingero.store.derive import events_relation
 
-NS = 1_000_000_000
 WINDOW_S = 1.0  # per-second summaries, as the store's own
 # An event is looked for this long before the segment it ended in (the longest off-CPU
 # interval or call a segment can hold without a scan of the whole session).
