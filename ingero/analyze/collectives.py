@@ -25,6 +25,7 @@ import duckdb
 from ingero.analyze import procs
 from ingero.analyze.context import Context
 from ingero.events.ops import COLLECTIVE_OPS, SYNC_OPS
+from ingero.store.selection import Selection
 
 # A rank's first traced collective is at most this many calls off another's
 # (a trace attached mid-run catches ranks within a step or two of each other).
@@ -33,10 +34,10 @@ MAX_SHIFT = 3
 # Each collective call, with the return of the thread's next sync (the collective's completion
 # as that rank saw it: every rank's sync after collective k returns when k is done, so these
 # line the ranks' sequences up even when one rank enters a whole step late).
-CALLS_SQL = """
+CALLS_SQL = f"""
 WITH c AS (
     SELECT pid, tid, timestamp, comm, op FROM events
-    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND list_contains($ops, op)
+    WHERE {Selection.where(pids=False)} AND list_contains($ops, op)
 ), s AS (
     SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1 FROM events
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 + $wns AND list_contains($sync_ops, op)

@@ -38,9 +38,11 @@ from ingero.analyze.context import Context
 from ingero.events.ops import COPY_OPS, HOST_OPS, LAUNCH_OPS, PINNED_OPS, SYNC_COPY_OPS, SYNC_OPS
 from ingero.events.units import NS
 from ingero.store.derive import events_relation
+from ingero.store.selection import Selection
 
-_FILTER = """session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"""
-_PID_FILTER = """($all_pids OR list_contains($pids, pid))"""
+# The selection's rows (ctx.params() gives the values): session and range, and its processes
+_FILTER = Selection.where(pids=False)
+_PID_FILTER = Selection.pid_filter()
 
 
 def _category(column: str) -> str:
@@ -474,7 +476,7 @@ SMALL_COPY_BYTES = summaries.SMALL_COPY_BYTES
 # {w}: the windows relation (the stored table, or TEMP summaries made on the
 # fly), {l}: the late waits.  Windows are whole seconds aligned to seconds
 # (context.resolve), so a window is a set of whole summary seconds.
-_SFILTER = """session_id = $sid AND start_ns >= $t0 AND start_ns < $t1"""
+_SFILTER = Selection.where(time="start_ns", pids=False)
 _SW = "(start_ns - $t0) // $wns"
 # Merging histograms: one row per bucket.  A day holds ~10 M of them per op, so the
 # group keys are computed per summary row first (_HIST beside them), and the unnest
