@@ -46,11 +46,11 @@ import pyarrow as pa
 
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
-from ingero.collect.records import OP_NAMES
 from ingero.collect.session import FLUSH_INTERVAL_S
+from ingero.events.ops import OP_NAMES
+from ingero.events.units import NS
 from ingero.store.db import Store
 
-NS = 1_000_000_000
 T0 = 1_763_800_000 * NS
 EVENTS_PER_S = 30_000  # a busy traced job: ~30k events/s (launch-heavy loop + host events)
 LOOP_PID = 1000

@@ -36,8 +36,9 @@ import numpy as np
 
 from ingero.collect import decode
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, load_program, ring_bytes_from_mb
-from ingero.collect.records import EVENT_DTYPE, CallFlag, Counter, Kind, Op
 from ingero.collect.session import POLL_INTERVAL_S, READ_BATCH, TraceOptions, TraceSession
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, CallFlag, Counter, Kind
 from ingero.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from ingero.collect import decode
-from ingero.collect.records import EVENT_DTYPE, Kind, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, Kind
 from ingero.metrics.aggregate import Aggregates
 from ingero.metrics.diagnosis import ActiveChain, DiagnosisState
 from ingero.metrics.server import MetricsServer

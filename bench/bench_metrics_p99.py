@@ -26,10 +26,10 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from ingero.collect.records import EVENT_DTYPE
+from ingero.events.records import EVENT_DTYPE
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates
 from ingero.metrics.server import MetricsServer
-from ingero.ops import OP_NAMES
+from ingero.events.ops import OP_NAMES
 
 OPS = ("cudaStreamSync", "cudaMemcpyAsync", "cudaMemcpy", "cudaLaunchKernel")
 MIN_CALLS = 100

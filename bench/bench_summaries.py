@@ -37,9 +37,9 @@ from bench.bench_ingest import _realistic
 from ingero.collect import decode
 from ingero.collect.session import FLUSH_ROWS
 from ingero.commands.summaries_hook import SummaryHook
+from ingero.events.units import NS
 from ingero.store.db import Store
 
-NS = 1_000_000_000
 OFFSET_NS = 1_700_000_000 * NS
 MAX_EVENTS = 20_000_000
 

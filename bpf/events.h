@@ -3,7 +3,7 @@
  * events.h - the one declaration of every record the BPF side emits.
  *
  * Included by bpf/ingero.bpf.c (kernel side) and mirrored exactly once in
- * Python by ingero/collect/records.py; tests/unit/test_records_parity.py
+ * Python by ingero/events/records.py; tests/unit/test_records_parity.py
  * compiles this header with the system C compiler and compares sizes and
  * offsets.  Fixed-width types only.  A new field touches this file,
  * records.py, store/schema.sql and docs/schema.md in the same commit.
@@ -24,9 +24,9 @@ typedef int32_t s32;
 typedef int64_t s64;
 #endif
 
-/* Operation ids.  The table stores the name (Op enum in records.py maps
+/* Operation ids.  The table stores the name (Op enum in events/ops.py maps
  * id -> name); ids are internal and may be renumbered together with
- * records.py, names are public and never change. */
+ * ops.py, names are public and never change. */
 enum ingero_op {
 	OP_NONE = 0,
 	/* CUDA runtime (libcudart) */

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ingero import ops
+from ingero.events import ops
 
-# The tracepoints the tracer attaches, as tracefs paths (the one table: ingero/ops.py).
+# The tracepoints the tracer attaches, as tracefs paths (the one table: ingero/events/ops.py).
 TRACEPOINTS = tuple(tp.replace(":", "/") for tp, _op in ops.TRACEPOINTS)
 
 

@@ -1,4 +1,4 @@
-"""The trace's interface to what rides on it and what shows it; dependency-free, like ingero.ops.
+"""The trace's interface to what rides on it and what shows it; dependency-free, like ingero.events.
 
 ``collect/session.py`` records and stores.  The services the trace command
 wires in (the query daemon, the host samplers, Prometheus metrics ...)

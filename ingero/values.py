@@ -19,8 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ingero.errors import IngeroError
-
-NS = 1_000_000_000
+from ingero.events.units import NS
 
 
 class BadValue(IngeroError, ValueError):

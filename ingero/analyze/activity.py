@@ -23,8 +23,9 @@ from ingero.analyze import device as inferred_device
 from ingero.analyze import measured as measured_device
 from ingero.analyze import steps as rhythm
 from ingero.analyze import procs, timeline
-from ingero.analyze.context import NS, Context
+from ingero.analyze.context import Context
 from ingero.analyze.model import DeviceBusy, StepStats
+from ingero.events.units import NS
 
 CUDA_PIDS_SQL = "SELECT pid FROM ing_loop ORDER BY cuda_n DESC"
 

@@ -261,14 +261,14 @@ GROUP BY op ORDER BY ev_n DESC NULLS LAST
 """
 
 
-def op_p99(ctx: Context, pid: int, tid: int, ops: list[str], s: Split) -> list[tuple[str, float, float]]:
+def op_p99(ctx: Context, pid: int, tid: int, ops: Sequence[str], s: Split) -> list[tuple[str, float, float]]:
     """(op, clean p99 ns, evidence p99 ns) of the loop thread's calls (median of window p99s), busiest first."""
     if not s.evidence:
         return []
     p = {
         "pid": pid,
         "tid": tid,
-        "ops": ops,
+        "ops": list(ops),
         "ev": [int(r["w"]) for r in s.evidence],
         "clean": [int(r["w"]) for r in s.clean] or [-1],
     }

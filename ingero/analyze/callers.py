@@ -6,12 +6,10 @@ The *call site* of a stack is its innermost Python frame (depth closest to
 symbolised native frame below the CUDA entry point.  A stack whose innermost
 Python frame is ``[unreadable]`` has no call site (and is not counted).
 
-Both functions take ``ctx``: any object with ``session_id`` (int or None for
-all sessions), ``start_ns`` / ``end_ns`` (wall-clock ns, None for open) and
-``pids`` (tuple, empty for all) -- ``ingero.analyze.context.Context`` fits,
-and so does ``CallersContext`` below.
+Both functions take ``sel``, the store ``Selection`` of the rows to read (a
+session, a time range, the processes; explain passes its Context's).
 
-``top_callers(con, ctx, limit=10) -> list[dict]``, one dict per (call site,
+``top_callers(con, sel, limit=10) -> list[dict]``, one dict per (call site,
 CUDA op), ordered by ``total_ns`` (time spent in that op from that line):
 
     file, line, function, source   the call site (source = text of the line, or None)
@@ -22,7 +20,7 @@ CUDA op), ordered by ``total_ns`` (time spent in that op from that line):
     slow_calls                     calls slower than the op's p90 over the whole range
     pids                           sorted list of pids that made them
 
-``most_preempted_lines(con, ctx, limit=10) -> list[dict]``, one dict per call
+``most_preempted_lines(con, sel, limit=10) -> list[dict]``, one dict per call
 site where a traced thread was switched out while still runnable
 (sched_switch, preempted = true), ordered by ``preemptions``:
 
@@ -35,30 +33,18 @@ site where a traced thread was switched out while still runnable
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 
-from ingero.collect.records import CUDA_OPS, OP_NAMES
+from ingero.events.ops import CUDA_OP_NAMES
+from ingero.store.selection import Selection
 
 # Slow = above this percentile of the same op's durations in the range: the
 # usual "tail" cut used by the rest of explain (p90), kept here as a number a
 # reader can find.
 SLOW_PERCENTILE = 0.90
 DEFAULT_LIMIT = 10
-
-CUDA_OP_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
-
-
-@dataclass(frozen=True)
-class CallersContext:
-    """The part of explain's Context these queries need."""
-
-    session_id: int | None = None
-    start_ns: int | None = None
-    end_ns: int | None = None
-    pids: tuple[int, ...] = ()
 
 
 # The call site of every stack: its innermost Python frame, else (no Python
@@ -94,13 +80,7 @@ site AS (
 )
 """
 
-_FILTER = """
-    stack_id IS NOT NULL
-    AND ($session IS NULL OR session_id = $session)
-    AND ($start IS NULL OR timestamp >= $start)
-    AND ($end IS NULL OR timestamp < $end)
-    AND (len($pids) = 0 OR list_contains($pids, pid))
-"""
+_FILTER = f"stack_id IS NOT NULL AND {Selection.where()}"
 
 TOP_CALLERS_SQL = f"""
 WITH ev AS (
@@ -143,16 +123,6 @@ LIMIT $limit
 """
 
 
-def _params(ctx: Any, limit: int) -> dict[str, Any]:
-    return {
-        "session": getattr(ctx, "session_id", None),
-        "start": getattr(ctx, "start_ns", None),
-        "end": getattr(ctx, "end_ns", None),
-        "pids": [int(p) for p in (getattr(ctx, "pids", None) or ())],
-        "limit": int(limit),
-    }
-
-
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> list[dict]:
     cur = con.execute(sql, params)
     names = [d[0] for d in cur.description]
@@ -169,17 +139,14 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> l
     return out
 
 
-def top_callers(con: duckdb.DuckDBPyConnection, ctx: Any, limit: int = DEFAULT_LIMIT) -> list[dict]:
+def top_callers(con: duckdb.DuckDBPyConnection, sel: Selection, limit: int = DEFAULT_LIMIT) -> list[dict]:
     """Call sites of CUDA ops, by time spent in them (see the module docstring for keys)."""
-    params = _params(ctx, limit)
     # Depth 0 of a CUDA op's stack is the CUDA entry point itself: the caller
     # is at depth >= 1.
-    params.update(ops=CUDA_OP_NAMES, pct=SLOW_PERCENTILE, min_native_depth=1)
+    params = sel.params(limit=int(limit), ops=list(CUDA_OP_NAMES), pct=SLOW_PERCENTILE, min_native_depth=1)
     return _rows(con, TOP_CALLERS_SQL, params)
 
 
-def most_preempted_lines(con: duckdb.DuckDBPyConnection, ctx: Any, limit: int = DEFAULT_LIMIT) -> list[dict]:
+def most_preempted_lines(con: duckdb.DuckDBPyConnection, sel: Selection, limit: int = DEFAULT_LIMIT) -> list[dict]:
     """Call sites where traced threads were preempted most (see the module docstring for keys)."""
-    params = _params(ctx, limit)
-    params.update(min_native_depth=0)
-    return _rows(con, PREEMPTED_SQL, params)
+    return _rows(con, PREEMPTED_SQL, sel.params(limit=int(limit), min_native_depth=0))

@@ -24,11 +24,8 @@ import duckdb
 
 from ingero.analyze import procs
 from ingero.analyze.context import Context
-
-# Collectives every rank of the communicator calls (send / recv are pairwise).
-COLLECTIVE_OPS = ["ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce"]
-
-SYNC_OPS = ["cudaStreamSync", "cudaDeviceSync", "cudaEventSync", "cuCtxSynchronize", "cuStreamSynchronize"]
+from ingero.events.ops import COLLECTIVE_OPS, SYNC_OPS
+from ingero.store.selection import Selection
 
 # A rank's first traced collective is at most this many calls off another's
 # (a trace attached mid-run catches ranks within a step or two of each other).
@@ -37,10 +34,10 @@ MAX_SHIFT = 3
 # Each collective call, with the return of the thread's next sync (the collective's completion
 # as that rank saw it: every rank's sync after collective k returns when k is done, so these
 # line the ranks' sequences up even when one rank enters a whole step late).
-CALLS_SQL = """
+CALLS_SQL = f"""
 WITH c AS (
     SELECT pid, tid, timestamp, comm, op FROM events
-    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND list_contains($ops, op)
+    WHERE {Selection.where(pids=False)} AND list_contains($ops, op)
 ), s AS (
     SELECT tid, timestamp AS s0, timestamp + duration_ns AS s1 FROM events
     WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 + $wns AND list_contains($sync_ops, op)
@@ -111,7 +108,7 @@ def jobs(ctx: Context) -> list[Job]:
         # a file from before the NCCL probes (schema 10) opened read-only: no collectives to line up
         ctx.derived.nccl_jobs = []
         return []
-    if not ctx.pids and con.execute(RANKED_PIDS_SQL, {"ops": COLLECTIVE_OPS}).fetchall()[0][0] < 2:
+    if not ctx.pids and con.execute(RANKED_PIDS_SQL, {"ops": list(COLLECTIVE_OPS)}).fetchall()[0][0] < 2:
         # a job needs two ranks: without them the raw calls need not be read (~10 ms of
         # `explain --since 120s` over a day's store, where no process calls NCCL)
         ctx.derived.nccl_jobs = []
@@ -119,7 +116,7 @@ def jobs(ctx: Context) -> list[Job]:
     calls: dict[int, list[tuple[int, int | None, int | None]]] = {}
     ops: dict[tuple[int, str], int] = {}  # (pid, op) -> calls
     params = {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns,
-              "ops": COLLECTIVE_OPS, "sync_ops": SYNC_OPS}
+              "ops": list(COLLECTIVE_OPS), "sync_ops": list(SYNC_OPS)}
     for pid, ts, comm, op, done in con.execute(CALLS_SQL, params).fetchall():
         calls.setdefault(int(pid), []).append((int(ts), None if comm is None else int(comm),
                                                None if done is None else int(done)))

@@ -14,9 +14,9 @@ from typing import Any
 import duckdb
 
 from ingero.errors import IngeroError
+from ingero.events.units import NS
+from ingero.store.selection import Selection
 from ingero.store.sessions import latest_session
-
-NS = 1_000_000_000
 
 # Adaptive window: about this many windows over the span, so baselines and
 # correlations have enough points, within bounds that keep one window long
@@ -117,17 +117,14 @@ class Context:
     def window_s(self) -> float:
         return self.window_ns / NS
 
+    @property
+    def selection(self) -> Selection:
+        """The rows explain looks at (the windows cover them)."""
+        return Selection(self.session_id, self.start_ns, self.end_ns, self.pids)
+
     def params(self, **more: Any) -> dict[str, Any]:
-        """The parameters every window query takes, plus ``more``."""
-        return {
-            "sid": self.session_id,
-            "t0": self.start_ns,
-            "t1": self.end_ns,
-            "wns": self.window_ns,
-            "all_pids": not self.pids,
-            "pids": list(self.pids) or [0],
-            **more,
-        }
+        """The parameters every window query takes (the selection's and $wns), plus ``more``."""
+        return {**self.selection.params(), "wns": self.window_ns, **more}
 
     def window_bounds(self, w: int) -> tuple[int, int]:
         """Window ``w`` as far as the data covers it (the first and last of an aligned range

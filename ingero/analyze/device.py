@@ -62,18 +62,13 @@ import pyarrow as pa
 
 from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
-from ingero.analyze.windows import LAUNCH_OPS, SYNC_COPY_OPS
+from ingero.events.ops import ASYNC_COPY_OPS, DEVICE_SYNC_OPS, EVENT_SYNC_OPS, LAUNCH_OPS, STREAM_SYNC_OPS, SYNC_COPY_OPS
 from ingero.store.db import named_params
 from ingero.store.derive import events_relation
+from ingero.store.selection import Selection
 
-ASYNC_COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync"]
-# Wait for everything the process queued, on every stream.
-DEVICE_SYNC_OPS = ["cudaDeviceSync", "cuCtxSynchronize"]
-# Wait for one stream: a drain only when the process uses a single stream.
-STREAM_SYNC_OPS = ["cudaStreamSync", "cuStreamSynchronize"]
-# Wait for one point of one stream: never a drain, a wait only.
-EVENT_SYNC_OPS = ["cudaEventSync"]
-DEVICE_OPS = LAUNCH_OPS + ASYNC_COPY_OPS + SYNC_COPY_OPS + DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS
+# The device calls analysed, by role (events/ops.py: the categories say what each waits for).
+DEVICE_OPS = [*LAUNCH_OPS, *ASYNC_COPY_OPS, *SYNC_COPY_OPS, *DEVICE_SYNC_OPS, *STREAM_SYNC_OPS, *EVENT_SYNC_OPS]
 
 
 @dataclass(frozen=True)
@@ -156,19 +151,18 @@ class DeviceActivity:
 
 
 # The device calls analysed, one row each; op_i: the op's place in DEVICE_OPS (from 1).
-CALLS_SQL = """
+CALLS_SQL = f"""
 SELECT pid, tid, list_position($device_ops, op)::UTINYINT AS op_i, timestamp AS t,
-       timestamp + duration_ns AS e, duration_ns AS d, stream, coalesce(kind = 'H2D', false) AS h2d, {w} AS w
-FROM events {iv_join}
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
-  AND ($all_pids OR list_contains($pids, pid)) AND list_contains($device_ops, op)
-  AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
+       timestamp + duration_ns AS e, duration_ns AS d, stream, coalesce(kind = 'H2D', false) AS h2d, {{w}} AS w
+FROM events {{iv_join}}
+WHERE {Selection.where()} AND list_contains($device_ops, op)
+  AND coalesce(ret, 0) = 0 AND (timestamp - $t0) % $wns < $slice_ns {{iv_where}}
 """
 
 # Time a thread inside a sync spent waiting for a CPU (preempted, yielded, or runnable after
 # its wake-up): the device may have finished at any moment of it.
-CPU_SQL = """
-SELECT pid, tid, {w} AS w, timestamp AS pos, timestamp AS t,
+CPU_SQL = f"""
+SELECT pid, tid, {{w}} AS w, timestamp AS pos, timestamp AS t,
        timestamp + duration_ns AS e, duration_ns AS d,
        CASE WHEN kind = 'preempted' THEN duration_ns ELSE least(duration_ns, coalesce(runq_ns, 0)) END AS cpu,
        -- when the device most likely finished, if the sync returned right after this row:
@@ -176,10 +170,10 @@ SELECT pid, tid, {w} AS w, timestamp AS pos, timestamp AS t,
        -- thread preempted may have missed the end anywhere in the interval
        CASE WHEN kind = 'preempted' THEN timestamp + duration_ns // 2
             ELSE timestamp + duration_ns - least(duration_ns, coalesce(runq_ns, 0)) END AS guess
-FROM {events} {iv_join}
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+FROM {{events}} {{iv_join}}
+WHERE {Selection.where(pids=False)} AND op = 'sched_switch'
   AND ($all_pids OR list_contains($pids, pid)) AND list_contains($wait_ops, in_call)
-  AND (timestamp - $t0) % $wns < $slice_ns {iv_where}
+  AND (timestamp - $t0) % $wns < $slice_ns {{iv_where}}
 """
 
 # ing_dev_seq: one row per boundary, in the order of each process and window's calls (pid,
@@ -482,7 +476,7 @@ def infer(ctx: Context, t: Thresholds = T, span: tuple[int, int] | None = None) 
     slice_ns = ctx.window_ns if sampled >= 1.0 else max(1, int(ctx.window_ns * sampled))
     p = ctx.params(
         slice_ns=slice_ns, device_ops=DEVICE_OPS,
-        wait_ops=DEVICE_SYNC_OPS + STREAM_SYNC_OPS + EVENT_SYNC_OPS + SYNC_COPY_OPS,
+        wait_ops=[*DEVICE_SYNC_OPS, *STREAM_SYNC_OPS, *EVENT_SYNC_OPS, *SYNC_COPY_OPS],
     )
     seg_params = {"t1": ctx.end_ns, "wait_min": t.wait_min_ns, "span_a": span_a, "span_b": span_b, "tail": t.tail_ns}
     events = events_relation(con, ctx.session_id)

@@ -222,8 +222,8 @@ def _stack(ctx: Context, report: Report) -> dict:
     except ModuleNotFoundError:
         return {"note": "stack analysis is not available in this build"}
     return {
-        "top_callers": callers.top_callers(ctx.con, ctx),
-        "preempted_lines": callers.most_preempted_lines(ctx.con, ctx),
+        "top_callers": callers.top_callers(ctx.con, ctx.selection),
+        "preempted_lines": callers.most_preempted_lines(ctx.con, ctx.selection),
         "sampled_lines": _sampled_lines(ctx),
     }
 

@@ -29,9 +29,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ingero import ops
-from ingero.analyze.summaries import HIST_PER_OCTAVE, LATE_EPS_NS, NS, SMALL_COPY_BYTES
-from ingero.collect.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, SWITCH_RUNQ_BITS, CallFlag, Kind, Op
+from ingero.analyze.summaries import HIST_PER_OCTAVE, LATE_EPS_NS, SMALL_COPY_BYTES
+from ingero.events import ops
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, SWITCH_RUNQ_BITS, CallFlag, Kind
+from ingero.events.units import NS
 
 # What kind of windows row an op's records make (summaries.SUMMARY_SQL's branches).
 LAUNCH, CALL, SWITCH, FAULT, MARK = range(5)
@@ -44,7 +46,7 @@ for _code in range(256):
         _CAT[_code] = MARK
 _CAT[int(Op.SCHED_SWITCH)], _CAT[int(Op.PAGE_FAULT)], _CAT[int(Op.BLOCK_IO)] = SWITCH, FAULT, CALL
 
-# The records as u64 words (collect/records.py's struct ingero_event):
+# The records as u64 words (events/records.py's struct ingero_event):
 # 0 ts_ns, 1 duration_ns, 2 arg, 3 stream, 4 pid | tid << 32, 5 other_pid | stack_id << 32,
 # 6 ret | call_op << 16 | call_flags << 24 | op << 32 | kind << 40 | cpu << 48.
 assert EVENT_DTYPE.itemsize == 56 and [EVENT_DTYPE.fields[f][1] for f in (

@@ -221,7 +221,7 @@ GROUP BY ALL
 
 def session_failures(con, session_id: int) -> dict[str, int]:
     """Error name -> calls of the session that returned it, most first."""
-    from ingero import ops
+    from ingero.events import ops
 
     out: dict[str, int] = {}
     for op, ret, n in con.execute(SESSION_FAILED_SQL, {"sid": session_id, "host_ops": list(ops.HOST_OPS)}).fetchall():

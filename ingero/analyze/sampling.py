@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingero import ops
 from ingero.analyze.context import Context
-from ingero.ops import OP_NAMES
+from ingero.events import ops
+from ingero.events.ops import OP_NAMES
+from ingero.store.selection import Selection
 
 SAMPLING_SQL = """
 SELECT from_ns, to_ns, attached_from_ns, attached_to_ns
@@ -93,7 +94,7 @@ ANCHOR_OPS = sorted(OP_NAMES[o] for o in ops.CUDA_OPS | ops.NCCL_OPS if OP_NAMES
 # over the range (at 10 steps a slice and 2 such calls a step the window ratio errs by ~5%)
 MIN_ANCHORS = 20
 
-COUNTS_SQL = """
+COUNTS_SQL = f"""
 WITH p AS (
     SELECT from_ns, to_ns, attached_from_ns AS a0, attached_to_ns AS a1
     FROM sampling WHERE session_id = $sid AND to_ns > $t0 AND from_ns < $t1
@@ -102,8 +103,7 @@ SELECT e.pid, e.tid, (e.timestamp - $t0) // $wns AS w,
        (e.timestamp >= p.a0 AND e.timestamp < p.a1) AS inside,
        list_contains($launch_ops, e.op::VARCHAR) AS launch, count(*) AS n
 FROM events e JOIN p ON e.timestamp >= p.from_ns AND e.timestamp < p.to_ns
-WHERE e.session_id = $sid AND e.timestamp >= $t0 AND e.timestamp < $t1
-  AND ($all_pids OR list_contains($pids, e.pid))
+WHERE {Selection.where("e")}
   AND (list_contains($launch_ops, e.op::VARCHAR) OR list_contains($anchor_ops, e.op::VARCHAR))
 GROUP BY ALL
 """

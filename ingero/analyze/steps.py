@@ -54,8 +54,9 @@ import numpy as np
 
 from ingero.analyze import procs
 from ingero.analyze.context import Context
-from ingero.analyze.device import DEVICE_SYNC_OPS, SYNC_COPY_OPS, DeviceActivity
+from ingero.analyze.device import DeviceActivity
 from ingero.analyze.windows import COPY_NS_SQL, DEVICE_WAIT_NS_SQL
+from ingero.events.ops import DEVICE_SYNC_OPS, SYNC_COPY_OPS
 
 
 @dataclass(frozen=True)
@@ -528,7 +529,7 @@ def _drains(ctx: Context, pid: int) -> int:
     row = ctx.con.execute(
         "SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE pid = $pid AND cat <> 'failed' AND (list_contains($always, op) "
         "OR op IN (SELECT DISTINCT op FROM ing_dev_seq WHERE pid = $pid AND dr = 1))",
-        {"pid": pid, "always": DEVICE_SYNC_OPS + SYNC_COPY_OPS}).fetchone()
+        {"pid": pid, "always": [*DEVICE_SYNC_OPS, *SYNC_COPY_OPS]}).fetchone()
     return int(row[0])
 
 

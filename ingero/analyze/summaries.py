@@ -44,11 +44,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingero import ops
 from ingero.analyze import procs
+from ingero.events.ops import HOST_OPS, LAUNCH_OPS, SYNC_OPS
+from ingero.events.units import NS
+from ingero.store.selection import ALL_T0, ALL_T1, Selection  # ALL_*: every row (a flush's batch)
 from ingero.store.sessions import latest_session
 
-NS = 1_000_000_000
 # Histogram resolution: buckets per power of two.  A bucket's mean is within a
 # factor 2^(1/16) of any duration in it: 4.4%.  (32 a power of two, 2.2%, doubled
 # the rows explain unnests over a day: 5.2 s CPU for ing_cuda's p99s alone.)
@@ -58,14 +59,8 @@ QUANTILE_REL_ERROR = 2 ** (1 / HIST_PER_OCTAVE) - 1
 SMALL_COPY_BYTES = 1024
 # A sync returning this soon after its thread got the CPU back was waiting for it (windows.LATE_EPS_NS).
 LATE_EPS_NS = 50_000
-# Far bounds for "every row of the relation" (the batch of one flush).
-ALL_T0, ALL_T1 = -(1 << 62), 1 << 62
 
-LAUNCH_OPS = list(ops.LAUNCH_OPS)
-SYNC_OPS = [name for name in ops.OP_NAMES.values() if name in ops.SYNC_OPS]
-HOST_OPS = list(ops.HOST_OPS)
-
-_RANGE = "session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"
+_RANGE = Selection.where(pids=False)  # (summaries cover every process)
 _BUCKET = f"CASE WHEN duration_ns > 0 THEN floor({HIST_PER_OCTAVE} * log2(duration_ns))::SMALLINT ELSE -1 END"
 
 # {events}: the relation summarised (a flush's batch, or the events table over a
@@ -160,7 +155,7 @@ HAS_SUMMARIES_SQL = "SELECT EXISTS (SELECT 1 FROM windows WHERE session_id = $si
 
 
 def _params(sid: int, t0: int, t1: int) -> dict:
-    return {"sid": sid, "t0": t0, "t1": t1, "host_ops": HOST_OPS, "launch_ops": LAUNCH_OPS}
+    return Selection(sid, t0, t1).params(pids=False, host_ops=list(HOST_OPS), launch_ops=list(LAUNCH_OPS))
 
 
 def summarise(con: duckdb.DuckDBPyConnection, events: str, *, session_id: int,
@@ -170,7 +165,7 @@ def summarise(con: duckdb.DuckDBPyConnection, events: str, *, session_id: int,
     and ``late_target``; ``stored``: where the off-CPU intervals of those rows' syncs are found."""
     _write(con, target, SUMMARY_SQL.format(events=events), _params(session_id, t0, t1), create)
     _write(con, late_target, LATE_SUMMARY_SQL.format(events=events, stored=stored),
-           {"sid": session_id, "t0": t0, "t1": t1, "sync_ops": SYNC_OPS, "late_eps_ns": LATE_EPS_NS}, create)
+           Selection(session_id, t0, t1).params(pids=False, sync_ops=list(SYNC_OPS), late_eps_ns=LATE_EPS_NS), create)
 
 
 def _write(con: duckdb.DuckDBPyConnection, target: str, select: str, params: dict, create: bool) -> None:

@@ -39,12 +39,11 @@ from dataclasses import dataclass
 
 import duckdb
 
-from ingero import ops
-from ingero.collect.records import CUDA_OPS, OP_NAMES
+from ingero.events import ops
+from ingero.events.ops import CUDA_OP_NAMES
 
 STEP_PREFIX = "ProfilerStep#"
 DATALOADER_PREFIX = "enumerate(DataLoader)"
-CUDA_OP_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
 
 # Islands: the union of intervals (s, e) of a relation, per partition key k.  {src} is one of
 # this module's own sub-queries (never user text); values come in as $parameters.
@@ -263,7 +262,7 @@ def breakdown(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps) ->
     launch, copy, sync, other, held, moving = con.execute(
         BREAKDOWN_SQL.format(steps=values, islands=f"SELECT s, e FROM ({islands})"),
         {"sid": session_id, "lo": lo, "hi": hi, "launch": list(ops.LAUNCH_OPS), "copy": list(ops.COPY_OPS),
-         "sync": sorted(ops.SYNC_OPS), "cuda": CUDA_OP_NAMES, "factor": BACKPRESSURE_FACTOR}).fetchone()
+         "sync": sorted(ops.SYNC_OPS), "cuda": list(CUDA_OP_NAMES), "factor": BACKPRESSURE_FACTOR}).fetchone()
     held = min(int(held), int(launch))
     moving = min(int(moving), int(copy))
     parts = [loader, int(launch) - held, moving, int(sync) + held + int(copy) - moving, int(other)]
@@ -400,7 +399,7 @@ class DeviceIdle:
 def device_idle(con: duckdb.DuckDBPyConnection, session_id: int, marked: Steps, pid: int) -> DeviceIdle:
     """Per marked step, its device-idle time by what process ``pid`` did meanwhile (IDLE_SEGMENTS)."""
     p = {"sid": session_id, "pid": pid, "lo": min(st.start_ns for st in marked.steps),
-         "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS), "cuda": CUDA_OP_NAMES,
+         "hi": max(st.end_ns for st in marked.steps), "launch": list(ops.LAUNCH_OPS), "cuda": list(CUDA_OP_NAMES),
          "loader": DATALOADER_PREFIX}
     con.execute(IDLE_SEGMENTS.format(steps=_step_values(marked)), p)
     parts: dict[int, dict[str, int]] = {}
@@ -419,7 +418,7 @@ def analysed_span(con: duckdb.DuckDBPyConnection, session_id: int, start_ns: int
                   "AND starts_with(name, $prefix) AND end_ns > $lo AND start_ns < $hi", {"prefix": STEP_PREFIX}),
         ("calls", "SELECT min(timestamp), max(timestamp + coalesce(duration_ns, 0)) FROM events "
                   "WHERE session_id = $sid AND list_contains($ops, op) "
-                  "AND timestamp + coalesce(duration_ns, 0) > $lo AND timestamp < $hi", {"ops": CUDA_OP_NAMES}),
+                  "AND timestamp + coalesce(duration_ns, 0) > $lo AND timestamp < $hi", {"ops": list(CUDA_OP_NAMES)}),
         ("device", "SELECT min(start_ns), max(end_ns) FROM device_activity WHERE session_id = $sid "
                    f"AND end_ns > $lo AND start_ns < $hi AND {DEVICE_WORK}", {}),
     )

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from ingero.analyze.context import Context
 from ingero.analyze.procs import has_column, same_job
+from ingero.store.selection import Selection
 
 # Blocked intervals shorter than this are not followed (a futex hand-off of a
 # few µs says nothing about the loop's time; they are summed as 'short').
@@ -214,10 +215,10 @@ def follow(iv: Interval, tid: int, threads: Threads, depth: int = 0,
 
 # The loop threads' blocked intervals outside CUDA calls, and every traced thread's off-CPU
 # intervals in the range (the wakers' side), from the raw rows: only switches are read.
-_LOOP_SQL = """
+_LOOP_SQL = f"""
 SELECT e.pid, e.tid, e.timestamp, e.duration_ns, e.kind::VARCHAR, e.syscall, e.fd_target, e.waker_pid, e.waker_tid
 FROM events e JOIN ing_loop l ON e.pid = l.pid AND e.tid = l.tid
-WHERE e.session_id = $sid AND e.timestamp >= $t0 AND e.timestamp < $t1 AND e.op = 'sched_switch'
+WHERE {Selection.where("e", pids=False)} AND e.op = 'sched_switch'
   AND NOT e.preempted AND e.in_call IS NULL
 ORDER BY e.tid, e.timestamp
 """
@@ -228,9 +229,9 @@ FROM events
 WHERE session_id = $sid AND timestamp >= $t0 - $margin AND timestamp < $t1 AND op = 'sched_switch'
   AND list_contains($tids, tid)
 """
-_SIBLINGS_SQL = """
+_SIBLINGS_SQL = f"""
 SELECT DISTINCT e.tid FROM events e JOIN ing_loop l ON e.pid = l.pid
-WHERE e.session_id = $sid AND e.timestamp >= $t0 AND e.timestamp < $t1 AND e.op = 'sched_switch'
+WHERE {Selection.where("e", pids=False)} AND e.op = 'sched_switch'
 """
 _KERNEL_SQL = """
 SELECT DISTINCT pid FROM process_cpu

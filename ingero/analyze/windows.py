@@ -33,23 +33,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ingero import ops
 from ingero.analyze import quota, return_codes, sampling, summaries
-from ingero.analyze.context import NS as NS_PER_S
 from ingero.analyze.context import Context
+from ingero.events.ops import COPY_OPS, HOST_OPS, LAUNCH_OPS, PINNED_OPS, SYNC_COPY_OPS, SYNC_OPS
+from ingero.events.units import NS
 from ingero.store.derive import events_relation
+from ingero.store.selection import Selection
 
-# Op categories (ingero/ops.py, the one table), as lists: DuckDB takes them as list parameters.
-LAUNCH_OPS = list(ops.LAUNCH_OPS)
-SYNC_OPS = [name for name in ops.OP_NAMES.values() if name in ops.SYNC_OPS]  # in Op order
-COPY_OPS = list(ops.COPY_OPS)
-# Synchronous copy entry points: the host waits for the whole transfer.
-SYNC_COPY_OPS = list(ops.SYNC_COPY_OPS)
-PINNED_OPS = list(ops.PINNED_OPS)
-HOST_OPS = list(ops.HOST_OPS)
-
-_FILTER = """session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"""
-_PID_FILTER = """($all_pids OR list_contains($pids, pid))"""
+# The selection's rows (ctx.params() gives the values): session and range, and its processes
+_FILTER = Selection.where(pids=False)
+_PID_FILTER = Selection.pid_filter()
 
 
 def _category(column: str) -> str:
@@ -484,7 +477,7 @@ SMALL_COPY_BYTES = summaries.SMALL_COPY_BYTES
 # {w}: the windows relation (the stored table, or TEMP summaries made on the
 # fly), {l}: the late waits.  Windows are whole seconds aligned to seconds
 # (context.resolve), so a window is a set of whole summary seconds.
-_SFILTER = """session_id = $sid AND start_ns >= $t0 AND start_ns < $t1"""
+_SFILTER = Selection.where(time="start_ns", pids=False)
 _SW = "(start_ns - $t0) // $wns"
 # Merging histograms: one row per bucket.  A day holds ~10 M of them per op, so the
 # group keys are computed per summary row first (_HIST beside them), and the unnest
@@ -556,7 +549,7 @@ CREATE OR REPLACE TEMP TABLE ing_sched AS
 WITH g AS (
     SELECT tid, {_SW} AS w, kind, in_call, queued, other_pid,
            any_value(pid) AS pid, sum(events_n) AS n, sum(duration_ns)::DOUBLE AS dur_ns,
-           sum(greatest(0, overflow_ns - ($t0 + ({_SW} + 1) * $wns - (start_ns + {NS_PER_S}))))::DOUBLE AS over,
+           sum(greatest(0, overflow_ns - ($t0 + ({_SW} + 1) * $wns - (start_ns + {NS}))))::DOUBLE AS over,
            coalesce(sum(runq_ns), 0)::DOUBLE AS runq_ns
     FROM {{w}} WHERE {_SFILTER} AND {_PID_FILTER} AND op = 'sched_switch'
     GROUP BY ALL
@@ -633,11 +626,12 @@ def build(ctx: Context, source: str = "summaries") -> None:
     if not ctx.aligned:  # a range off whole seconds: summaries cannot split a second
         source = "events"
     p = ctx.params(
-        launch_ops=LAUNCH_OPS,
-        sync_ops=SYNC_OPS,
-        copy_ops=COPY_OPS,
-        pinned_ops=PINNED_OPS,
-        host_ops=HOST_OPS,
+        # op categories (events/ops.py) as lists: DuckDB takes them as list parameters
+        launch_ops=list(LAUNCH_OPS),
+        sync_ops=list(SYNC_OPS),
+        copy_ops=list(COPY_OPS),
+        pinned_ops=list(PINNED_OPS),
+        host_ops=list(HOST_OPS),
         small_copy_bytes=SMALL_COPY_BYTES,
         late_eps_ns=LATE_EPS_NS,
     )
@@ -693,7 +687,7 @@ def build(ctx: Context, source: str = "summaries") -> None:
             "nw": ctx.n_windows,
             "c0": ctx.covered_start_ns,
             "c1": ctx.covered_end_ns,
-            "sync_copy_ops": SYNC_COPY_OPS,
+            "sync_copy_ops": list(SYNC_COPY_OPS),
         },
     )
     con.execute(HELPER_SQL)

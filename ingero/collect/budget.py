@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.ops import OP_NAMES, Op
+from ingero.events.ops import OP_NAMES, Op
 from ingero.traceapi import TraceHook
 
 # The daemon's default (`ingero trace` without --duration or --cmd; README, Overhead budget).

@@ -35,9 +35,9 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from ingero.ops import BYTES_OPS, NCCL_TRANSFERS
 from ingero.collect import syscalls
-from ingero.collect.records import (
+from ingero.events.ops import BYTES_OPS, NCCL_TRANSFERS, Op
+from ingero.events.records import (
     EVENT_DTYPE,
     KIND_NAME_TABLE,
     OP_NAME_TABLE,
@@ -46,7 +46,6 @@ from ingero.collect.records import (
     SWITCH_WAKER_SEEN,
     CallFlag,
     Kind,
-    Op,
 )
 
 # NCCL's transfers: their stream is always read (a register or a stack slot;

@@ -28,8 +28,9 @@ import numpy as np
 from ingero.collect import probes
 from ingero.collect.bpfmaps import discard
 from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
-from ingero.collect.records import OP_NAMES, PROC_STAT_DTYPE, Counter, Op
 from ingero.errors import IngeroError
+from ingero.events.ops import OP_NAMES, TRACEPOINTS, Op
+from ingero.events.records import PROC_STAT_DTYPE, Counter
 
 MAIN_SOURCE = "ingero.bpf.c"
 # ~2 s of records at 1 M records/s (64 bytes each).  bench_ingest at 1 M/s:
@@ -289,7 +290,7 @@ class Program:
         if os.environ.get(UPROBE_MULTI_ENV, "1") != "0":
             self.links = LinkedProbes(self, None, refusal_note=None)
             self.links.attach()
-        self.tracepoints = list(probes.TRACEPOINTS) if settings.bench_pid is None else []
+        self.tracepoints = list(TRACEPOINTS) if settings.bench_pid is None else []
         if settings.holds and settings.bench_pid is None:
             self.tracepoints += [(tp, None) for tp in HOLD_TRACEPOINTS]
         for tp, op in self.tracepoints:

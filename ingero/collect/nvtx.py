@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect.records import NVTX_DTYPE, NVTX_OPS, NVTX_TEXT_DTYPE, Op
+from ingero.events.ops import NVTX_OPS, Op
+from ingero.events.records import NVTX_DTYPE, NVTX_TEXT_DTYPE
 
 CATEGORY = "nvtx"
 SPANS_SCHEMA = pa.schema([

@@ -1,4 +1,4 @@
-"""What attaches where: the one table of CUDA, NCCL and NVTX symbols and kernel tracepoints.
+"""What attaches where: the one table of CUDA, NCCL and NVTX symbols (kernel tracepoints: events/ops.py).
 
 Each row names a base symbol, the library it lives in, the op it is
 stored as, the BPF entry function (bpf/cuda.bpf.c, bpf/nccl.bpf.c) that
@@ -15,8 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ingero.collect.records import OP_NAMES, Op
-from ingero.ops import TRACEPOINTS  # noqa: F401  (the loader attaches these; the one table is ingero/ops.py)
+from ingero.events.ops import OP_NAMES, Op
 
 RUNTIME = "runtime"
 DRIVER = "driver"

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ingero.collect.records import NCCL_EXT_DTYPE, NCCL_OPS, Op
+from ingero.events.ops import NCCL_OPS, Op
+from ingero.events.records import NCCL_EXT_DTYPE
 
 PROC = Path("/proc")
 

@@ -26,7 +26,7 @@ import mmap
 
 import numpy as np
 
-from ingero.collect.records import EVENT_DTYPE
+from ingero.events.records import EVENT_DTYPE
 
 BUSY_BIT = 1 << 63
 HEADER_BYTES = 8

@@ -35,9 +35,10 @@ import pyarrow as pa
 
 from ingero.collect import cupti, decode, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
 from ingero.collect.budget import PROGRAM_NS
+from ingero.events.ops import NVTX_OPS, Op
+from ingero.events.records import EVENT_DTYPE, OP_NAME_TABLE, Counter
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
 from ingero.collect.loader import DEFAULT_RING_MB, BpfSettings, Program, load_program, ring_bytes_from_mb
-from ingero.collect.records import EVENT_DTYPE, NVTX_OPS, OP_NAME_TABLE, Counter, Op
 from ingero.collect.ringbuf import RingReader
 from ingero.errors import IngeroError
 from ingero.store.db import Store, invoking_user

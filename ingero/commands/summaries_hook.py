@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ingero.analyze import summaries
 from ingero.analyze.record_summaries import Summariser
+from ingero.events.units import NS
 from ingero.store.faults import STORAGE_ERRORS, write_error
 from ingero.traceapi import TraceHook
 
@@ -100,7 +101,7 @@ class SummaryHook(TraceHook):
             # ended, after a long sleep) go with the flush: held, they would set the mark back by
             # their whole age, and readers summarise everything after the mark from the events
             start = windows.column("start_ns").to_numpy()
-            old = start < int(start.max()) - int(OLD_ROW_S * summaries.NS)
+            old = start < int(start.max()) - int(OLD_ROW_S * NS)
             if old.any():
                 rows.append((summaries.WINDOWS_TABLE, windows.filter(old)))
                 windows, start = windows.filter(~old), start[~old]

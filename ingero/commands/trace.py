@@ -224,9 +224,9 @@ def _failed_calls_line(summary) -> str | None:
     """One line when CUDA calls of the session returned an error (read back from the store)."""
     import duckdb
 
-    from ingero import ops
     from ingero.analyze.return_codes import session_failures
     from ingero.errors import IngeroError
+    from ingero.events import ops
     from ingero.render.counts import failed_calls_sentence
     from ingero.store.db import Store
 

@@ -38,6 +38,7 @@ from ingero.demo import scenarios as scn
 from ingero.demo import synthetic
 from ingero.demo.scenarios import BASELINE_SHARE, Interferer, Scenario
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.store.db import Store, sched_autogroup_enabled
 
 REPO = Path(__file__).resolve().parents[2]
@@ -435,9 +436,9 @@ def _synthetic_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: 
     # A whole second ago the replay ends: explain's windows are whole seconds, so a start off
     # the second moved every window boundary and changed the diagnosis from run to run (a
     # seeded replay gave HIGH, or nothing, depending on the clock's fraction of a second).
-    start_s = time.time_ns() // synthetic.NS - math.ceil(duration_s)
+    start_s = time.time_ns() // NS - math.ceil(duration_s)
     replay = synthetic.generate(s, duration_s=duration_s, fixed=fixed, seed=1 if fixed else 0,
-                                start_ns=start_s * synthetic.NS)
+                                start_ns=start_s * NS)
     store = Store.open(db)
     try:
         synthetic.write(store, s, replay, label=label)

@@ -33,14 +33,14 @@ import pyarrow.compute as pc
 
 from ingero.demo import scenarios
 from ingero.demo.scenarios import BASELINE_SHARE, Physics, Scenario, wait_policy
-from ingero.demo.timeline import HOG_PID0, LOOP_PID, US, WAKE_NS, WORKER_PID0, Columns, Draws, LoopThread
+from ingero.demo.timeline import HOG_PID0, LOOP_PID, WAKE_NS, WORKER_PID0, Columns, Draws, LoopThread
+from ingero.events.units import NS, US
 from ingero.store.db import Store
 from ingero.store.derive import fill_call_state
 
-__all__ = ["NS", "US", "LOOP_PID", "WORKER_PID0", "HOG_PID0", "Columns", "Replay", "generate", "write",
+__all__ = ["LOOP_PID", "WORKER_PID0", "HOG_PID0", "Columns", "Replay", "generate", "write",
            "event_batch"]
 
-NS = 1_000_000_000
 # cudaMemcpyAsync from pinned memory returns after ~10 us (queues the DMA).
 ASYNC_COPY_CALL_NS = 10 * US
 # Pageable copies are staged through a pinned bounce buffer in chunks of this

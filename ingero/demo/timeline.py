@@ -32,7 +32,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-US = 1_000
+from ingero.events.units import US
+
 # Fake PIDs of the replay (clearly not live processes of this host).
 LOOP_PID = 424_242
 WORKER_PID0 = 424_250

@@ -17,13 +17,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
-from ingero.export.selection import WHERE, Selection, bounded_memory, reader, run
+from ingero.export.selection import WHERE, bounded_memory, reader, run
+from ingero.store.selection import Selection
 
 ROWS = 262_144
 
 _EVENTS_SQL = f"SELECT * FROM events WHERE {WHERE} ORDER BY timestamp"
-_PROCESSES_SQL = f"""
+# The named processes of a selection: those with events in it and those that ran instead of them
+# (a fleet segment publishes the same table).
+PROCESSES_SQL = f"""
 SELECT * FROM process_names WHERE pid IN (
     SELECT pid FROM events WHERE {WHERE}
     UNION SELECT other_pid FROM events WHERE {WHERE} AND op = 'sched_switch' AND other_pid IS NOT NULL)
@@ -63,17 +67,18 @@ def is_ours(root: Path) -> bool:
     return found
 
 
-def export(con: duckdb.DuckDBPyConnection, sel: Selection, root: Path) -> dict[str, int]:
-    """Write the four tables under ``root``; return rows per file (relative path -> rows)."""
+def export(con: duckdb.DuckDBPyConnection, sel: Selection, opts: Options, root: Path) -> dict[str, int]:
+    """Write the four tables under ``root`` (the chains: explain with ``opts``, the options ``sel``
+    was resolved from); return rows per file (relative path -> rows)."""
     params = sel.params()
     host = run(con, "SELECT any_value(hostname) FROM sessions WHERE session_id = $sid", params).fetchall()[0][0]
     part = root / f"node={_safe(host or 'unknown')}" / f"session={sel.session_id}"
     part.mkdir(parents=True)
     rows = {}
-    for name, sql in zip(TABLES, (_EVENTS_SQL, _PROCESSES_SQL, _SESSION_SQL)):
+    for name, sql in zip(TABLES, (_EVENTS_SQL, PROCESSES_SQL, _SESSION_SQL)):
         rows[f"{part.relative_to(root)}/{name}.parquet"] = _stream(con, sql, params, part / f"{name}.parquet")
-    chains = explain(con, sel.opts).chains
-    table = pa.Table.from_pylist([_chain_row(i, c) for i, c in enumerate(chains, 1)], schema=CHAIN_SCHEMA)
+    chains = explain(con, opts).chains
+    table = pa.Table.from_pylist([chain_row(i, c) for i, c in enumerate(chains, 1)], schema=CHAIN_SCHEMA)
     pq.write_table(table, part / "chains.parquet")
     rows[f"{part.relative_to(root)}/chains.parquet"] = table.num_rows
     return rows
@@ -90,7 +95,8 @@ def _stream(con: duckdb.DuckDBPyConnection, sql: str, params: dict, path: Path) 
     return n
 
 
-def _chain_row(rank: int, c) -> dict:
+def chain_row(rank: int, c) -> dict:
+    """A chain as a row of CHAIN_SCHEMA (``rank``: its place in explain's order, from 1)."""
     return {"rank": rank, "rule_id": c.rule_id, "severity": c.severity, "title": c.title,
             "share": c.share, "impact": c.impact, "correlation": c.correlation, "pids": c.pids,
             "culprits": json.dumps([dataclasses.asdict(x) for x in c.culprits]),

@@ -37,18 +37,20 @@ from typing import Any, BinaryIO
 
 import duckdb
 
+from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Chain
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.export import device_tracks, flows
-from ingero.export.selection import WHERE, Selection, bounded_memory, run
+from ingero.export.selection import WHERE, bounded_memory, run
 from ingero.export.threads import ThreadTracks
 from ingero.store.db import named_params
+from ingero.store.selection import Selection
 
 BATCH = 20_000  # packets per write
 ARG_NAMES = ("bytes", "stream", "ret", "kind", "runq_ns", "latency_ns", "in_call", "rule",
              "share_of_wall_clock", "fix")
-NS = 1_000_000_000
 SEQ = 1  # the one trusted packet sequence of this writer
 
 # Track uuids: the id shifted left, the kind of track in the low 3 bits; small numbers
@@ -111,7 +113,7 @@ SELECT DISTINCT pid, coalesce(tid, pid) AS tid FROM events WHERE {WHERE} ORDER B
 """
 
 # The earliest time the export would write: events, and the samples of the counter tracks
-_RANGE = "session_id = $sid AND timestamp >= $t0 AND timestamp < $t1"
+_RANGE = Selection.where(pids=False)
 _EARLIEST_SQL = f"""
 SELECT min(t) FROM (
     SELECT min(timestamp) AS t FROM events WHERE {WHERE}
@@ -124,18 +126,17 @@ _PROC_NAMES_SQL = "SELECT pid, any_value(name) FROM process_names WHERE list_con
 
 # (name, unit, SQL of (timestamp, value) in the selection's time range)
 _HOST_COUNTERS = (
-    ("CPU %", "%", "SELECT timestamp, cpu_pct FROM system_metrics WHERE session_id = $sid "
-                   "AND timestamp >= $t0 AND timestamp < $t1 AND cpu_pct IS NOT NULL ORDER BY timestamp"),
-    ("memory used", "bytes", "SELECT timestamp, mem_used_bytes FROM system_metrics WHERE session_id = $sid "
-                             "AND timestamp >= $t0 AND timestamp < $t1 AND mem_used_bytes IS NOT NULL "
-                             "ORDER BY timestamp"),
+    ("CPU %", "%", f"SELECT timestamp, cpu_pct FROM system_metrics WHERE {_RANGE} "
+                   "AND cpu_pct IS NOT NULL ORDER BY timestamp"),
+    ("memory used", "bytes", f"SELECT timestamp, mem_used_bytes FROM system_metrics WHERE {_RANGE} "
+                             "AND mem_used_bytes IS NOT NULL ORDER BY timestamp"),
 )
-_GPU_SQL = ("SELECT gpu, timestamp, util_pct FROM gpu_metrics WHERE session_id = $sid AND timestamp >= $t0 "
-            "AND timestamp < $t1 AND util_pct IS NOT NULL ORDER BY gpu, timestamp")
+_GPU_SQL = (f"SELECT gpu, timestamp, util_pct FROM gpu_metrics WHERE {_RANGE} "
+            "AND util_pct IS NOT NULL ORDER BY gpu, timestamp")
 # RSS of the processes that have a track (events in the selection)
 _RSS_SQL = f"""
-SELECT pid, timestamp, rss_bytes FROM process_memory WHERE session_id = $sid AND timestamp >= $t0
-  AND timestamp < $t1 AND rss_bytes IS NOT NULL AND pid IN (SELECT DISTINCT pid FROM events WHERE {WHERE})
+SELECT pid, timestamp, rss_bytes FROM process_memory WHERE {_RANGE}
+  AND rss_bytes IS NOT NULL AND pid IN (SELECT DISTINCT pid FROM events WHERE {WHERE})
 ORDER BY pid, timestamp
 """
 # run-queue wait of a process' traced threads per second of wall clock (0-ncpu)
@@ -305,7 +306,7 @@ class _Writer:
         p.track_event.double_counter_value = float(value)
 
 
-def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Path) -> Summary:
+def export(con: duckdb.DuckDBPyConnection, sel: Selection, opts: Options, f: BinaryIO, path: Path) -> Summary:
     params = sel.params()
     earliest = run(con, _EARLIEST_SQL, params).fetchone()[0]
     if earliest is not None and earliest < 0:
@@ -314,7 +315,7 @@ def export(con: duckdb.DuckDBPyConnection, sel: Selection, f: BinaryIO, path: Pa
                           "narrow it with --since or --pid past that time, or export --format parquet")
     # nothing is written before 0: a range opening earlier (a session's start) starts the clock at 0
     params["t0"] = max(params["t0"], 0)
-    chains = explain(con, sel.opts).chains
+    chains = explain(con, opts).chains
     arrows = flows.plan(con, chains, params)
     w = _Writer(f)
     threads = _process_tracks(con, w, params)

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import duckdb
 
 from ingero.analyze import steps as step_parts
-from ingero.analyze.context import resolve
+from ingero.analyze.context import Options, resolve
 from ingero.analyze.model import StepStats
-from ingero.export.selection import WHERE, Selection, run
+from ingero.export.selection import WHERE, run
+from ingero.store.selection import Selection
 from ingero.store.sessions import latest_session
 
 # Per window and traced process (a process with CUDA calls): call rate and latency
@@ -44,7 +45,7 @@ SELECT e.pid, (e.timestamp - $t0) // $wns AS w,
        least(1.0, coalesce(sum(e.duration_ns) FILTER (e.preempted), 0) / $wns) AS preempted,
        least(1.0, coalesce(sum(e.duration_ns) FILTER (NOT e.preempted), 0) / $wns) AS blocked
 FROM events e JOIN loops USING (pid, tid)
-WHERE e.session_id = $sid AND e.timestamp >= $t0 AND e.timestamp < $t1 AND e.op = 'sched_switch'
+WHERE {Selection.where("e", pids=False)} AND e.op = 'sched_switch'
 GROUP BY ALL ORDER BY e.pid, w
 """
 
@@ -59,21 +60,21 @@ SELECT fam.owner, (e.timestamp - $t0) // $wns AS w,
        count(*) FILTER (e.op = 'page_fault') / ($wns / 1e9) AS faults_s,
        quantile_cont(e.duration_ns, 0.99) FILTER (e.op = 'block_io') / 1e6 AS bio_p99
 FROM events e JOIN fam USING (pid)
-WHERE e.session_id = $sid AND e.timestamp >= $t0 AND e.timestamp < $t1
+WHERE {Selection.where("e", pids=False)}
   AND e.op IN ('page_fault', 'block_io')
 GROUP BY ALL ORDER BY fam.owner, w
 """
 
 _RSS_SQL = f"""
 SELECT pid, (timestamp - $t0) // $wns AS w, max(rss_bytes) / 1e6 AS rss_mb
-FROM process_memory WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+FROM process_memory WHERE {Selection.where(pids=False)}
   AND pid IN (SELECT pid FROM events WHERE {WHERE} AND op LIKE 'cu%')
 GROUP BY ALL ORDER BY pid, w
 """
 
-_GPU_SQL = """
+_GPU_SQL = f"""
 SELECT 0 AS pid, (timestamp - $t0) // $wns AS w, avg(util_pct) AS gpu_util
-FROM gpu_metrics WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+FROM gpu_metrics WHERE {Selection.where(pids=False)}
 GROUP BY ALL ORDER BY w
 """
 
@@ -203,9 +204,10 @@ def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
                 or con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = $t", {"t": table}).fetchone()[0])
 
 
-def collect(con: duckdb.DuckDBPyConnection, sel: Selection, steps: StepStats | None = None) -> Charts:
-    """The charts' numbers; ``steps``: explain's steps of the same range (the breakdown over time)."""
-    ctx = resolve(con, sel.opts, align=True)
+def collect(con: duckdb.DuckDBPyConnection, sel: Selection, opts: Options, steps: StepStats | None = None) -> Charts:
+    """The charts of ``sel``, in the windows explain makes of ``opts`` (what ``sel`` was resolved from);
+    ``steps``: explain's steps of the same range (the breakdown over time)."""
+    ctx = resolve(con, opts, align=True)
     params = {**sel.params(), "t0": ctx.start_ns, "t1": ctx.end_ns, "wns": ctx.window_ns}
     n = ctx.n_windows
     names = dict(run(con, _NAMES_SQL, params).fetchall())

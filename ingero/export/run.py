@@ -43,7 +43,7 @@ def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False
             from ingero.export import perfetto
 
             with output.atomic_file(path, force, kind) as tmp, open(tmp, "wb") as f:
-                s = perfetto.export(store.con, sel, f, path)
+                s = perfetto.export(store.con, sel, opts, f, path)
             device = f"{s.device_slices:,} device slices, " if s.device_slices else ""
             return (f"wrote {path}: {s.events:,} events, {device}{s.chains} chains with {s.flows} arrows, "
                     f"{s.bytes / 1e6:.1f} MB — open it in https://ui.perfetto.dev")
@@ -51,7 +51,7 @@ def export(db: Path, fmt: str, path: Path, opts: Options, *, force: bool = False
             from ingero.export import parquet
 
             with output.atomic_dir(path, force, kind) as tmp:
-                rows = parquet.export(store.con, sel, tmp)
+                rows = parquet.export(store.con, sel, opts, tmp)
             return f"wrote {path}: " + ", ".join(f"{k} ({v:,} rows)" for k, v in rows.items())
         raise IngeroError(f"unknown format {fmt!r}", "use perfetto or parquet")
     finally:
@@ -79,7 +79,7 @@ def report(db: Path, path: Path, opts: Options, *, force: bool = False,
         sel = select(store.con, opts)
         rep = explain(store.con, opts)
         # (after explain, on its connection: the step breakdown reads the window tables it built)
-        charts = report_data.collect(store.con, sel, rep.steps)
+        charts = report_data.collect(store.con, sel, opts, rep.steps)
         timeline = report_timeline.collect(store.con, rep, charts.params)
         with output.atomic_file(path, force, kind) as tmp, open(tmp, "w", encoding="utf-8") as f:
             n = report_html.write(rep, charts, f, timeline=timeline, after=after_rep)

@@ -1,4 +1,5 @@
-"""The data an export covers: one session, a time range, optionally some processes.
+"""The data an export covers (a store ``Selection``: one session, a time range, optionally
+some processes), and how exporters read it.
 
 The same resolution explain uses (ingero.analyze.context), so an export and
 an explain with the same flags talk about the same rows.
@@ -7,7 +8,6 @@ an explain with the same flags talk about the same rows.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import duckdb
@@ -15,33 +15,18 @@ import duckdb
 from ingero.analyze.context import Options, resolve
 from ingero.errors import IngeroError
 from ingero.store.db import named_params
+from ingero.store.selection import Selection
 
 # The rows of a table in the selection; every exporter filters with it.
-WHERE = ("session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 "
-         "AND ($all_pids OR list_contains($pids, pid))")
-
-
-@dataclass(frozen=True)
-class Selection:
-    session_id: int
-    start_ns: int
-    end_ns: int
-    pids: tuple[int, ...]
-    opts: Options
-
-    def params(self) -> dict[str, Any]:
-        return {"sid": self.session_id, "t0": self.start_ns, "t1": self.end_ns,
-                "all_pids": not self.pids, "pids": list(self.pids) or [0]}
-
-    def count_events(self, con: duckdb.DuckDBPyConnection) -> int:
-        return int(con.execute(f"SELECT count(*) FROM events WHERE {WHERE}", self.params()).fetchall()[0][0])
+WHERE = Selection.where()
+COUNT_SQL = f"SELECT count(*) FROM events WHERE {WHERE}"
 
 
 def select(con: duckdb.DuckDBPyConnection, opts: Options) -> Selection:
     """Resolve the options; an empty selection is the user's error (one line, exit 2)."""
     ctx = resolve(con, opts)
-    sel = Selection(ctx.session_id, ctx.start_ns, ctx.end_ns, tuple(opts.pids), opts)
-    if sel.count_events(con) == 0:
+    sel = Selection(ctx.session_id, ctx.start_ns, ctx.end_ns, tuple(opts.pids))
+    if int(con.execute(COUNT_SQL, sel.params()).fetchall()[0][0]) == 0:
         who = f" of PID {', '.join(map(str, opts.pids))}" if opts.pids else ""
         raise IngeroError(f"the selection holds no events{who} in session {sel.session_id}",
                           "widen --since, pick another --session or --pid (see `ingero status`)")

@@ -28,11 +28,11 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from ingero.errors import IngeroError, first_line
+from ingero.events.units import NS
 from ingero.fleet import layout, schema
 from ingero.fleet.publish import MAX_SEGMENT_S
 from ingero.store.query import lock_down
 
-NS = 1_000_000_000
 HOUR_NS = 3600 * NS
 MAX_SEGMENT_NS = int(MAX_SEGMENT_S * NS)
 DEFAULT_SINCE_S = 3600.0

@@ -37,9 +37,9 @@ import duckdb
 
 from ingero.analyze.baseline import MIN_EVIDENCE_WINDOWS, TRIM_EDGES_FROM_WINDOWS
 from ingero.analyze.model import Analysed, Chain, Culprit, Report, SystemContext, Window
+from ingero.events.units import NS
 from ingero.fleet.dataset import Catalog
 
-NS = 1_000_000_000
 WINDOW_NS = NS  # a segment's windows are one second (segment.py)
 
 

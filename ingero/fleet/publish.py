@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ingero.events.records import Counter
+from ingero.events.units import NS
 from ingero.traceapi import TraceHook
-from ingero.collect.records import Counter
 from ingero.errors import IngeroError, first_line
 from ingero.fleet import layout, segment
 from ingero.fleet.facts import NodeFacts, clock_state, node_facts, sync_daemon
 
-NS = 1_000_000_000
 # Each segment costs one explain over its span (windows and chains): ~0.2-0.4 CPU-s whatever its
 # length, measured here (bench_publish).  Five minutes keeps that near 1% of a tracer's CPU at
 # ~2 k events/s; one minute costs ~10% (docs/benchmarks.md).  Fresher fleet answers are a flag away.

@@ -26,14 +26,15 @@ from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.procs import has_table
 from ingero.errors import IngeroError
-from ingero.export.parquet import _PROCESSES_SQL, _chain_row
-from ingero.export.selection import Selection, reader
+from ingero.events.units import NS
+from ingero.export.parquet import PROCESSES_SQL, chain_row
+from ingero.export.selection import reader
 from ingero.fleet import schema
 from ingero.fleet.facts import ClockState, NodeFacts
 from ingero.store.db import named_params
 from ingero.store.derive import events_relation
+from ingero.store.selection import Selection
 
-NS = 1_000_000_000
 WINDOW_S = 1.0  # per-second summaries, as the store's own
 # An event is looked for this long before the segment it ended in (the longest off-CPU
 # interval or call a segment can hold without a scan of the whole session).
@@ -53,22 +54,24 @@ LOOP_SUMS_SQL = "SELECT sum(wall_ns), sum(cpu_wait_ns), sum(ops_n), sum(launch_n
 LOOP_EDGES_SQL = """
 SELECT $t0 + min(w) * $wns, $t0 + max(w) * $wns FROM ing_win WHERE pid = $pid AND (launch_n > 0 OR sync_n > 0)
 """
-SUMMARIES_SQL = "SELECT * FROM {w} WHERE session_id = $sid AND start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns"
-RANKS_SQL = "SELECT * FROM ranks WHERE session_id = $sid AND seen_ns >= $t0 AND seen_ns < $t1 ORDER BY seen_ns"
-SPAN_SQL = """
+# The segment's rows of the other tables: a Selection of every process ($sid, $t0, $t1).
+_RANGE = Selection.where(pids=False)
+SUMMARIES_SQL = f"SELECT * FROM {{w}} WHERE {Selection.where(time='start_ns', pids=False)} ORDER BY start_ns"
+RANKS_SQL = f"SELECT * FROM ranks WHERE {Selection.where(time='seen_ns', pids=False)} ORDER BY seen_ns"
+SPAN_SQL = f"""
 SELECT min(timestamp), max(timestamp) FROM events
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+WHERE {_RANGE}
 """
-HOST_SQL = """
+HOST_SQL = f"""
 SELECT avg(cpu_pct), avg(load1) FROM system_metrics
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+WHERE {_RANGE}
 """
 # CPU of every process on the host that is not one the tracer followed (no events of its own).
-OTHERS_SQL = """
+OTHERS_SQL = f"""
 SELECT pid, any_value(comm) AS comm, sum(oncpu_ns) / 1e9 AS cpu_s FROM process_cpu
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+WHERE {_RANGE}
   AND interval_ns <= 5e9  -- a process' first sample covers its whole life before the trace
-  AND pid NOT IN (SELECT DISTINCT pid FROM events WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1)
+  AND pid NOT IN (SELECT DISTINCT pid FROM events WHERE {_RANGE})
 GROUP BY pid ORDER BY cpu_s DESC
 """
 TOP_OTHERS = 3
@@ -88,7 +91,8 @@ class Segment:
 def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: int, *, facts: NodeFacts,
           clock: ClockState, drops: tuple[int, int], rows_per_file: int) -> Segment:
     t1 = t0 + segment_ns
-    p = {"sid": session_id, "t0": t0, "t1": t1, "lo": t0 - LONGEST_EVENT_NS}
+    sel = Selection(session_id, t0, t1)
+    p = sel.params(pids=False, lo=t0 - LONGEST_EVENT_NS)
     tables: dict[str, list[pa.Table]] = {}
     parts, events = [], 0
     rd = con.cursor()  # a streamed relation needs a connection with no result left open (explain leaves some)
@@ -101,11 +105,11 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     finally:
         rd.close()
     tables["events"] = parts
-    report = _explain(con, session_id, t0, t1)
+    report = _explain(con, sel)
     if report is not None:
         win = _arrow(con, WINDOWS_SQL, {"sid": session_id, "t0": t0, "wns": int(WINDOW_S * NS)})
         tables["windows"] = [schema.conform(win, schema.WINDOWS)] if win.num_rows else []
-        rows = [{**_chain_row(i, c), "session_id": session_id, "segment_start_ns": t0, "segment_end_ns": t1}
+        rows = [{**chain_row(i, c), "session_id": session_id, "segment_start_ns": t0, "segment_end_ns": t1}
                 for i, c in enumerate(report.chains, 1)]
         tables["chains"] = [pa.Table.from_pylist(rows, schema=schema.CHAINS)] if rows else []
         loop_pids = [int(r[0]) for r in con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC").fetchall()]
@@ -123,16 +127,14 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         if stored or pending is not None:
             w, _ = summaries.relations(con, events_relation(con, session_id), session_id, t0, t1,
                                        summarised=stored, pending=pending)
-            summ = _arrow(con, SUMMARIES_SQL.format(w=w), {"sid": session_id, "t0": t0, "t1": t1})
+            summ = _arrow(con, SUMMARIES_SQL.format(w=w), sel.params(pids=False))
     tables["summaries"] = [schema.conform(summ, schema.SUMMARIES)] if summ is not None and summ.num_rows else []
-    sel = Selection(session_id, t0, t1, (), Options(session=session_id))
-    params = sel.params()
-    procs = _arrow(con, _PROCESSES_SQL, named_params(_PROCESSES_SQL, params))
+    procs = _arrow(con, PROCESSES_SQL, named_params(PROCESSES_SQL, sel.params()))
     tables["processes"] = [schema.conform(procs, schema.PROCESSES)] if procs.num_rows else []
-    ranks = _arrow(con, RANKS_SQL, {"sid": session_id, "t0": t0, "t1": t1})
+    ranks = _arrow(con, RANKS_SQL, sel.params(pids=False))
     tables["ranks"] = [schema.conform(ranks, schema.RANKS)] if ranks.num_rows else []
-    host = con.execute(HOST_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()[0]
-    others = con.execute(OTHERS_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()
+    host = con.execute(HOST_SQL, sel.params(pids=False)).fetchall()[0]
+    others = con.execute(OTHERS_SQL, sel.params(pids=False)).fetchall()
     steps = report.steps if report is not None else None
     device = report.device if report is not None else None
     row: dict[str, Any] = {
@@ -156,13 +158,14 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
     return Segment(session_id, t0, t1, tables, events)
 
 
-def _explain(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, t1: int) -> Any:
+def _explain(con: duckdb.DuckDBPyConnection, sel: Selection) -> Any:
     """explain over the segment's events (by start time), one-second windows; None when it holds none."""
-    first, last = con.execute(SPAN_SQL, {"sid": session_id, "t0": t0, "t1": t1}).fetchall()[0]
+    first, last = con.execute(SPAN_SQL, sel.params(pids=False)).fetchall()[0]
     if first is None:
         return None
     try:
-        return explain(con, Options(session=session_id, from_ns=t0, to_ns=min(t1, int(last) + 1), window_s=WINDOW_S))
+        return explain(con, Options(session=sel.session_id, from_ns=sel.t0, to_ns=min(sel.t1, int(last) + 1),
+                                    window_s=WINDOW_S))
     except IngeroError:
         return None  # nothing to explain in the range: windows and chains stay empty
 

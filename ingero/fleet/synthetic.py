@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from ingero.events.units import NS
 from ingero.fleet import layout, schema
-
-NS = 1_000_000_000
 
 
 @dataclass

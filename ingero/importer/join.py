@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from ingero.collect.records import CUDA_OPS, OP_NAMES
+from ingero.events.ops import CUDA_OP_NAMES
 
 ANCHOR = 16  # ops of the trace's thread looked up as a run in the traced thread
 MAX_CANDIDATES = 64  # places an anchor is tried at
@@ -32,7 +32,6 @@ TOLERANCE_NS = 20_000_000  # a call matches a traced call this close to its shif
 IN_ORDER_NS = 1_000_000  # after a match, a call's traced partner is the next of its op no earlier than this
 MAX_SKEW_NS = 600 * 10**9  # sessions whose calls are further than this from the trace's are not tried
 MIN_MATCHED = 0.5  # share of the trace's calls that must match for the sessions to be joined
-CUDA_OP_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
 
 Calls = list[tuple[int, str]]  # (start ns, op), in time order
 
@@ -140,14 +139,14 @@ def align(con: duckdb.DuckDBPyConnection, pids: list[int] | None = None) -> Alig
            WHERE s.imported_from IS NULL AND e.pid IN (SELECT DISTINCT pid FROM _imp_use WHERE use = 'call')
              AND list_contains($ops, e.op) AND e.timestamp BETWEEN $lo AND $hi
            GROUP BY ALL ORDER BY n DESC, e.session_id DESC""",
-        {"ops": CUDA_OP_NAMES, "lo": lo, "hi": hi}).fetchall()
+        {"ops": list(CUDA_OP_NAMES), "lo": lo, "hi": hi}).fetchall()
     for session_id, pid, _ in candidates:
         trace = _by_tid(con.execute("""SELECT tid, start_ns, op FROM _imp_use WHERE use = 'call' AND pid = $pid
                                        ORDER BY tid, start_ns""", {"pid": pid}).fetchall())
         traced = _by_tid(con.execute(
             """SELECT tid, timestamp, op FROM events WHERE session_id = $sid AND pid = $pid
                  AND list_contains($ops, op) AND timestamp BETWEEN $lo AND $hi ORDER BY tid, timestamp""",
-            {"sid": session_id, "pid": pid, "ops": CUDA_OP_NAMES, "lo": lo, "hi": hi}).fetchall())
+            {"sid": session_id, "pid": pid, "ops": list(CUDA_OP_NAMES), "lo": lo, "hi": hi}).fetchall())
         offset, pairs = _align_threads(trace, traced)
         total = sum(len(a) for a in trace.values())
         if pairs and len(pairs) >= MIN_MATCHED * total:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from ingero.collect.probes import CUDA_PROBES
-from ingero.collect.records import OP_NAMES, Op
+from ingero.events.ops import COPY_OPS, OP_NAMES, Op
 from ingero.importer.raw import BAD_FIELD_NAMES, INT_FIELDS, RAW_TABLE, SCRATCH, detach_scratch
 
 CALL_CATS = ("cuda_runtime", "cuda_driver")
@@ -43,9 +43,8 @@ KIND_CHARS = 120  # a name quoted in a kind of unused event is cut to this many 
 MAX_PIDS = 1024  # processes named in a session's targets (a real trace has one, or a few)
 NAME_CHARS = 256  # an imported process name is cut to this
 
-# What the tracer fills per op (bpf/cuda.bpf.c arguments): copies carry bytes and direction,
-# these carry the stream.  Kineto records no call arguments; the submitted activity has them.
-COPY_OPS = tuple(OP_NAMES[o] for o in (Op.CUDA_MEMCPY, Op.CUDA_MEMCPY_ASYNC, Op.CU_MEMCPY, Op.CU_MEMCPY_ASYNC))
+# What the tracer fills per op (bpf/cuda.bpf.c arguments): copies (COPY_OPS) carry bytes and
+# direction, these carry the stream.  Kineto records no call arguments; the submitted activity has them.
 STREAM_OPS = tuple(OP_NAMES[o] for o in (
     Op.CUDA_MEMCPY_ASYNC, Op.CUDA_STREAM_SYNC, Op.CUDA_GRAPH_LAUNCH, Op.CU_MEMCPY_ASYNC, Op.CU_STREAM_SYNC,
     Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL))

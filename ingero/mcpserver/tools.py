@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ingero import values
-from ingero.collect.records import CUDA_OPS, OP_NAMES
 from ingero.daemon import access, client, protocol
 from ingero.daemon.sqlguard import check_sql
 from ingero.errors import IngeroError
+from ingero.events.ops import CUDA_OP_NAMES
 
 # An assistant reads every row it gets: the socket's defaults suit a terminal, these a context window
 # (the other caps, time, DuckDB memory, a row's size, are store.query's, as on every path).
@@ -32,7 +32,6 @@ DEFAULT_ROWS = 200
 MAX_ROWS = 2_000
 MAX_REPLY_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = protocol.DEFAULT_TIMEOUT_S
-CUDA_OP_NAMES = frozenset(OP_NAMES[o] for o in CUDA_OPS)
 
 SESSIONS_SQL = ("SELECT session_id, status, to_timestamp(started_ns / 1e9) AS started, "
                 "to_timestamp(ended_ns / 1e9) AS ended, events, drops_kernel, drops_user, command, targets "

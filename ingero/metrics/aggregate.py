@@ -27,7 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from ingero.collect.records import CUDA_OPS, KIND_NAMES, OP_NAMES, SWITCH_RUNQ_BITS, Kind, Op
+from ingero.events.ops import CUDA_OPS, OP_NAMES, Op
+from ingero.events.records import KIND_NAMES, SWITCH_RUNQ_BITS, Kind
 from ingero.host import pid_alive
 
 # Histogram bucket upper bounds (seconds, Prometheus' `le`): 1 µs to 10 s in steps of 10^(1/25),

@@ -15,8 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.process_collector import ProcessCollector
 
+from ingero.events.records import Counter
 from ingero.traceapi import TraceHook
-from ingero.collect.records import Counter
 from ingero.store.files import file_sizes
 from ingero.errors import IngeroError
 from ingero.metrics.aggregate import Aggregates

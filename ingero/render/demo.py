@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 from typing import Any, TextIO
 
+from ingero.events.units import NS
 from ingero.render import layout, terminal
 
 
@@ -81,8 +82,6 @@ def after_line(report_dict: dict | None) -> str:
 def terminal_share(share: float | None) -> str:
     return f"{100 * (share or 0):.1f}% of the loop's time"
 
-
-NS = 1_000_000_000
 
 # label, summary key, unit, what a smaller value is ('faster' for times, 'shorter' for waits,
 # 'slower' for rates, None for a share: its change is in points)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import duckdb
 
-from ingero.collect.records import ASYNC_OPS, CUDA_OPS, DRAINING_OPS, OP_NAMES
+from ingero.events.ops import ASYNC_OPS, CUDA_OP_NAMES, DRAINING_OPS
 
 # Rows that carry the call state (the others keep NULL in both columns).
 TAGGED_OPS = ("sched_switch", "page_fault")
@@ -41,14 +41,13 @@ DEFAULT_VIEW = "ing_events_v5"
 
 def _in_list(ops: object) -> str:
     # Literals, not parameters: a view body cannot hold parameters, and these
-    # are the fixed op names of records.py, never user input.
+    # are the fixed op names of events/ops.py, never user input.
     return "(" + ", ".join(f"'{name}'" for name in sorted(ops)) + ")"  # type: ignore[call-overload]
 
 
-_CUDA_NAMES = sorted(OP_NAMES[o] for o in CUDA_OPS)
 # The calls carry their op as a 1-byte index into this list, named again on the
 # matched rows only: sorting and joining ~7 M strings cost ~20% of the whole.
-_CUDA_LIST = "[" + ", ".join(f"'{name}'" for name in _CUDA_NAMES) + "]"
+_CUDA_LIST = "[" + ", ".join(f"'{name}'" for name in CUDA_OP_NAMES) + "]"
 
 
 def _tagged_sql(where: str, host_columns: str) -> str:
@@ -64,7 +63,7 @@ WITH calls AS (
            list_position({_CUDA_LIST}, op)::UTINYINT AS op_index,
            CASE WHEN op IN {_in_list(ASYNC_OPS)} AND ret = 0 THEN TRUE
                 WHEN op IN {_in_list(DRAINING_OPS)} THEN FALSE END AS effect
-    FROM events WHERE {where} AND op IN {_in_list(_CUDA_NAMES)}
+    FROM events WHERE {where} AND op IN {_in_list(CUDA_OP_NAMES)}
 ), state AS (
     SELECT *, coalesce(last_value(effect IGNORE NULLS) OVER (
                PARTITION BY session_id, tid ORDER BY timestamp

@@ -45,9 +45,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     call_cost_ns DOUBLE              -- what tracing one CUDA call costs its thread here, in CPU ns: the entry and return uprobes, calibrated at the trace's start on a probed libc call (the launch-bound rule takes it out of a launch's time); NULL: not calibrated (an imported trace, a kernel without uprobe_multi links, before schema 14)
 );
 
--- The op names (ingero/ops.py), stored as one byte each (schema 11; a test keeps the
+-- The op names (ingero/events/ops.py), stored as one byte each (schema 11; a test keeps the
 -- list equal to ops.py's but its NVTX records', which become spans rows, never events
--- rows; and EVENT_KIND's to records.py's).  Sorted, so ORDER BY op orders as text does; compared,
+-- rows; and EVENT_KIND's to events/records.py's).  Sorted, so ORDER BY op orders as text does; compared,
 -- matched (LIKE), grouped and selected as text: op = 'sched_switch' and a name that
 -- is no op (op = 'foo' is false) behave as with VARCHAR.  A file recorded before
 -- schema 11 keeps VARCHAR op, kind and in_call (the migration does not rewrite events).
@@ -62,7 +62,7 @@ CREATE TYPE IF NOT EXISTS OP_NAME AS ENUM (
     'nccl_ext', 'none', 'page_fault', 'proc_exec', 'proc_exit', 'sched_switch'
 );
 
--- events.kind's vocabulary (collect/records.py: copy directions, off-CPU and block I/O
+-- events.kind's vocabulary (events/records.py: copy directions, off-CPU and block I/O
 -- kinds, NCCL reduction ops and data types), one byte each, sorted, read as text.
 CREATE TYPE IF NOT EXISTS EVENT_KIND AS ENUM (
     'D2D', 'D2H', 'H2D', 'H2H', 'avg:bfloat16', 'avg:float16', 'avg:float32', 'avg:float64',

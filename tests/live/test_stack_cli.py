@@ -20,7 +20,8 @@ import workloads
 
 from prereqs import needs_nvidia_libcudart
 
-from ingero.analyze.callers import CallersContext, most_preempted_lines, top_callers
+from ingero.analyze.callers import most_preempted_lines, top_callers
+from ingero.store.selection import Selection
 
 pytestmark = pytest.mark.live
 
@@ -43,6 +44,12 @@ def trace(cmd: str, db: Path, duration: float) -> str:
     return out.stdout
 
 
+def only_session(con) -> Selection:
+    """All of the one session a trace into a fresh database recorded."""
+    (sid,), = con.execute("SELECT DISTINCT session_id FROM sessions").fetchall()
+    return Selection.whole(int(sid))
+
+
 def last_json(text: str) -> dict:
     for line in reversed(text.splitlines()):
         if line.startswith("{"):
@@ -56,7 +63,7 @@ def test_top_callers_name_the_exact_lines(tmp_path):
     stdout = trace(f"{sys.executable} {script} {libcudart()} {STEPS}", db, 120)
     lines = last_json(stdout)
     con = duckdb.connect(str(db), read_only=True)
-    rows = top_callers(con, CallersContext())
+    rows = top_callers(con, only_session(con))
     by_op = {}
     for r in rows:  # the top site of each op (rows come by time spent, most first)
         by_op.setdefault(r["op"], r)
@@ -84,7 +91,7 @@ def test_preempted_line_tops_the_list(tmp_path):
         hog.wait()
     hot = last_json(stdout)["HOT_LINE"]
     con = duckdb.connect(str(db), read_only=True)
-    rows = most_preempted_lines(con, CallersContext())
+    rows = most_preempted_lines(con, only_session(con))
     assert rows, "no preemption with a stack was recorded"
     top = rows[0]
     assert (top["file"], top["line"]) == (str(script), hot)

@@ -19,7 +19,8 @@ import pytest
 from prereqs import missing, needs_nvidia_libcudart
 from workloads import wait_for
 
-from ingero.collect.records import EVENT_DTYPE, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE
 from ingero.store.db import Store
 
 pytestmark = [pytest.mark.live, pytest.mark.exact]  # times nothing: runs beside another exact test (Makefile)

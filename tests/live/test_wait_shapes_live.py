@@ -49,7 +49,7 @@ import pytest
 import prereqs
 import workloads
 
-from ingero.ops import CUDA_OPS, OP_NAMES
+from ingero.events.ops import CUDA_OP_NAMES
 
 pytestmark = pytest.mark.live
 
@@ -67,7 +67,7 @@ HOG = [sys.executable, "-c", "while True: pass"]
 # says; the server asks for blocking syncs itself (cudaSetDeviceFlags)
 SCHEDULE = {"SIMCUDA_SCHEDULE": "auto"}
 # the runtime calls ingero traces, by their events.op name
-TRACED_OPS = frozenset(OP_NAMES[o] for o in CUDA_OPS)
+TRACED_OPS = frozenset(CUDA_OP_NAMES)
 
 
 @dataclass

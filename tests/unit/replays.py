@@ -15,8 +15,8 @@ import functools
 
 import numpy as np
 
-from ingero.collect.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, CallFlag, Kind
 from ingero.demo import scenarios, synthetic
+from ingero.events.records import EVENT_DTYPE, KIND_NAME_TABLE, OP_NAME_TABLE, CallFlag, Kind
 from ingero.store.db import Store
 
 _OP_CODE = {str(name): code for code, name in reversed(list(enumerate(OP_NAME_TABLE)))}

@@ -12,6 +12,7 @@ from ingero.cli import main
 from ingero.collect import budget
 from ingero.collect.budget import BudgetHook, attached_ratio
 from ingero.demo import scenarios
+from ingero.events.units import NS
 from ingero.store.db import Store
 from ingero.values import BadValue, parse_percent
 
@@ -22,7 +23,6 @@ from analyze_helpers import sample_store
 pytestmark = pytest.mark.xdist_group("replays")
 
 START_NS = 1_763_800_000 * 10**9
-NS = 10**9
 
 
 # ---------------------------------------------------------------- the decision
@@ -165,7 +165,7 @@ def test_the_sampled_matrix_samples():
 
 
 def test_metrics_scale_sampled_launches():
-    from ingero.collect.records import EVENT_DTYPE
+    from ingero.events.records import EVENT_DTYPE
     from ingero.metrics.aggregate import Aggregates
 
     recs = np.zeros(10, dtype=EVENT_DTYPE)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from ingero.analyze.callers import CallersContext, most_preempted_lines, top_callers
+from ingero.analyze.callers import most_preempted_lines, top_callers
 from ingero.store.db import Store
+from ingero.store.selection import Selection
 
 MS = 1_000_000
 
@@ -61,7 +62,7 @@ def con():
 
 
 def test_top_callers_rank_by_time_and_name_the_line(con):
-    rows = top_callers(con, CallersContext(session_id=1))
+    rows = top_callers(con, Selection.whole(1))
     assert [(r["file"], r["line"], r["op"]) for r in rows] == [
         ("train.py", 42, "cudaStreamSync"), ("data.py", 7, "cudaMemcpy"), ("/x/app", None, "cudaLaunchKernel")]
     sync, copy, launch = rows
@@ -74,15 +75,15 @@ def test_top_callers_rank_by_time_and_name_the_line(con):
 
 
 def test_top_callers_filters_time_pid_and_limit(con):
-    rows = top_callers(con, CallersContext(session_id=1, start_ns=0, end_ns=5 * MS, pids=(100,)), limit=1)
+    rows = top_callers(con, Selection(1, 0, 5 * MS, (100,)), limit=1)
     assert len(rows) == 1
     assert (rows[0]["line"], rows[0]["calls"]) == (42, 5)
-    assert top_callers(con, CallersContext(session_id=1, pids=(101,)))[0]["calls"] == 1
-    assert top_callers(con, CallersContext(session_id=3)) == []
+    assert top_callers(con, Selection.whole(1, (101,)))[0]["calls"] == 1
+    assert top_callers(con, Selection.whole(3)) == []
 
 
 def test_most_preempted_lines_count_only_involuntary_switches(con):
-    rows = most_preempted_lines(con, CallersContext(session_id=1))
+    rows = most_preempted_lines(con, Selection.whole(1))
     assert [(r["file"], r["line"], r["preemptions"]) for r in rows] == [("data.py", 19, 6), ("train.py", 44, 2)]
     top = rows[0]
     assert top["source"] == "img = img.flip()"
@@ -90,12 +91,13 @@ def test_most_preempted_lines_count_only_involuntary_switches(con):
     assert top["pids"] == [100]
 
 
-def test_accepts_explain_context_objects(con):
+def test_reads_the_selection_of_explains_context(con):
     from ingero.analyze.context import Context
 
     ctx = Context(con=con, session_id=1, start_ns=0, end_ns=100 * MS, window_ns=MS)
-    assert top_callers(con, ctx)[0]["line"] == 42
-    assert most_preempted_lines(con, ctx)[0]["line"] == 19
+    assert ctx.selection == Selection(1, 0, 100 * MS, ())
+    assert top_callers(con, ctx.selection)[0]["line"] == 42
+    assert most_preempted_lines(con, ctx.selection)[0]["line"] == 19
 
 
 def test_an_unreadable_innermost_frame_leaves_the_stack_without_a_call_site():
@@ -115,6 +117,6 @@ def test_an_unreadable_innermost_frame_leaves_the_stack_without_a_call_site():
         + [ev(i * MS, "cudaMalloc", 50 * MS, 2) for i in range(5)]
         + [ev(i * MS, "cudaStreamSync", MS, 3) for i in range(2)]
         + [ev(i * MS, "sched_switch", MS, 2, preempted=True) for i in range(4)]))
-    rows = top_callers(store.con, CallersContext(session_id=1))
+    rows = top_callers(store.con, Selection.whole(1))
     assert [(r["op"], r["line"], r["calls"]) for r in rows] == [("cudaMalloc", 13, 3), ("cudaStreamSync", 14, 2)]
-    assert most_preempted_lines(store.con, CallersContext(session_id=1)) == []
+    assert most_preempted_lines(store.con, Selection.whole(1)) == []

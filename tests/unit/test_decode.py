@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ingero.collect.decode import EVENTS_SCHEMA, events_table, monotonic_offset_ns, stream_ops
-from ingero.collect.records import EVENT_DTYPE, Kind, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, Kind
 from ingero.store.db import Store
 
 OFFSET = 1_700_000_000_000_000_000
@@ -107,7 +108,7 @@ def test_storage_order_groups_ops_and_keeps_arrival_order_within_each_run() -> N
 
 
 def test_call_state_becomes_in_call_and_queued_on_switches_and_faults_only() -> None:
-    from ingero.collect.records import CallFlag
+    from ingero.events.records import CallFlag
 
     seen, queued = int(CallFlag.SEEN), int(CallFlag.SEEN | CallFlag.QUEUED)
     sync = int(Op.CUDA_STREAM_SYNC)
@@ -150,7 +151,7 @@ def test_batch_without_switches_or_faults_has_null_call_state() -> None:
 
 
 def test_call_state_of_a_strided_view_of_records() -> None:
-    from ingero.collect.records import CallFlag
+    from ingero.events.records import CallFlag
 
     r = np.concatenate([rec(op=int(Op.SCHED_SWITCH), kind=int(Kind.SLEEP), call_op=int(Op.CUDA_MEMCPY),
                             call_flags=int(CallFlag.SEEN)), rec(op=int(Op.BLOCK_IO), call_op=1, call_flags=3)] * 3)

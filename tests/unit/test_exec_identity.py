@@ -11,8 +11,9 @@ import pytest
 from analyze_helpers import MAIN_PID, S, SESSION, T0, Trace, chains_of
 from ingero.analyze import procs
 from ingero.collect import session
-from ingero.collect.records import EVENT_DTYPE, Kind, Op
 from ingero.collect.session import TraceOptions, TraceSession
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, Kind
 from ingero.render import terminal
 from ingero.store.db import Store
 from test_session_flush import FakeProgram, FakeReader

@@ -149,7 +149,7 @@ def test_every_flow_joins_a_cause_to_a_cuda_call_in_an_evidence_window(db: Path,
 def test_every_chain_of_every_scenario_has_arrows(name: str, tmp_path: Path) -> None:
     store = Store.open(make_db(tmp_path / "s.duckdb", name), read_only=True)
     sel = select(store.con, Options())
-    chains = explain(store.con, sel.opts).chains
+    chains = explain(store.con, Options()).chains
     arrows = flows.plan(store.con, chains, sel.params())
     store.close()
     assert chains and chains[0].rule_id == scenarios.get(name).expected_rule

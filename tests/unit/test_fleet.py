@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from ingero.cli import cli, main
 from ingero.errors import IngeroError
+from ingero.events.units import NS
 from ingero.fleet import dataset, layout, schema, status
 from ingero.fleet.synthetic import NodeSpec, generate
 
-NS = 1_000_000_000
 HOG = [{"rule_id": "cpu-contention", "severity": "HIGH", "share": 0.45,
         "title": "CPU scheduling contention → CUDA calls delayed",
         "root": ["1,662 involuntary context switches on python (train.py) (PID 4242)",

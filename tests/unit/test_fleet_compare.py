@@ -11,11 +11,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ingero.cli import cli
+from ingero.events.units import NS
 from ingero.fleet import dataset, status
 from ingero.fleet.synthetic import NodeSpec, generate
 from ingero.render import fleet as view
 
-NS = 1_000_000_000
 START = 1_795_000_000 * NS  # 2026-11-18 11:06:40 UTC
 
 

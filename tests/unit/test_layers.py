@@ -17,13 +17,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "ingero"
 
-# Imported by every layer: the package (its __version__), the one error type, the op
-# table (ingero.ops: op names, categories and tracepoints, dependency-free), the trace's
-# interface to its hooks and its view (ingero.traceapi, dependency-free), the Python
-# mirror of bpf/events.h, the one set of value parsers (the CLI and the
-# socket's request decoder) and the host facts (who invoked us, autogroups, live
-# pids).  Each imports nothing of ingero but errors.
-BASE = {"ingero", "ingero.errors", "ingero.ops", "ingero.traceapi", "ingero.collect.records", "ingero.values", "ingero.host"}
+# Imported by every layer: the package (its __version__), the one error type, the event
+# contract (ingero.events: the op table, the Python mirror of bpf/events.h, the time units),
+# the trace's interface to its hooks and its view (ingero.traceapi), the one set of value
+# parsers (the CLI and the socket's request decoder) and the host facts (who invoked us,
+# autogroups, live pids).  They import nothing of ingero but one another
+# (test_the_base_imports_only_the_base).
+BASE_LAYERS = {"events"}
+BASE_MODULES = {"ingero", "ingero.errors", "ingero.traceapi", "ingero.values", "ingero.host"}
 
 # layer -> the layers its modules may import (besides their own and BASE).  The data
 # flows bpf -> collect -> store -> analyze -> render -> commands; sample (host and GPU
@@ -109,6 +110,9 @@ def layer(name: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+BASE = BASE_MODULES | {name for name in MODULES if layer(name) in BASE_LAYERS}
+
+
 def violations() -> set[tuple[str, str]]:
     out = set()
     for name, targets in GRAPH.items():
@@ -162,11 +166,19 @@ def test_every_module_is_in_a_known_layer():
     assert unknown == [], "place new top-level modules in MAY_IMPORT (and docs/architecture.md)"
 
 
+def test_the_base_imports_only_the_base():
+    # what every layer imports must not pull a layer in behind it
+    found = sorted((name, t) for name in BASE for t in GRAPH[name] if t not in BASE)
+    assert found == [], "a base module imports a layer: " + ", ".join(f"{a} -> {b}" for a, b in found)
+
+
 def test_the_import_reader_sees_real_edges():
     # guards the checker itself: a few edges that exist, both absolute and lazy
     assert "ingero.analyze.model" in GRAPH["ingero.render.json"]
     assert "ingero.cli" in GRAPH["ingero.__main__"]
     assert "ingero.store.db" in GRAPH["ingero.daemon.access"]
+    assert "ingero.events.ops" in GRAPH["ingero.events.records"]
+    assert "ingero.events.ops" in GRAPH["ingero.store.derive"]
 
 
 def test_no_module_imports_a_layer_above_it():

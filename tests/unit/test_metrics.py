@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import prereqs
 from ingero.cli import main
-from ingero.collect.records import EVENT_DTYPE, Kind, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, Kind
 from ingero.metrics.aggregate import Aggregates
 from ingero import __version__
 from ingero.metrics.diagnosis import Diagnosis, StepRate, active_chains, step_rate

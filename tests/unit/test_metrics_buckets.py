@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import prereqs
-from ingero.collect.records import EVENT_DTYPE, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates
 from ingero.metrics.collector import IngeroCollector
 

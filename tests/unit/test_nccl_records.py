@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ingero.collect import decode, ranks
-from ingero.collect.records import EVENT_DTYPE, NCCL_EXT_DTYPE, Kind, Op, nccl_kind_name
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, NCCL_EXT_DTYPE, Kind, nccl_kind_name
 
 OFFSET = 1_000_000_000
 UID = (0x0706050403020100, 0x0F0E0D0C0B0A0908)  # ncclUniqueId bytes 00 01 02 ... 0f

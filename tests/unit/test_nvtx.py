@@ -11,8 +11,9 @@ import pytest
 
 import prereqs
 from ingero.collect import decode, nvtx, nvtx_inject
-from ingero.collect.records import EVENT_DTYPE, NVTX_DTYPE, NVTX_TEXT_DTYPE, NVTX_TEXT_PART, Op
 from ingero.errors import IngeroError
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, NVTX_DTYPE, NVTX_TEXT_DTYPE, NVTX_TEXT_PART
 
 OFFSET = 1_000_000_000
 PID = 5

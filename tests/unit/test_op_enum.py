@@ -18,8 +18,8 @@ import pytest
 from old_schemas import old_schema
 
 from bench.bench_ingest import _realistic
-from ingero import ops
 from ingero.collect import decode
+from ingero.events import ops
 from ingero.store.db import MIGRATIONS, SCHEMA_VERSION, Store, schema_sql
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,11 @@ from ingero.analyze import record_summaries, summaries
 from ingero.analyze.explain import explain
 from ingero.analyze.context import Options
 from ingero.collect import decode
-from ingero.collect.records import EVENT_DTYPE, CallFlag, Kind, Op
 from ingero.commands import summaries_hook
 from ingero.commands.summaries_hook import SummaryHook
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, CallFlag, Kind
+from ingero.events.units import NS
 from ingero.store.db import Store
 
 OFFSET = 1_700_000_000 * 10**9
@@ -83,7 +85,7 @@ def test_realistic_mix_in_storage_order_and_in_any_order(cells, monkeypatch):
 @pytest.mark.parametrize("crossing", [3, 200], ids=["few", "many"])
 def test_intervals_past_their_second_few_or_many(crossing):
     """overflow_ns: a few runs reaching past their second are summed one by one, many all at once."""
-    ns = record_summaries.NS
+    ns = NS
     runs = 300
     starts = np.arange(runs) * 4  # 4 records a run, each run in second 7 or 8
     sec = np.repeat(np.arange(runs) % 2 + 7, 4)

@@ -1,4 +1,4 @@
-"""bpf/events.h and ingero/collect/records.py must describe the same bytes.
+"""bpf/events.h and ingero/events/ (records.py, ops.py) must describe the same bytes.
 
 Compiles a tiny C program against events.h that prints sizeof/offsetof of
 every mirrored struct and the value of every enum constant, and compares.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ingero.collect import records
+from ingero.events import ops, records
 
 EVENTS_H = Path(__file__).resolve().parents[2] / "bpf" / "events.h"
 
@@ -70,12 +70,12 @@ def test_numpy_dtype_is_the_ctypes_layout() -> None:
 
 
 def test_every_op_has_a_public_name() -> None:
-    assert set(records.OP_NAMES) == set(records.Op)
-    assert len(set(records.OP_NAMES.values())) == len(records.OP_NAMES)
+    assert set(ops.OP_NAMES) == set(ops.Op)
+    assert len(set(ops.OP_NAMES.values())) == len(ops.OP_NAMES)
 
 
 def test_bpf_op_classes_match_the_queued_contract() -> None:
-    """bpf/cuda.bpf.c op_class() and records.ASYNC_OPS / DRAINING_OPS (derive.py's SQL) agree."""
+    """bpf/cuda.bpf.c op_class() and ops.ASYNC_OPS / DRAINING_OPS (derive.py's SQL) agree."""
     src = (EVENTS_H.parent / "cuda.bpf.c").read_text()
     body = re.search(r"u8 op_class\(u8 op\)\s*\{(.*?)\n\}", src, re.S)
     assert body, "op_class() not found in cuda.bpf.c"
@@ -87,9 +87,9 @@ def test_bpf_op_classes_match_the_queued_contract() -> None:
         else:
             classes.setdefault(token[1], set()).update(pending)
             pending = []
-    names = {cls: {records.OP_NAMES[records.Op[c[3:]]] for c in ops} for cls, ops in classes.items()}
-    assert names["CLASS_ASYNC"] == records.ASYNC_OPS
-    assert names["CLASS_SYNC"] == records.DRAINING_OPS
+    names = {cls: {ops.OP_NAMES[ops.Op[c[3:]]] for c in members} for cls, members in classes.items()}
+    assert names["CLASS_ASYNC"] == ops.ASYNC_OPS
+    assert names["CLASS_SYNC"] == ops.DRAINING_OPS
 
 
 def test_switch_row_packing_matches(c_layout: dict[str, int]) -> None:

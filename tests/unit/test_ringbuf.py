@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from ingero.collect.records import EVENT_DTYPE
+from ingero.events.records import EVENT_DTYPE
 from ingero.collect.ringbuf import (
     BUSY_BIT,
     POSITIONS_TAIL_OFFSET,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ingero.collect import session
-from ingero.collect.records import EVENT_DTYPE, Kind, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, Kind
 from ingero.collect.session import (
     FLUSH_INTERVAL_S,
     FLUSH_ROWS,

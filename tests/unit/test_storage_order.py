@@ -17,7 +17,8 @@ from test_op_enum import PROMISED, documented_queries
 
 from bench.bench_ingest import _realistic
 from ingero.collect import decode, ranks
-from ingero.collect.records import EVENT_DTYPE, NCCL_EXT_DTYPE, Op
+from ingero.events.ops import Op
+from ingero.events.records import EVENT_DTYPE, NCCL_EXT_DTYPE
 from ingero.store.db import Store
 
 OFFSET = 1_700_000_000 * 10**9

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, kind, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
-from ingero.analyze.windows import SYNC_OPS
+from ingero.events.ops import SYNC_OPS
 
 ID = "cpu-contention"
 TITLE = "CPU scheduling contention → CUDA calls delayed"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
-from ingero.analyze.windows import SYNC_OPS
+from ingero.events.ops import SYNC_OPS
 
 ID = "cpu-quota"
 TITLE = "CPU quota throttling → CUDA calls delayed"

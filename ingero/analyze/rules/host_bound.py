@@ -41,6 +41,7 @@ from ingero.analyze import activity, baseline, kind, procs, samples, steps, time
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Window
 from ingero.analyze.rules import sync_heavy
+from ingero.events.ops import COPY_OPS
 
 ID = "host-bound"
 TITLE = "Host-bound outside CUDA: the GPU idles while the loop works on the CPU"
@@ -100,7 +101,6 @@ WITH seg AS (
 SELECT coalesce(sum(gap) FILTER (list_contains($copy_ops, first_op)), 0), coalesce(sum(gap), 0)
 FROM g WHERE gap > 0
 """
-COPY_OPS = ["cudaMemcpyAsync", "cuMemcpyAsync", "cudaMemcpy", "cuMemcpy"]
 
 WORKERS_SQL = "SELECT DISTINCT pid FROM ing_helper WHERE list_contains($ws, w)"
 
@@ -199,7 +199,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     names = procs.lookup(con, workers)
     if any(n.ppid is not None for n in names.values()):
         workers = [w for w in workers if names[w].child_of(pid)]
-    before_copy, gaps = con.execute(BATCH_FIRST_SQL, {"pid": pid, "ws": ws, "copy_ops": COPY_OPS}).fetchone()
+    before_copy, gaps = con.execute(BATCH_FIRST_SQL, {"pid": pid, "ws": ws, "copy_ops": list(COPY_OPS)}).fetchone()
     # (host work in the tail comes after the step's launches, not before its batch's copy)
     batch_first = float(before_copy) / (float(gaps) + tail) if gaps else 0.0
     sampled = samples.top_lines(ctx, tid, ws, idle_first=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit, Window
+from ingero.store.selection import Selection
 
 ID = "input-bound"
 TITLE = "Input pipeline starvation → training loop waits for data, GPU idles"
@@ -230,10 +231,10 @@ def evaluate(con, ctx: Context) -> list[Chain]:
 
 # The cores a set of processes ran on: those holding at least 5% of their switches (a worker's
 # first switches before its pinning land anywhere).
-CORES_SQL = """
+CORES_SQL = f"""
 SELECT cpu FROM (
     SELECT cpu, count(*) AS n, sum(count(*)) OVER () AS total FROM events
-    WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND op = 'sched_switch'
+    WHERE {Selection.where(pids=False)} AND op = 'sched_switch'
       AND list_contains($pids, pid)
     GROUP BY cpu
 ) WHERE n >= 0.05 * total

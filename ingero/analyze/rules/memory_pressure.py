@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
+from ingero.store.selection import Selection
 
 ID = "memory-pressure"
 TITLE = "Memory pressure (page faults, swap) stalls the training loop"
@@ -63,11 +64,11 @@ GROUP BY pid ORDER BY n DESC LIMIT 4
 # Who holds the memory (process_memory: top RSS processes per second plus
 # the traced ones), from the start of the range to the end of the last
 # evidence window: the largest RSS growth, else the largest RSS.
-HOLDERS_SQL = """
+HOLDERS_SQL = f"""
 SELECT pid, any_value(comm) AS comm, max(rss_bytes) AS peak,
        arg_max(rss_bytes, timestamp) - arg_min(rss_bytes, timestamp) AS growth
 FROM process_memory
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1 AND rss_bytes IS NOT NULL
+WHERE {Selection.where(pids=False)} AND rss_bytes IS NOT NULL
 GROUP BY pid ORDER BY greatest(growth, 0) DESC, peak DESC LIMIT 3
 """
 

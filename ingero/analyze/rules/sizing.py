@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, kind, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
+from ingero.store.selection import Selection
 
 ID = "sizing"
 TITLE = "The GPU waits for requests, not for the host: the traffic is smaller than the card"
@@ -32,9 +33,9 @@ class Thresholds:
 
 T = Thresholds()
 
-MEM_SQL = """
+MEM_SQL = f"""
 SELECT max(mem_used_bytes), max(mem_total_bytes) FROM gpu_metrics
-WHERE session_id = $sid AND timestamp >= $t0 AND timestamp < $t1
+WHERE {Selection.where(pids=False)}
 """
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ingero.analyze import baseline, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
-from ingero.analyze.windows import PINNED_OPS
+from ingero.events.ops import PINNED_OPS
 
 ID = "transfer-bound"
 # Its cause is device time (the copy engine, staged pageable copies): a busy
@@ -97,7 +97,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         copy_bytes = sum(r["copy_bytes"] for r in s.evidence)
         copy_n = sum(r["copy_n"] for r in s.evidence)
         bw = copy_bytes / (copy_ns / 1e9) if copy_ns else 0.0
-        pinned = int(con.execute(PINNED_SQL, {"sid": ctx.session_id, "pid": pid, "ops": PINNED_OPS}).fetchone()[0])
+        pinned = int(con.execute(PINNED_SQL, {"sid": ctx.session_id, "pid": pid, "ops": list(PINNED_OPS)}).fetchone()[0])
         pageable = pinned == 0 and bw < T.pageable_max_bw_bytes_per_s
         dirs = con.execute(DIRECTIONS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
         me = procs.lookup(con, [pid])[pid]

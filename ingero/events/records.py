@@ -1,9 +1,11 @@
-"""The one Python mirror of bpf/events.h.
+"""The one Python mirror of bpf/events.h: its structs, enums and #defines.
 
 Every record the BPF side emits is declared here as a ctypes structure; the
 numpy dtype derived from it decodes whole ring-buffer spans with one
 ``frombuffer`` call.  tests/unit/test_records_parity.py compiles events.h and
-checks that sizes and offsets agree, so the two cannot drift silently.
+checks that sizes, offsets, enum values and the mirrored #defines agree, so the
+two cannot drift silently.  ``enum ingero_op`` is ``Op`` in ingero/events/ops.py
+(with the op table it names).
 """
 
 from __future__ import annotations
@@ -12,18 +14,7 @@ import ctypes
 import enum
 from typing import TYPE_CHECKING, Any
 
-# Op and its categories live in the dependency-free ingero.ops; re-exported here, the mirror of events.h
-from ingero.ops import (  # noqa: F401
-    ASYNC_OPS,
-    CUDA_OPS,
-    DRAINING_OPS,
-    NCCL_OPS,
-    NCCL_TRANSFER_OPS,
-    NVTX_OPS,
-    OP_NAMES,
-    SYNC_OPS,
-    Op,
-)
+from ingero.events.ops import OP_NAMES, Op
 
 
 class Kind(enum.IntEnum):

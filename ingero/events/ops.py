@@ -1,10 +1,9 @@
 """Every op ingero stores, its category, and the kernel tracepoints it attaches: the one table.
 
-Dependency-free on purpose: collect (the mirror of ``bpf/events.h`` in
-``collect/records.py`` re-exports ``Op``), the probe table, the checks,
-analyze's SQL and the importer all take their names and categories from
-here, so an op added or moved between categories changes in one place.
-``tests/unit/test_records_parity.py`` holds ``Op`` to ``enum ingero_op``.
+Dependency-free on purpose: collect's decoder and probe table, the store's
+derived views, analyze's SQL, the checks and the importer all take their names
+and categories from here, so an op added or moved between categories changes in
+one place.  ``tests/unit/test_records_parity.py`` holds ``Op`` to ``enum ingero_op``.
 """
 
 from __future__ import annotations
@@ -159,7 +158,8 @@ ASYNC_OPS = frozenset(
         Op.CU_MEMCPY_ASYNC,
     )
 ) | NCCL_TRANSFER_OPS  # a collective enqueues device work like a launch (bpf/cuda.bpf.c op_class)
-SYNC_OPS = frozenset(
+# The syncs, in Op order (analyze passes them to DuckDB as a list).
+SYNC_OPS: tuple[str, ...] = tuple(
     OP_NAMES[o]
     for o in (
         Op.CUDA_STREAM_SYNC,
@@ -171,7 +171,7 @@ SYNC_OPS = frozenset(
 )
 # Calls after whose return the thread has nothing of its own queued: the syncs
 # and the synchronous copies (which wait for the copy and the work before it).
-DRAINING_OPS = SYNC_OPS | {OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY]}
+DRAINING_OPS = frozenset(SYNC_OPS) | {OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY]}
 
 
 # Categories analyze's window SQL works with (passed to DuckDB as lists).
@@ -181,7 +181,20 @@ LAUNCH_OPS: tuple[str, ...] = tuple(
 COPY_OPS: tuple[str, ...] = tuple(OP_NAMES[o] for o in (Op.CUDA_MEMCPY, Op.CUDA_MEMCPY_ASYNC, Op.CU_MEMCPY,
                                                         Op.CU_MEMCPY_ASYNC))
 SYNC_COPY_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY])  # wait for the copy
+ASYNC_COPY_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_MEMCPY_ASYNC], OP_NAMES[Op.CU_MEMCPY_ASYNC])
+# Wait for everything the process queued, on every stream.
+DEVICE_SYNC_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_DEVICE_SYNC], OP_NAMES[Op.CU_CTX_SYNC])
+# Wait for one stream: a drain only when the process uses a single stream.
 STREAM_SYNC_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_STREAM_SYNC], OP_NAMES[Op.CU_STREAM_SYNC])
+# Wait for one point of one stream: never a drain, a wait only.
+EVENT_SYNC_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_EVENT_SYNC],)
+# Collectives every rank of the communicator calls (send / recv are pairwise).
+COLLECTIVE_OPS: tuple[str, ...] = tuple(
+    OP_NAMES[o]
+    for o in (Op.NCCL_ALL_REDUCE, Op.NCCL_REDUCE_SCATTER, Op.NCCL_ALL_GATHER, Op.NCCL_BROADCAST, Op.NCCL_REDUCE)
+)
+# The CUDA (runtime and driver) calls' names, sorted: the calls' rows of events.
+CUDA_OP_NAMES: tuple[str, ...] = tuple(sorted(OP_NAMES[o] for o in CUDA_OPS))
 PINNED_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_MALLOC_HOST], OP_NAMES[Op.CUDA_HOST_REGISTER])
 # Rows that are not CUDA calls: the kernel's events and the benchmark's marker.
 HOST_OPS: tuple[str, ...] = tuple(
