@@ -146,10 +146,26 @@ def test_just_below_threshold_is_silent():
     report = _throughout(0.4).explain()
     assert silent(report, "cpu-quota", "cpu-contention")
     assert report.analysed.cuda_events > 0
-    # 0.8 ms of 6.1 ms = 13%: above it, present throughout, under high_wait_share -> LOW
+    # 0.8 ms of 6.1 ms = 13%: above it, present throughout, under high_wait_share; no clean window,
+    # but cpu.stat counted throttling in every period: the limit binds -> MEDIUM
     [chain] = chains_of(_throughout(0.8).explain(), "cpu-quota")
-    assert chain.severity == "LOW"
+    assert chain.severity == "MEDIUM"
     assert cpu_quota.T.min_wait_share <= chain.numbers["quota_wait_share"] < cpu_quota.T.high_wait_share
+    assert any(e.startswith("no clean window to compare with") for e in chain.effect), chain.effect
+
+
+def test_a_limit_binding_all_run_long_at_a_varying_wait_is_named():
+    """Throttled in every period, the loop waiting 5% of some windows and 16% of others: the quieter
+    windows are throttled too, no baseline (as baseline.split's quietest quarter made them, finding
+    an 11% drop under min_drop: a 0.3-CPU limit went unnamed on a new user's loop)."""
+    tr = Trace().name(MAIN_PID, "python3 (serve.py)", "python3", "python3 serve.py")
+    for k in range(6):
+        tr.loop(5 * k, 5 * k + 5, device_ms=2, preempt_ms=0.3 if k % 2 else 1.0)
+    report = tr.cgroup(MAIN_PID, 0, 30, throttled_share=0.3).system(0, 30).explain()
+    [chain] = chains_of(report, "cpu-quota")
+    # (window 0 holds the first reading, which has no interval: 14 of 15)
+    assert chain.severity == "MEDIUM" and len(chain.evidence_windows) == 14
+    assert any(e.startswith("no clean window to compare with") for e in chain.effect), chain.effect
 
 
 def test_voluntary_sleeps_in_a_throttled_cgroup_are_not_the_quota():

@@ -58,6 +58,15 @@ class Thresholds:
     # The CPU wait beyond the quota's is named (cpu-contention's part) when it
     # is at least this share of the loop's wall clock in the evidence windows.
     min_other_wait_share: float = 0.05
+    # A window is clean (a baseline) only if the quota barely touched it: a throttled window
+    # is not "the run without the cause" however little it waited (baseline.split's quietest
+    # quarter would take a run throttled throughout at 4-19% a window as its own baseline,
+    # and find no drop: a 0.3-CPU limit binding all run long went unnamed).
+    max_clean_share: float = 0.02
+    # Without clean windows the cgroup's own counters are the comparison: throttled in at
+    # least this share of its periods, the limit is binding, and the chain is MEDIUM (HIGH
+    # at high_wait_share) rather than LOW.
+    binding_periods_share: float = 0.5
     # Waits for the device on CPU (spinning syncs) are named when they burned at
     # least this share of the CPU the cgroup used: less would buy the loop no
     # meaningful part of its quota back.
@@ -166,6 +175,7 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
     s = baseline.split(rows, _share, T.min_wait_share)
     if not s.evidence:
         return None
+    s = baseline.Split(s.evidence, [r for r in s.clean if _share(r) <= T.max_clean_share], s.all)
     limit, own_path = _limits(con, pid)
     if limit is None or limit.cpus is None:
         return None
@@ -177,8 +187,12 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
         if drop < T.min_drop or (raw_corr is not None and raw_corr > 0):
             return None
         severity = "HIGH" if (wait_share >= T.high_wait_share or drop >= T.high_drop) else "MEDIUM"
+    elif wait_share >= T.high_wait_share:
+        severity = "HIGH"
+    elif limit.periods_n and limit.throttled_n >= T.binding_periods_share * limit.periods_n:
+        severity = "MEDIUM"  # throttled throughout: cpu.stat says the limit binds
     else:
-        severity = "HIGH" if wait_share >= T.high_wait_share else "LOW"
+        severity = "LOW"
 
     ws = [int(r["w"]) for r in s.evidence]
     ev_wall = sum(r["wall_ns"] for r in s.evidence)
