@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 from ingero.analyze import units
 from ingero.analyze.model import Chain, Report
+from ingero.render import safe
 
 # A fix line is "command   (why)" or prose; the part before three spaces is the command when it
 # reads as one: a program the rules name (taskset, renice, ...), a shell loop, an assignment
@@ -28,7 +29,9 @@ SEV_CLASS = {"HIGH": "high", "MEDIUM": "medium", "LOW": "low"}
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Trace text for the page: non-printable characters shown escaped (``\\x1b``, ``\\u202e``: a bidi
+    override would reorder what the reader sees), then HTML-escaped."""
+    return html.escape(safe.text(text), quote=True)
 
 
 def clock(ns: int, ms: bool = False) -> str:

@@ -27,6 +27,7 @@ from ingero.analyze.steps import PARTS
 from ingero.export import report_cards as rc
 from ingero.export.report_data import Charts, Series
 from ingero.export.report_timeline import ON_CPU, RUNNABLE, Timeline
+from ingero.render import safe
 
 # (row title, [(metric, legend label)]) in display order; a row without data is left out.
 ROWS = (
@@ -120,7 +121,9 @@ def is_ours(path: Path) -> bool:
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Trace text for the page: non-printable characters shown escaped (``\\x1b``, ``\\u202e``: a bidi
+    override would reorder what the reader sees), then HTML-escaped."""
+    return html.escape(safe.text(text), quote=True)
 
 
 def is_flat(values: list[float | None]) -> bool:

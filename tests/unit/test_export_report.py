@@ -184,7 +184,7 @@ def test_layout_at_1280x800(layout: dict, page: Path) -> None:
     store = Store.open(page.parent / "cpu.duckdb", read_only=True)
     try:
         rep = explain(store.con, Options())
-        charts = report_data.collect(store.con, select(store.con, Options()), rep.steps)
+        charts = report_data.collect(store.con, select(store.con, Options()), Options(), rep.steps)
     finally:
         store.close()
     (s,) = charts.processes
