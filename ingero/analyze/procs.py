@@ -258,6 +258,15 @@ def _ancestors(con: duckdb.DuckDBPyConnection, pid: int) -> list[int]:
     return out
 
 
+def tracer_pid(con: duckdb.DuckDBPyConnection, session_id: int | None) -> int | None:
+    """The ingero process that recorded the session: its CPU is the tracer's own cost, never a
+    culprit to renice or move (under --cmd it is also the job's parent, so no "same job" either)."""
+    if session_id is None:
+        return None
+    row = con.execute("SELECT tracer_pid FROM sessions WHERE session_id = $s", {"s": session_id}).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def same_job(con: duckdb.DuckDBPyConnection, a: int, b: int) -> bool:
     """Whether ``b`` belongs to ``a``'s job: one descends from the other (DataLoader workers, ranks
     spawned by the script), or both are ranks of one launch (a shared run id or communicator).

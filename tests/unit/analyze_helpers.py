@@ -134,6 +134,7 @@ class Trace:
     ncpu: int = 2
     sched_autogroup: bool | None = False  # the traced host's kernel setting (sessions row)
     stale_calls: int = 0
+    tracer_pid: int | None = None  # the ingero process that recorded it (sessions row)
     events: list[dict[str, Any]] = field(default_factory=list)
     pcpu: list[dict[str, Any]] = field(default_factory=list)
     sysm: list[dict[str, Any]] = field(default_factory=list)
@@ -338,10 +339,10 @@ class Trace:
         end = max(self.end_ns, T0 + S)
         store.con.execute(
             """INSERT INTO sessions (session_id, started_ns, ended_ns, status, events,
-                   drops_kernel, drops_user, ncpu, sched_autogroup, stale_calls)
-               VALUES ($sid, $t0, $end, 'closed', $n, $d, 0, $ncpu, $ag, $stale)""",
+                   drops_kernel, drops_user, ncpu, sched_autogroup, stale_calls, tracer_pid)
+               VALUES ($sid, $t0, $end, 'closed', $n, $d, 0, $ncpu, $ag, $stale, $tracer)""",
             {"sid": SESSION, "t0": T0, "end": end, "n": len(self.events), "d": drops, "ncpu": self.ncpu,
-             "ag": self.sched_autogroup, "stale": self.stale_calls},
+             "ag": self.sched_autogroup, "stale": self.stale_calls, "tracer": self.tracer_pid},
         )
         for table, rows in (("events", with_call_state(self.events)), ("process_cpu", self.pcpu),
                             ("system_metrics", self.sysm), ("gpu_metrics", self.gpu),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyze_helpers import MAIN_PID, Trace, chains_of, silent
+from analyze_helpers import MAIN_PID, MAIN_TID, S, T0, Trace, chains_of, silent
 from ingero.analyze.rules import cpu_contention
 
 STRESS = 7000
@@ -186,3 +186,20 @@ def test_names_without_parent_pids_degrade_to_traced_membership():
     con.execute("INSERT INTO process_names VALUES (5001, 'python3 (train.py)', 'pt_data_worker', 'python3 x.py')")
     p = procs.lookup(con, [5001])[5001]
     assert p.ppid is None and not p.child_of(MAIN_PID) and p.role(MAIN_PID) == "python3 (train.py)"
+
+
+def test_the_tracer_itself_is_its_cost_never_a_culprit():
+    """Traced with --pid, the ingero process preempting the loop was listed as a culprit and put in
+    the taskset and renice fixes; under --cmd, as a process "of the same job" (it is the job's parent)."""
+    TRACER = 7300
+    tr = contended(40)
+    tr.tracer_pid = TRACER
+    tr.name(TRACER, "python3 (ingero)", "python3", "python3 -m ingero trace --pid 4242")
+    for k in range(50):  # the tracer's own preemptions of the loop: 10 ms each, 1.5 s in all
+        tr.switch(T0 + 10 * S + k * S // 5 + 1_000, MAIN_PID, MAIN_TID, 10_000_000, "preempted", other=TRACER)
+    tr.competitor(TRACER, "python3", 10, 20, oncpu=0.3)
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    assert [c.pid for c in chain.culprits] == [STRESS]
+    assert not any("7300" in f for f in chain.fix), chain.fix
+    [line] = [c for c in chain.contributing if c.startswith("ingero's own tracer (PID 7300)")]
+    assert line.endswith("the cost of tracing, not a culprit")

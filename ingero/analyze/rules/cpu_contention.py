@@ -130,9 +130,14 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
     outsiders: dict[int, str] = {}
     own: dict[int, str] = {}
     kernel: list[int] = []
+    tracer = procs.tracer_pid(con, ctx.session_id)
+    tracer_took = ""
     total_off = sum(off for _, _, off in pre) or 1.0
     for other, n, off in pre:
         if off < T.min_culprit_share * total_off:
+            continue
+        if other == tracer:
+            tracer_took = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
             continue
         if other in names and names[other].is_kernel_thread:
             kernel.append(other)
@@ -145,7 +150,7 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         bucket = own if mine else outsiders
         bucket[other] = f"{units.count(n)} preemptions, {units.ns(off)} off-CPU"
     for other, comm, oncpu, took in busy:
-        if other in outsiders or other in kernel or other in own:
+        if other in outsiders or other in kernel or other in own or other == tracer:
             continue
         if procs.same_job(con, pid, other) or (other in traced and other in names and names[other].ppid is None):
             if other not in traced:
@@ -195,7 +200,11 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
                 f"{', '.join(str(p) for p in kids[:6])}) also took the CPU"
             )
         if len(own) > len(kids):
-            contributing.append(f"{len(own) - len(kids)} processes of the same job also preempted the loop")
+            n_own = len(own) - len(kids)
+            contributing.append(f"{n_own} process{'es' if n_own != 1 else ''} of the same job also preempted the loop")
+    if tracer_took:
+        contributing.append(f"ingero's own tracer (PID {tracer}) took part of the CPU too ({tracer_took}): "
+                            "the cost of tracing, not a culprit")
     if kernel:
         contributing.append("kernel threads: " + ", ".join(names[p].name for p in kernel[:4]))
     if wake_ns > 0:
