@@ -203,3 +203,15 @@ def test_the_tracer_itself_is_its_cost_never_a_culprit():
     assert not any("7300" in f for f in chain.fix), chain.fix
     [line] = [c for c in chain.contributing if c.startswith("ingero's own tracer (PID 7300)")]
     assert line.endswith("the cost of tracing, not a culprit")
+
+
+def test_the_jobs_own_processes_that_are_not_its_workers_get_no_dataloader_fix():
+    """A launcher (the loop's parent) preempting the loop is the job's own, but no DataLoader sizes it."""
+    LAUNCHER = 4000
+    tr = Trace().name(LAUNCHER, "bash (run.sh)", "bash", "bash run.sh", ppid=1)
+    tr.name(MAIN_PID, "python3 (train.py)", "python3", "python3 train.py", ppid=LAUNCHER)
+    tr.loop(0, 10).loop(10, 20, preempt_ms=40, preempt_by=LAUNCHER).loop(20, 30).system(0, 30)
+    tr.competitor(LAUNCHER, "bash", 10, 20, oncpu=0.9)
+    [chain] = chains_of(tr.explain(), "cpu-contention")
+    assert chain.culprits[0].pid == LAUNCHER and "(same job)" in chain.culprits[0].detail
+    assert not any("DataLoader" in f for f in chain.fix), chain.fix

@@ -223,7 +223,9 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
             f"while the GPU was still busy (no delay, not counted), {units.ns(late_hi)} right before the sync "
             f"returned (the GPU finished meanwhile: {came})"
         )
-    fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own))
+    # its children (or, in a store without parent pids, the traced processes counted as its own)
+    workers_n = sum(1 for p in own if p in names and (names[p].child_of(pid) or names[p].ppid is None))
+    fix = _fixes(ctx, me, [names[p] for p in outsiders if p in names], len(own), workers_n)
     return baseline.chain(
         ID, TITLE, ctx, pid, s,
         severity=severity,
@@ -276,7 +278,7 @@ def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split
     return out
 
 
-def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int) -> list[str]:
+def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int, workers_n: int) -> list[str]:
     fix = []
     if ctx.ncpu >= 2:
         last = ctx.ncpu - 1
@@ -299,7 +301,7 @@ def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int
     if own_n and kind.of(ctx, me.pid).kind == kind.SERVER:
         fix.append(f"the server's own processes take the loop's CPU: size its worker pool to the {ctx.ncpu} cores "
                    "less the GPU loop's, and pin the loop (taskset) apart from them")
-    elif own_n:
+    elif workers_n:  # its children (DataLoader workers): a DataLoader is what sizes them
         workers = max(1, ctx.ncpu - 1)
         fix.append(
             f"DataLoader(num_workers={workers}, persistent_workers=True)   "
