@@ -114,6 +114,8 @@ def analysed_line(report: Report) -> str:
 
 # Block labels, in the order a chain prints them.
 ROOT, EFFECT, CONTRIBUTING, FIX, EVIDENCE = "Root", "Effect", "Contributing", "Fix", "Evidence"
+CULPRITS = "Culprits"
+SHORT_CULPRITS = 3  # named in the short form (a root's later lines name them in -v)
 # The short form (explain without -v) shows this many lines of each block (a chain's lines come
 # most telling first: the cause with its count, the effect with its numbers, the fix for the
 # loop itself); Contributing shows none.
@@ -163,6 +165,8 @@ def _write_chain(chain: Chain, w: _Writer) -> int:
     if not w.view.verbose:
         hidden = sum(max(0, len(items) - SHORT[label]) for label, items in blocks)
         blocks = [(label, items[:SHORT[label]]) for label, items in blocks]
+        if chain.culprits:  # who did it: the line a reader looks for (in -v, the root's own lines)
+            blocks.insert(1, (CULPRITS, [_culprits(chain)]))
     shown = [(label, items) for label, items in blocks if items] + [(EVIDENCE, [evidence_text(chain)])]
     column = len(INDENT) + max(len(label) for label, _ in shown) + 2
     measure = chain_measure(chain)
@@ -171,6 +175,12 @@ def _write_chain(chain: Chain, w: _Writer) -> int:
     for label, items in shown:
         w.block(label, items, column, command=label == FIX)
     return hidden
+
+
+def _culprits(chain: Chain) -> str:
+    named = [f"{c.name} ({f'TID {c.tid}' if c.tid else f'PID {c.pid}'})" for c in chain.culprits[:SHORT_CULPRITS]]
+    rest = len(chain.culprits) - len(named)
+    return ", ".join(named) + (f" and {rest} more" if rest > 0 else "")
 
 
 def write_chain(chain: Chain, out: IO[str], view: layout.View | None = None) -> int:

@@ -42,6 +42,7 @@ def report():
 SHORT_CHAIN = """\
 [HIGH] CPU scheduling contention → CUDA calls delayed — 29.5% of the loop's time in the range
   Root:     884 involuntary context switches on python3 (train.py) (PID 4242)
+  Culprits: stress (PID 7000)
   Effect:   CUDA ops/s down 33.3% from clean windows (1,386 → 924)
   Fix:      taskset -c 1 python3 train.py   (give the loop its own core)
             taskset -acp 1 4242   (the same for the running process)
