@@ -105,7 +105,7 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
     pid = int(json.loads(summary_file.read_text())["pid"])
 
     # from the first second: the trace starts at its cheapest, before the job does (and stays there)
-    assert any(line.startswith("overhead budget 0.1%: starts at its cheapest") and "launch probes attached 3% of "
+    assert any(line.startswith("overhead budget 0.1%: starts at its cheapest") and "launch probes attached 1% of "
                "each second" in line for line in start["lines"]), start["lines"]
 
     periods = query(db, "SELECT from_ns, to_ns, attached_from_ns, attached_to_ns, detached_by_ns, ratio, ops "

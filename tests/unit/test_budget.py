@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,7 @@ from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.collect import budget
 from ingero.collect.budget import BudgetHook, Second, attached_ratio
+from ingero.collect.records import SwitchCount
 from ingero.demo import scenarios
 from ingero.store.db import Store
 from ingero.values import BadValue, parse_percent
@@ -333,3 +337,52 @@ def test_counted_switches_keep_the_off_cpu_totals_and_explain_says_so():
     notes = explain(counted.con, Options()).notes
     assert any(f"{n:,} off-CPU intervals of" in x and "counted per second" in x for x in notes), notes
     assert not any("counted per second" in x for x in explain(full.con, Options()).notes)
+
+
+class _FakeProgram:
+    """The switch_counts map as BPF leaves it: totals per thread since its entry was made."""
+
+    def __init__(self):
+        self.entries: dict[int, SwitchCount] = {}
+        self.forgotten: list[int] = []
+
+    def put(self, tid, tgid, n, off_ns, runq_ns):
+        self.entries[tid] = SwitchCount((ctypes.c_uint64 * 4)(*n), (ctypes.c_uint64 * 4)(*off_ns),
+                                        (ctypes.c_uint64 * 4)(*runq_ns), tgid, 0)
+
+    def switch_counts(self):
+        return list(self.entries.items())
+
+    def forget_switch_counts(self, tids):
+        for tid in tids:
+            self.forgotten.append(tid)
+            self.entries.pop(tid, None)
+
+
+class _FakeSession:
+    def __init__(self, store):
+        self.store = store
+        self.session_id = store.begin_session(command="test", targets="test")
+
+
+def test_counted_switches_are_stored_as_per_second_deltas():
+    store = Store.memory()
+    sess = _FakeSession(store)
+    prog = _FakeProgram()
+    hook = BudgetHook(2.0)
+    hook.program = prog
+    me = os.getpid()
+    prog.put(me, me, (3, 10, 0, 0), (300, 5_000, 0, 0), (300, 40, 0, 0))  # a live thread (this one)
+    prog.put(999_999_999, me, (1, 0, 2, 0), (7, 0, 90, 0), (7, 0, 0, 0))  # one that is gone
+    hook._harvest(sess)
+    prog.put(me, me, (3, 14, 0, 0), (300, 6_000, 0, 0), (300, 52, 0, 0))  # 4 more sleeps
+    hook._harvest(sess)  # the gone thread's entry is read once more, then deleted
+    hook._harvest(sess)
+    rows = store.con.execute("SELECT tid, kind, switches, off_cpu_ns, runq_ns FROM switch_counts "
+                             "ORDER BY timestamp, tid, kind").fetchall()
+    assert rows == [(me, "preempted", 3, 300, 300), (me, "sleep", 10, 5_000, 40),
+                    (999_999_999, "io", 2, 90, 0), (999_999_999, "preempted", 1, 7, 7),
+                    (me, "sleep", 4, 1_000, 12)]
+    assert prog.forgotten == [999_999_999]
+    assert hook.counted_total == 20 and hook.counted_threads == {me, 999_999_999}
+    assert store.con.execute("SELECT count(DISTINCT pid) FROM switch_counts").fetchone() == (1,)
