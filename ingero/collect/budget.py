@@ -166,11 +166,13 @@ class Decision:
     cost_share: float = 0.0  # what everything traced in full would cost, as a share of the threads' CPU
 
 
-def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool,
+def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool, ratio: float = MIN_RATIO,
            min_ratio: float = MIN_RATIO) -> Decision | None:
     """The cheapest loss that keeps the whole cost under ``pct`` % of the traced threads' CPU
     (None: nothing measured yet).  ``counting``: whether the seconds' switches were being counted
-    (their tracepoint time then holds counts, not rows)."""
+    (their tracepoint time then holds counts, not rows); ``ratio``: the launch probes' share in
+    force, kept while no launch was seen (a job that has not launched yet is no evidence that its
+    launches are cheap: relaxed then, its first seconds of launches would run at full cost)."""
     dt = sum(x.dt_s for x in seconds)
     if dt <= 0:
         return None
@@ -180,7 +182,13 @@ def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool,
     tracepoints -= sum(x.switch_rows for x in seconds) / dt * ROW_NS * 1e-9
     rows = sum(x.switch_rows + x.counted for x in seconds) / dt * ROW_NS * 1e-9
     attached = sum(x.attached_s for x in seconds)
-    launches = (sum(x.launches for x in seconds) / attached if attached > 0 else 0.0) * cost_ns * 1e-9
+    # the launches' full rate: per attached second less the traps' own time in it (a loop slowed by
+    # its traps in a slice makes fewer launches there: counting per attached second read issue 44's
+    # loop ~3x low, and its slices 3-6% instead of 1%); with several threads this can read high,
+    # never low: the budget errs on the side of holding
+    n = sum(x.launches for x in seconds)
+    untraced_s = max(attached - n * cost_ns * 1e-9, 0.1 * attached)
+    launches = (n / untraced_s if attached > 0 else 0.0) * cost_ns * 1e-9
     others = sum(x.other_calls for x in seconds) / dt * cost_ns * 1e-9
     full = max(0.0, tracepoints) + rows + launches + others  # CPU-seconds per second
     if full <= 0:
@@ -189,8 +197,10 @@ def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool,
     allowed = pct / 100.0 * max(cpu, full)
     share = full / cpu if cpu > 0 else 0.0
     if full <= allowed * (RELAX_SHARE if counting else 1.0):
-        return Decision(False, 1.0, share)
-    if full - rows <= allowed or launches <= 0:
+        return Decision(False, 1.0 if launches > 0 else ratio, share)
+    if launches <= 0:
+        return Decision(True, ratio, share)
+    if full - rows <= allowed:
         return Decision(True, 1.0, share)
     room = allowed - (full - rows - launches)
     return Decision(True, min(1.0, max(min_ratio, room / launches)), share)
@@ -236,6 +246,7 @@ class BudgetHook(TraceHook):
         self._sc_from_ns: int | None = None
         self.counted_total = 0
         self.counted_threads: set[int] = set()
+        self._debug_prev: dict[str, tuple[int, int]] = {}
 
     # -- the seam ------------------------------------------------------------
 
@@ -327,19 +338,13 @@ class BudgetHook(TraceHook):
             attached_s = dt  # launches traced throughout
         self._seconds = (self._seconds + [Second(dt, min(attached_s, dt), launches, others, rows, counted,
                                                  tp_ns, cpu)])[-RATE_S:]
-        d = decide(self._seconds, self.cost_ns or 0.0, self.pct, self.counting, self.min_ratio)
+        d = decide(self._seconds, self.cost_ns or 0.0, self.pct, self.counting, self.ratio, self.min_ratio)
         if d is None:
             return
         self.share = d.cost_share
         ratio = d.ratio if self.probes is not None else 1.0
         if os.environ.get("INGERO_BUDGET_DEBUG"):
-            import sys
-            print(f"budget: {self._seconds[-1]} -> {d}", file=sys.stderr)
-            per = {n: bpfstats.run_time_ns(f) for n, f in self.program.program_fds().items()}
-            prev = getattr(self, "_dbg_prev", {})
-            self._dbg_prev = per
-            print("  " + ", ".join(f"{n}: {(v[0] - prev[n][0]) / 1e6:.1f} ms {v[1] - prev[n][1]}"
-                                   for n, v in sorted(per.items()) if n in prev and v[1] > prev[n][1]), file=sys.stderr)
+            self._debug(d)
         if d.count_switches != self.counting:
             self.counting = d.count_switches
             self.program.set_budget_flags(BudgetFlag.COUNT_SWITCHES if self.counting else 0)
@@ -355,6 +360,16 @@ class BudgetHook(TraceHook):
                 f"overhead budget {self.pct:g}%: launch probes attached {ratio:.0%} of each second "
                 f"(one traced call costs {(self.cost_ns or 0) / 1e3:.1f} us here)" if ratio < 1.0 else
                 f"overhead budget {self.pct:g}%: every launch traced again")
+
+    def _debug(self, d: Decision) -> None:
+        """INGERO_BUDGET_DEBUG=1: each second's figures and each program's run time, on stderr."""
+        import sys
+
+        per = {n: bpfstats.run_time_ns(f) for n, f in self.program.program_fds().items()}
+        prev, self._debug_prev = self._debug_prev, per
+        print(f"budget: {self._seconds[-1]} -> {d}\n  " + ", ".join(
+            f"{n}: {(v[0] - prev[n][0]) / 1e6:.1f} ms {v[1] - prev[n][1]} runs"
+            for n, v in sorted(per.items()) if n in prev and v[1] > prev[n][1]), file=sys.stderr)
 
     def on_end(self, sess: Any) -> None:
         self._stop_cycle()

@@ -67,7 +67,8 @@ def test_a_cheap_trace_is_traced_whole():
     s = _second(launches=500, other_calls=100, switch_rows=1_000, tracepoint_ns=2e6)
     d = budget.decide([s] * 3, 7_000.0, 2.0, counting=True)
     assert (d.count_switches, d.ratio) == (False, 1.0)
-    assert d.cost_share == pytest.approx((2e-3 + 3.5e-3 + 0.7e-3) / 1.0)
+    # the launches' rate per attached second less their traps' own 3.5 ms
+    assert d.cost_share == pytest.approx(2e-3 + 500 / (1.0 - 3.5e-3) * 7e-6 + 0.7e-3)
 
 
 def test_switches_of_threads_without_cuda_calls_are_counted_first():
@@ -79,14 +80,15 @@ def test_switches_of_threads_without_cuda_calls_are_counted_first():
 
 
 def test_then_the_launches_are_sampled_with_what_is_left():
-    # a host-bound loop: 59 k launches/s at 7 us when attached (a 10% slice), syncs and copies
-    # 500/s, switches counted at 5 ms/s of tracepoint time; a 5% budget
+    # a host-bound loop: 5,900 launches at 7 us in a 100 ms slice (41 ms of it their traps: 100 k/s
+    # untraced), syncs and copies 500/s, switches counted at 5 ms/s of tracepoint time; a 5% budget
     s = _second(attached_s=0.1, launches=5_900, other_calls=500, counted=75_000, tracepoint_ns=5e6)
     d = budget.decide([s] * 5, 7_000.0, 5.0, counting=True)
     assert d.count_switches
     allowed = 0.05 * 1.0
-    assert d.ratio == pytest.approx((allowed - 5e-3 - 500 * 7e-6) / (59_000 * 7e-6))
-    assert 0.09 < d.ratio < 0.11
+    full_rate = 5_900 / (0.1 - 5_900 * 7e-6)
+    assert d.ratio == pytest.approx((allowed - 5e-3 - 500 * 7e-6) / (full_rate * 7e-6))
+    assert 0.05 < d.ratio < 0.07
     # nothing left for them: the floor
     s = _second(attached_s=0.1, launches=5_900, other_calls=1_180, counted=75_000, tracepoint_ns=30e6)
     assert budget.decide([s], 7_000.0, 2.0, counting=True).ratio == budget.MIN_RATIO
@@ -97,6 +99,17 @@ def test_counting_stops_only_with_room_to_spare():
     s = _second(switch_rows=0, counted=20_000, tracepoint_ns=13e6)  # 13 + 20 k x 0.15 us = 16 ms
     assert budget.decide([s], 7_000.0, 2.0, counting=True).count_switches
     assert not budget.decide([s], 7_000.0, 2.0, counting=False).count_switches
+
+
+def test_no_launch_seen_keeps_the_launch_share():
+    # a job still starting (its calls so far a few allocations): its launches are not known to be cheap
+    s = _second(other_calls=50, counted=200, tracepoint_ns=1e6, cpu_s=0.03)
+    d = budget.decide([s], 10_000.0, 2.0, counting=True, ratio=budget.MIN_RATIO)
+    assert (d.count_switches, d.ratio) == (True, budget.MIN_RATIO)
+    # cheap as it is, switches are stored again; the launch share still waits for launches
+    s = _second(other_calls=50, counted=200, tracepoint_ns=1e5, cpu_s=1.0)
+    d = budget.decide([s], 10_000.0, 2.0, counting=True, ratio=budget.MIN_RATIO)
+    assert (d.count_switches, d.ratio) == (False, budget.MIN_RATIO)
 
 
 def test_nothing_measured_keeps_the_state():
