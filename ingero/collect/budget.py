@@ -73,6 +73,9 @@ MIN_RATIO = 0.01
 # What the CUDA programs add to the trap per call (bpf/cuda.bpf.c: ~115 ns
 # above empty programs, the record included): added to the calibrated trap.
 PROGRAM_NS = 150.0
+# Before any library's launch probes are taken the cycle looks again this often: the first slice
+# starts within it of the library's attach.
+NO_LIBRARY_WAIT_S = 0.01
 # Rates are averaged over the last RATE_S seconds: rows reach on_flush up to a
 # flush interval after their slice, so one second alone swings.
 RATE_S = 5
@@ -270,7 +273,8 @@ class BudgetHook(TraceHook):
             return
         self.cost_ns = program.call_cost_ns = trap_ns + PROGRAM_NS  # (the session stores it: not measured twice)
         self.probes = probes
-        probes.attach()  # the cycle detaches them at once (ratio below 1); libraries join as they are attached
+        # Detached until the first slice: a library taken meanwhile is linked at that slice's attach
+        # (attached here, a --cmd job released before the first slice ran its launches traced).
         self._thread = threading.Thread(target=self._cycle, name="ingero-budget", daemon=True)
         self._thread.start()
 
@@ -445,7 +449,11 @@ class BudgetHook(TraceHook):
         last_to: int | None = None
         while not self._stop.is_set():
             ratio = self.ratio
-            if ratio >= 1.0 or not self.probes.switchable():
+            if not self.probes.switchable():  # no library taken yet: nothing to attach; look again soon
+                last_to = None
+                self._stop.wait(NO_LIBRARY_WAIT_S)
+                continue
+            if ratio >= 1.0:
                 self._attach()
                 last_to = None
                 self._stop.wait(self.period_s)
