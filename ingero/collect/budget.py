@@ -28,10 +28,13 @@ What exceeds PCT of that CPU is given up, cheapest loss first:
 3. (not yet: syncs, copies and allocations stay traced in full -- a few per
    step; their counts and percentiles are what the launch estimate rests on.)
 
-It holds from the first second: the trace starts at the cheapest state
+It holds from the first second: a --cmd trace starts at the cheapest state
 (switches counted, launches at MIN_RATIO), set before any library is
-attached, and gives the losses back, last first, as the measured cost
-leaves room.  Analyze scales launch counts by ``sampling`` and adds the
+attached and so before the job starts, and gives the losses back, last
+first, as the measured cost leaves room (a daemon or --pid trace counts
+switches from the start but traces launches in full until its first
+decision: see BudgetHook).  The tracepoints' cost is host-wide, an upper
+bound: with little traced CPU (an idle daemon) switches stay counted.  Analyze scales launch counts by ``sampling`` and adds the
 counted intervals to its off-CPU totals, and says so (analyze/sampling.py).
 
 The launch probes are uprobe_multi links here (loader.LinkedProbes): a
@@ -212,7 +215,8 @@ def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool, ra
 class BudgetHook(TraceHook):
     """Keeps what tracing costs the traced threads under ``pct`` % of their CPU (see the module)."""
 
-    def __init__(self, pct: float, period_s: float = PERIOD_S, min_ratio: float = MIN_RATIO):
+    def __init__(self, pct: float, period_s: float = PERIOD_S, min_ratio: float = MIN_RATIO,
+                 start_sampled: bool = True):
         self.pct = pct
         self.period_s = period_s
         self.min_ratio = min_ratio
@@ -221,8 +225,11 @@ class BudgetHook(TraceHook):
         self.note: str | None = None  # why the launch probes cannot be sampled (no uprobe_multi ...)
         self.probes: Any = None  # loader.LinkedProbes
         self.program: Any = None
-        # from the first second, before any library is attached: the cheapest state (the module)
-        self.ratio = min_ratio  # the launch probes' share in force
+        # from the first second, before any library is attached: the cheapest state (the module).
+        # start_sampled=False (a daemon, --pid: processes already running or started at any time,
+        # their rates unknown): launches traced in full until the first decision, so a short burst
+        # of calls stays exact; switches are counted from the start all the same
+        self.ratio = min_ratio if start_sampled else 1.0  # the launch probes' share in force
         self.counting = True  # switches of threads without CUDA calls counted, not stored
         self.share: float | None = None  # the last measured full cost, as a share of the threads' CPU
         self.switched_ops = SWITCHED_OPS
@@ -282,9 +289,11 @@ class BudgetHook(TraceHook):
         cost = f"one traced call costs {self.cost_ns / 1e3:.1f} us here; " if self.cost_ns else ""
         stats = "" if self.stats is not None and self.stats.on else (
             f"; the tracepoints' cost is not measured ({self.stats.error if self.stats else 'no program'})")
+        launches = (f"launch probes attached {self.ratio:.0%} of each second" if self.ratio < 1.0 else
+                    "every launch traced until the cost is measured")
         return [f"overhead budget {self.pct:g}%: starts at its cheapest (switches of threads that make no CUDA "
-                f"call counted per second, launch probes attached {self.ratio:.0%} of each second) and traces "
-                f"more as the measured cost leaves room ({cost}--overhead-budget off traces everything){stats}"]
+                f"call counted per second, {launches}) and traces more as the measured cost leaves room "
+                f"({cost}--overhead-budget off traces everything){stats}"]
 
     def on_flush(self, sess: Any, recs: np.ndarray, flush_s: float) -> None:
         if not len(recs):

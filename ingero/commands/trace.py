@@ -148,7 +148,8 @@ def command(duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_libs, st
     # daemon mode (no --duration, no --cmd) has a budget unless told otherwise
     overhead_budget = budget_in_force(overhead_budget, daemon=duration is None and cmd is None)
     if overhead_budget:
-        opts.hooks.append(BudgetHook(overhead_budget))
+        # a --cmd job starts after the tracer: its launches are sampled from its first second
+        opts.hooks.append(BudgetHook(overhead_budget, start_sampled=cmd is not None))
     view = LiveView(as_json=as_json)
     try:
         summary = session.run_trace(opts, on_tick=view.tick, on_start=view.start)
