@@ -245,7 +245,7 @@ FROM g GROUP BY pid, tid, w, kind
 def add_switch_counts(ctx: Context) -> None:
     """The counted off-CPU intervals of the range into ing_sched (nothing for a store without them)."""
     try:
-        ctx.con.execute(f"INSERT INTO ing_sched BY NAME {SWITCH_COUNTS_SQL}", ctx.params())
+        ctx.con.execute(f"INSERT INTO ing_sched BY NAME {SWITCH_COUNTS_SQL}", ctx.params()).fetchall()
     except duckdb.CatalogException:  # a store older than schema 16 has no switch_counts table
         pass
 
@@ -259,7 +259,8 @@ FROM switch_counts WHERE session_id = $sid AND timestamp > $t0 AND timestamp - i
 def counted_note(ctx: Context) -> str | None:
     """'1,234 off-CPU intervals of 2 threads ... counted' when any of the range's were."""
     try:
-        n, threads = ctx.con.execute(COUNTED_NOTE_SQL, named_params(COUNTED_NOTE_SQL, ctx.params())).fetchone()
+        # fetchall: explain's last query must leave no unfinished result on the connection
+        (n, threads), = ctx.con.execute(COUNTED_NOTE_SQL, named_params(COUNTED_NOTE_SQL, ctx.params())).fetchall()
     except duckdb.CatalogException:
         return None
     if not n:
