@@ -43,9 +43,9 @@ TRAIN = REPO / "demos" / "workloads" / "train.py"
 SIMCUDA = REPO / "demos" / "build" / "libcudart.so.12"
 ROUNDS = int(os.environ.get("BUDGET_ROUNDS", "4"))
 SECONDS = float(os.environ.get("BUDGET_SECONDS", "8"))
-# Steps/s are the loop's after this many seconds: a budget engages 2-3 s into a trace (its first
-# second primes the rates, the next decides), and an always-on daemon's cost is its steady state.
-# Every mode gets the same warm-up; the launch counts still cover the whole run.
+# Steps/s are the loop's after this many seconds: an always-on daemon's cost is its steady state
+# (a budget starts at its cheapest and relaxes over the first seconds; bench_budget_whole measures
+# from the first step).  Every mode gets the same warm-up; the launch counts still cover the whole run.
 WARMUP_S = float(os.environ.get("BUDGET_WARMUP_S", "4"))
 SETTINGS = [s for s in os.environ.get("BUDGET_SETTINGS", "2,0.5").split(",") if s]
 # (key, label, train.py arguments, kernels per step)

@@ -223,6 +223,27 @@ struct ingero_proc_stat {
 	char comm[16];
 };
 
+/* The overhead budget's switches (ingero/collect/budget.py): bits of the
+ * budget_cfg map.  BUDGET_COUNT_SWITCHES: an off-CPU interval of a traced
+ * thread that has made no traced CUDA call (CALL_FLAG_SEEN unset) is added to
+ * its entry of the switch_counts map (tid -> struct ingero_switch_count)
+ * instead of being a row; user space stores the map's per-second deltas
+ * (the switch_counts table). */
+enum ingero_budget_flag {
+	BUDGET_COUNT_SWITCHES = 1,
+};
+
+/* Off-CPU intervals of one thread counted instead of stored, by why it left
+ * (index: kind - KIND_PREEMPTED: preempted, sleep, io, other).  Totals since
+ * the entry was made; only the thread's own switch-in adds to it. */
+struct ingero_switch_count {
+	u64 n[4];       /* intervals */
+	u64 off_ns[4];  /* their off-CPU time */
+	u64 runq_ns[4]; /* their wait for a CPU (wakeup -> switch-in; the whole interval when preempted) */
+	u32 tgid;
+	u32 pad;
+};
+
 /* Counters the BPF side keeps about itself (array map, one slot each). */
 enum ingero_counter {
 	CNT_RB_DROPS = 0,     /* the record ring was full: record lost */
@@ -230,6 +251,7 @@ enum ingero_counter {
 	CNT_NEST_SKIPPED = 2, /* probed call nested inside another probed call */
 	CNT_STALE_CALLS = 3,  /* in-flight call state whose return was never seen, replaced */
 	CNT_UNSEEN_SWITCH_IN = 4, /* off-CPU interval whose switch back was not seen: its end estimated */
+	CNT_SWITCH_COUNTS_FULL = 5, /* switch_counts map full: the interval became a row instead of a count */
 	CNT_MAX = 8,
 };
 

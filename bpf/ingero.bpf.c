@@ -106,6 +106,7 @@ struct thread_state {
 	u8 kind;
 	u8 call_op;    /* at switch-out: the CUDA call it was inside (OP_NONE: none) */
 	u8 call_flags; /* at switch-out: its call_state flags */
+	u8 counted;    /* this interval goes to switch_counts, not the ring (BUDGET_COUNT_SWITCHES) */
 };
 
 /* nccl: what an NCCL call's entry read that its return sends out in a
@@ -199,6 +200,12 @@ BPF_F_TABLE("array", u32, struct thread_slot, thread_slots, THREAD_SLOTS, BPF_F_
 BPF_PERCPU_ARRAY(oncpu_since, u64, 1);
 /* Threads inside an NCCL call (tid -> struct nccl_call), entry to return. */
 BPF_HASH(nccl_calls, u32, struct nccl_call, 4096);
+/* The overhead budget: enum ingero_budget_flag bits, set by user space
+ * (ingero/collect/budget.py); and the intervals it has counted instead of
+ * stored, per thread (events.h).  Entries of exited threads are deleted by
+ * user space once their last counts are stored. */
+BPF_ARRAY(budget_cfg, u32, 1);
+BPF_HASH(switch_counts, u32, struct ingero_switch_count, MAX_THREADS);
 /* Block requests in flight: device queues hold at most a few thousand. */
 BPF_HASH(block_rqs, struct rq_key, struct rq_state, 16384);
 
@@ -253,6 +260,9 @@ static __always_inline void thread_del(u32 *tid) { threads.delete(tid); }
 static __always_inline struct thread_slot *thread_slot_at(u32 i) { return thread_slots.lookup(&i); }
 static __always_inline struct ingero_proc_stat *proc_stats_get(u32 *tgid) { return proc_stats.lookup(tgid); }
 static __always_inline void proc_stats_put(u32 *tgid, struct ingero_proc_stat *s) { proc_stats.update(tgid, s); }
+static __always_inline u32 budget_flags(void) { u32 zero = 0; u32 *f = budget_cfg.lookup(&zero); return f ? *f : 0; }
+static __always_inline struct ingero_switch_count *switch_counts_get(u32 *tid) { return switch_counts.lookup(tid); }
+static __always_inline int switch_counts_add(u32 *tid, struct ingero_switch_count *c) { return switch_counts.insert(tid, c); }
 static __always_inline u64 *oncpu_since_get(void) { u32 zero = 0; return oncpu_since.lookup(&zero); }
 static __always_inline struct nccl_call *nccl_call_get(u32 *tid) { return nccl_calls.lookup(tid); }
 static __always_inline void nccl_call_put(u32 *tid, struct nccl_call *c) { nccl_calls.update(tid, c); }

@@ -47,9 +47,35 @@ static __always_inline struct ingero_proc_stat *proc_stat(u32 tgid, const char *
 	return proc_stats_get(&tgid);
 }
 
-/* The row of a thread's off-CPU interval [t->ts, end): runq_ns is its wait for a CPU. */
+/* An interval the budget counts (t->counted): added to the thread's
+ * switch_counts entry.  0 when the map is full (the caller stores a row). */
+static __always_inline int count_off_cpu(struct thread_state *t, u32 tid, u64 end, u64 runq_ns)
+{
+	struct ingero_switch_count *c = switch_counts_get(&tid);
+	if (!c) {
+		struct ingero_switch_count zero = {};
+		zero.tgid = t->tgid;
+		switch_counts_add(&tid, &zero);
+		c = switch_counts_get(&tid);
+		if (!c) {
+			count(CNT_SWITCH_COUNTS_FULL);
+			return 0;
+		}
+	}
+	u32 k = (u32)(t->kind - KIND_PREEMPTED) & 3; /* KIND_PREEMPTED .. KIND_OTHER_STATE */
+	/* Only this thread's switch-in adds here (one CPU at a time); user space reads totals. */
+	c->n[k] += 1;
+	c->off_ns[k] += end - t->ts;
+	c->runq_ns[k] += runq_ns;
+	return 1;
+}
+
+/* The row of a thread's off-CPU interval [t->ts, end): runq_ns is its wait for a CPU
+ * (or its count, when the budget counts this thread's intervals). */
 static __always_inline void emit_off_cpu(struct thread_state *t, u32 tid, u64 end, u64 runq_ns)
 {
+	if (t->counted && count_off_cpu(t, tid, end, runq_ns))
+		return;
 	struct ingero_event *e = event_reserve();
 	if (!e)
 		return;
@@ -102,7 +128,16 @@ static __always_inline void switch_out(struct tracepoint__sched__sched_switch *a
 	t->waker = 0;
 	t->wait_nr = -1;
 	t->wait_fd = 0;
-	if (kind != KIND_PREEMPTED) {
+	/* The thread leaving is the current task: its CUDA state (in its slot;
+	 * for a thread without one, in task storage, never created here) says
+	 * which call it is blocked in, and whether device work it issued may
+	 * still be running. */
+	struct call_state *c = slot ? &slot->cs : inflight_here(0);
+	/* Over budget, a thread that has made no traced CUDA call is counted, not
+	 * stored (BUDGET_COUNT_SWITCHES): no system call or stack is read for it
+	 * (the rest is kept for a row should its count find the map full). */
+	t->counted = !(c && (c->flags & CALL_FLAG_SEEN)) && (budget_flags() & BUDGET_COUNT_SWITCHES);
+	if (kind != KIND_PREEMPTED && !t->counted) {
 		/* What it blocks in: the system call (the kernel's own pt_regs of the
 		 * task, through helpers, so no struct offset comes from headers that
 		 * need not match the running kernel), and its first argument. */
@@ -117,14 +152,9 @@ static __always_inline void switch_out(struct tracepoint__sched__sched_switch *a
 		t->wait_fd = t->wait_nr >= 0 ? ((u32)a0 + 1) & SWITCH_FD_MASK : 0;
 	}
 	t->other_pid = next_tid ? next_tgid : 0;
-	t->stack_id = ingero_stack_id(args);
+	t->stack_id = t->counted ? -1 : ingero_stack_id(args);
 	t->cpu = bpf_get_smp_processor_id();
 	t->kind = kind;
-	/* The thread leaving is the current task: its CUDA state (in its slot;
-	 * for a thread without one, in task storage, never created here) says
-	 * which call it is blocked in, and whether device work it issued may
-	 * still be running. */
-	struct call_state *c = slot ? &slot->cs : inflight_here(0);
 	t->call_op = c && c->depth ? c->op : OP_NONE;
 	t->call_flags = c ? c->flags : 0;
 	t->ts = now;
@@ -246,7 +276,8 @@ static __always_inline int on_wakeup(u32 tid)
 	struct thread_state *t = thread_find(tid);
 	if (t && t->ts && t->wake_ts == 0) {
 		t->wake_ts = bpf_ktime_get_ns();
-		t->waker = waker_id() | SWITCH_WAKER_SEEN;
+		if (!t->counted) /* a count keeps no waker */
+			t->waker = waker_id() | SWITCH_WAKER_SEEN;
 	}
 	return 0;
 }

@@ -166,9 +166,9 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
         report.notes.append(
             f"{ctx.drops_kernel + ctx.drops_user:,} events were dropped while tracing: counts are lower bounds"
         )
-    sampled = sampling.note(ctx)
-    if sampled:
-        report.notes.append(sampled)
+    for sampled in (sampling.note(ctx), sampling.counted_note(ctx)):
+        if sampled:
+            report.notes.append(sampled)
     if opts.stack:
         report.stack = _stack(ctx, report)
     return report

@@ -27,11 +27,13 @@ alone (the rows there are whole).
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 
 from ingero.analyze.context import Context
 from ingero.events import ops
 from ingero.events.ops import OP_NAMES
+from ingero.store.db import named_params
 from ingero.store.selection import Selection
 
 SAMPLING_SQL = """
@@ -206,3 +208,63 @@ def note(ctx: Context) -> str | None:
             f"(`--overhead-budget`: launch probes attached for a slice of each second, launches counted "
             f"against the thread's syncs and copies there); "
             f"syncs, copies and host events were traced in full")
+
+
+# ---- counted switches (the switch_counts table, schema 16) -------------------------------------
+#
+# Over budget, the off-CPU intervals of threads that had made no CUDA call are counted per
+# thread, harvest second and kind instead of stored (collect/budget.py).  They are added to
+# ing_sched as the rows they stand for would have been: the thread, the window, the kind,
+# outside any CUDA call, no successor (other_pid 0: ing_preempt, built before, names only
+# stored successors).  A harvest interval spread over windows is split in proportion to its
+# overlap with each (intervals are not timed one by one: off-CPU time spilling into the next
+# window is not split off either).
+
+SWITCH_COUNTS_SQL = """
+WITH c AS (
+    SELECT row_number() OVER () AS r, pid, tid, kind, switches, off_cpu_ns, runq_ns,
+           greatest(timestamp - interval_ns, $t0) AS lo, least(timestamp, $t1) AS hi, interval_ns AS span
+    FROM switch_counts
+    WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1 AND ($all_pids OR list_contains($pids, pid))
+), s AS (
+    SELECT c.*, unnest(range((lo - $t0) // $wns, (hi - 1 - $t0) // $wns + 1)) AS w FROM c WHERE hi > lo
+), f AS (
+    SELECT *, (least(hi, $t0 + (w + 1) * $wns) - greatest(lo, $t0 + w * $wns))::DOUBLE / greatest(span, 1) AS f
+    FROM s
+), g AS (
+    SELECT *, sum(f) OVER (PARTITION BY r ORDER BY w) AS cf FROM f
+)
+-- counts split by their cumulative share, rounded: a row's windows hold its count exactly
+SELECT pid, tid, w, kind, 'none' AS inside, false AS queued, 0 AS other_pid,
+       sum(round(cf * switches) - round((cf - f) * switches))::BIGINT AS n, sum(off_cpu_ns * f) AS off_ns,
+       sum(runq_ns * f) AS runq_ns, sum(off_cpu_ns * f) AS dur_ns
+FROM g GROUP BY pid, tid, w, kind
+"""
+
+
+def add_switch_counts(ctx: Context) -> None:
+    """The counted off-CPU intervals of the range into ing_sched (nothing for a store without them)."""
+    try:
+        ctx.con.execute(f"INSERT INTO ing_sched BY NAME {SWITCH_COUNTS_SQL}", ctx.params()).fetchall()
+    except duckdb.CatalogException:  # a store older than schema 16 has no switch_counts table
+        pass
+
+
+COUNTED_NOTE_SQL = """
+SELECT coalesce(sum(switches), 0), count(DISTINCT tid)
+FROM switch_counts WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1 AND ($all_pids OR list_contains($pids, pid))
+"""
+
+
+def counted_note(ctx: Context) -> str | None:
+    """'1,234 off-CPU intervals of 2 threads ... counted' when any of the range's were."""
+    try:
+        # fetchall: explain's last query must leave no unfinished result on the connection
+        (n, threads), = ctx.con.execute(COUNTED_NOTE_SQL, named_params(COUNTED_NOTE_SQL, ctx.params())).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if not n:
+        return None
+    return (f"{n:,} off-CPU intervals of {threads} thread(s) that made no CUDA call were counted per second, "
+            f"not stored one by one (`--overhead-budget`: table switch_counts); they are in the off-CPU totals, "
+            f"without who ran instead, the system call or the waker")

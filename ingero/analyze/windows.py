@@ -674,6 +674,7 @@ def build(ctx: Context, source: str = "summaries") -> None:
     if con.execute("SELECT count(*) FROM ing_failed").fetchone()[0]:
         run(SPLIT_FAILED_SQL, *cats)
     sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
+    sampling.add_switch_counts(ctx)  # and the off-CPU intervals it counted instead of storing
     _measured_copies(ctx, p)  # a copy's transfer as CUPTI measured it, where it did
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

@@ -1,21 +1,41 @@
 """The overhead budget (`ingero trace --overhead-budget PCT`): what tracing may cost the traced threads.
 
-A uprobe trap and its return cost the calling thread 1-7 us of CPU per CUDA
-call on these VMs, whatever the BPF program does, so a loop launching ~59 k
-kernels/s loses ~30% of its steps/s when every call is traced.  With a budget
-the tracer measures that cost on this host at start (a calibration of a few
-thousand probed calls of libc's getppid in its own process, about 0.1 s) and
-watches the rate of the calls that make it: kernel launches, the bulk of a
-training loop's calls.  When the launches would cost more than PCT of the
-CPU of the threads making them, their probes are duty-cycled: attached for a
-slice of every PERIOD_S, detached for the rest.  Everything else stays on all
-the time: syncs, copies and allocations (a few per step: their counts and
-percentiles stay exact), the scheduler, fault and block-I/O tracepoints
-(cheap, and they carry the causes).
+What the tracer costs the threads it traces, measured each second against
+their CPU time (utime + stime of the traced processes):
 
-Each period in which the launch probes were not attached throughout is a row
-of the ``sampling`` table (docs/schema.md): analyze scales launch counts and
-host time by it and says so (ingero/analyze/sampling.py).
+* every uprobe trap: a traced CUDA call costs its thread 1-7 us of CPU on
+  these VMs whatever the BPF program does (a loop launching ~59 k kernels/s
+  loses ~30% of its steps/s when every call is traced).  The trap is timed at
+  start (a calibration of a few thousand probed calls of libc's getppid in
+  the tracer's own process, about 0.1 s), before any library is attached, so
+  before a --cmd job starts; calls x that cost;
+* every run of the tracepoint programs (sched_switch runs twice per context
+  switch of a traced thread, sched_waking once per wakeup): the kernel's own
+  BPF run-time statistics (collect/bpfstats.py), host-wide, so an upper bound
+  of what lands on the traced threads.
+
+What exceeds PCT of that CPU is given up, cheapest loss first:
+
+1. off-CPU intervals of traced threads that make no CUDA call (a runtime's
+   helper threads, the simulated runtime's device thread, a logger) are
+   counted in BPF per thread -- by kind, with their off-CPU and run-queue time
+   -- instead of stored one by one: the ``switch_counts`` table, a row per
+   thread, second and kind; the loop's own switches stay rows;
+2. kernel launches, the bulk of a training loop's calls: their probes are
+   duty-cycled, attached for a slice of every PERIOD_S, detached for the
+   rest; each period in which they were not attached throughout is a row of
+   the ``sampling`` table;
+3. (not yet: syncs, copies and allocations stay traced in full -- a few per
+   step; their counts and percentiles are what the launch estimate rests on.)
+
+It holds from the first second: a --cmd trace starts at the cheapest state
+(switches counted, launches at MIN_RATIO), set before any library is
+attached and so before the job starts, and gives the losses back, last
+first, as the measured cost leaves room (a daemon or --pid trace counts
+switches from the start but traces launches in full until its first
+decision: see BudgetHook).  The tracepoints' cost is host-wide, an upper
+bound: with little traced CPU (an idle daemon) switches stay counted.  Analyze scales launch counts by ``sampling`` and adds the
+counted intervals to its off-CPU totals, and says so (analyze/sampling.py).
 
 The launch probes are uprobe_multi links here (loader.LinkedProbes): a
 BCC perf-event uprobe takes one RCU grace period per probe to detach, one at
@@ -33,7 +53,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.events.ops import OP_NAMES, Op
+from ingero.collect import bpfstats
+from ingero.events.ops import CUDA_OPS, NCCL_OPS, OP_NAMES, Op
+from ingero.events.records import BudgetFlag, CallFlag
 from ingero.traceapi import TraceHook
 
 # The daemon's default (`ingero trace` without --duration or --cmd; README, Overhead budget).
@@ -44,18 +66,35 @@ from ingero.traceapi import TraceHook
 # and 7 us per call: ~3 k sampled launches per second, enough for its rates.
 SUGGESTED_PCT = 2.0
 PERIOD_S = 1.0
-# Never below this share: a 30 ms slice at 59 k calls/s still holds ~1.8 k
-# launches; below it a rate rests on too few, and the attach / detach cycle
-# (two links: ~0.3 ms of tracer CPU) stops being small beside the slice.
-MIN_RATIO = 0.03
+# Never below this share: a 10 ms slice at 59 k calls/s still holds ~590
+# launches (~3 k over the RATE_S a decision averages); below it a rate rests on
+# too few, and the attach / detach cycle (two links: ~0.3 ms of tracer CPU)
+# stops being small beside the slice.  Not 3% any more: with the syncs and
+# copies of issue 44's loop (1.1 k/s at 10-16 us a trap here) taking over half
+# of a 2% budget, 3% of its 55 k launches/s alone cost another 1.6-2.6%.
+MIN_RATIO = 0.01
 # What the CUDA programs add to the trap per call (bpf/cuda.bpf.c: ~115 ns
 # above empty programs, the record included): added to the calibrated trap.
 PROGRAM_NS = 150.0
+# Before any library's launch probes are taken the cycle looks again this often: the first slice
+# starts within it of the library's attach.
+NO_LIBRARY_WAIT_S = 0.01
 # Rates are averaged over the last RATE_S seconds: rows reach on_flush up to a
 # flush interval after their slice, so one second alone swings.
 RATE_S = 5
 SWITCHED_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH})
 SWITCHED_NAMES = ",".join(sorted(OP_NAMES[o] for o in SWITCHED_OPS))
+# every probed call: each one a trap (the launches among them counted at their full rate)
+TRAPPED_OPS = frozenset(CUDA_OPS | NCCL_OPS)
+# What storing an off-CPU interval as a row costs in BPF above counting it: the system call and
+# waker reads of pt_regs, the stack id and the ring record against one hash update.  Measured with
+# the kernel's run-time statistics on a pipe ping-pong (docs/benchmarks.md, issue 44): sched_switch
+# 400-426 ns a run stored, 304 counted, two runs an interval; sched_waking 232-269 ns, 211.
+ROW_NS = 250.0
+# Counted switches are stored again only with this much of the budget to spare: switching
+# counting on and off every second would leave a thread's off-CPU time half rows, half counts.
+RELAX_SHARE = 0.7
+KIND_NAMES = ("preempted", "sleep", "io", "other")  # struct ingero_switch_count's index: kind - KIND_PREEMPTED
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -110,22 +149,97 @@ class Period:
         return (self.a1_ns - self.a0_ns) / (self.to_ns - self.from_ns)
 
 
-class BudgetHook(TraceHook):
-    """Duty-cycles the launch probes to keep their cost under ``pct`` % of the traced threads' CPU."""
+@dataclass
+class Second:
+    """What one second of a trace cost the traced threads and what they did (totals over dt_s)."""
 
-    def __init__(self, pct: float, period_s: float = PERIOD_S, min_ratio: float = MIN_RATIO):
+    dt_s: float
+    attached_s: float  # the launch probes' attached time in it
+    launches: int  # launch rows seen (of attached_s)
+    other_calls: int  # every other probed call (traced throughout)
+    switch_rows: int  # off-CPU rows of threads that had made no CUDA call (stored, not counted)
+    counted: int  # off-CPU intervals counted instead (switch_counts)
+    tracepoint_ns: float  # the tracepoint programs' run time (BPF statistics)
+    cpu_s: float  # the traced processes' CPU time
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The budget's state: count the switches of threads that make no CUDA call; the launch probes' share."""
+
+    count_switches: bool
+    ratio: float
+    cost_share: float = 0.0  # what everything traced in full would cost, as a share of the threads' CPU
+
+
+def decide(seconds: list[Second], cost_ns: float, pct: float, counting: bool, ratio: float = MIN_RATIO,
+           min_ratio: float = MIN_RATIO) -> Decision | None:
+    """The cheapest loss that keeps the whole cost under ``pct`` % of the traced threads' CPU
+    (None: nothing measured yet).  ``counting``: whether the seconds' switches were being counted
+    (their tracepoint time then holds counts, not rows); ``ratio``: the launch probes' share in
+    force, kept while no launch was seen (a job that has not launched yet is no evidence that its
+    launches are cheap: relaxed then, its first seconds of launches would run at full cost)."""
+    dt = sum(x.dt_s for x in seconds)
+    if dt <= 0:
+        return None
+    cpu = sum(x.cpu_s for x in seconds) / dt
+    tracepoints = sum(x.tracepoint_ns for x in seconds) / dt * 1e-9
+    # as if every switch of those threads were counted: the rows stored cost ROW_NS more each
+    tracepoints -= sum(x.switch_rows for x in seconds) / dt * ROW_NS * 1e-9
+    rows = sum(x.switch_rows + x.counted for x in seconds) / dt * ROW_NS * 1e-9
+    attached = sum(x.attached_s for x in seconds)
+    # the launches' full rate: per attached second less the traps' own time in it (a loop slowed by
+    # its traps in a slice makes fewer launches there: counting per attached second read issue 44's
+    # loop ~3x low, and its slices 3-6% instead of 1%); with several threads this can read high,
+    # never low: the budget errs on the side of holding
+    n = sum(x.launches for x in seconds)
+    untraced_s = max(attached - n * cost_ns * 1e-9, 0.1 * attached)
+    launches = (n / untraced_s if attached > 0 else 0.0) * cost_ns * 1e-9
+    others = sum(x.other_calls for x in seconds) / dt * cost_ns * 1e-9
+    full = max(0.0, tracepoints) + rows + launches + others  # CPU-seconds per second
+    if full <= 0:
+        return None  # nothing ran that tracing costs: no evidence to trace more on
+    # the measured CPU holds the tracer's cost at the state in force: never a base below the full cost
+    allowed = pct / 100.0 * max(cpu, full)
+    share = full / cpu if cpu > 0 else 0.0
+    if full <= allowed * (RELAX_SHARE if counting else 1.0):
+        return Decision(False, 1.0 if launches > 0 else ratio, share)
+    if launches <= 0:
+        return Decision(True, ratio, share)
+    if full - rows <= allowed:
+        return Decision(True, 1.0, share)
+    room = allowed - (full - rows - launches)
+    return Decision(True, min(1.0, max(min_ratio, room / launches)), share)
+
+
+class BudgetHook(TraceHook):
+    """Keeps what tracing costs the traced threads under ``pct`` % of their CPU (see the module)."""
+
+    def __init__(self, pct: float, period_s: float = PERIOD_S, min_ratio: float = MIN_RATIO,
+                 start_sampled: bool = True):
         self.pct = pct
         self.period_s = period_s
         self.min_ratio = min_ratio
         self.cost_ns: float | None = None
         self.calibration_s: float | None = None
-        self.note: str | None = None  # why the budget is off (no uprobe_multi ...)
+        self.note: str | None = None  # why the launch probes cannot be sampled (no uprobe_multi ...)
         self.probes: Any = None  # loader.LinkedProbes
-        self.ratio = 1.0  # the decision in force
+        self.program: Any = None
+        # from the first second, before any library is attached: the cheapest state (the module).
+        # start_sampled=False (a daemon, --pid: processes already running or started at any time,
+        # their rates unknown): launches traced in full until the first decision, so a short burst
+        # of calls stays exact; switches are counted from the start all the same
+        self.ratio = min_ratio if start_sampled else 1.0  # the launch probes' share in force
+        self.counting = True  # switches of threads without CUDA calls counted, not stored
+        self.share: float | None = None  # the last measured full cost, as a share of the threads' CPU
         self.switched_ops = SWITCHED_OPS
-        self._calls: dict[int, int] = {}  # pid -> switched calls seen since the last decision
-        self._history: list[tuple[dict[int, int], float, dict[int, float]]] = []  # per second: calls, attached s, cpu
-        self._cpu_prev: dict[int, tuple[float, float]] = {}
+        self.stats: bpfstats.RunStats | None = None
+        self._tp_fds: list[int] = []
+        self._tp_prev: int | None = None
+        self._acc = [0, 0, 0]  # since the last second: launches, other calls, switch rows of non-CUDA threads
+        self._counted = 0  # intervals counted since the last second (write_second's harvest)
+        self._seconds: list[Second] = []
+        self._cpu_prev: dict[int, float] = {}
         self._periods: list[Period] = []  # done, not yet stored
         self._attached_s = 0.0  # attached seconds since the last decision (cycler)
         self._last_decision = time.monotonic()
@@ -136,108 +250,139 @@ class BudgetHook(TraceHook):
         self.refused_attaches = 0
         self._primed = False
         self.sampled_periods = 0
+        # switch_counts: tid -> totals last stored (n[4], off_ns[4], runq_ns); the threads found gone
+        self._sc_prev: dict[int, np.ndarray] = {}
+        self._sc_gone: set[int] = set()
+        self._sc_from_ns: int | None = None
+        self.counted_total = 0
+        self.counted_threads: set[int] = set()
+        self._debug_prev: dict[str, tuple[int, int]] = {}
 
     # -- the seam ------------------------------------------------------------
 
     def on_program(self, program: Any) -> None:
-        """Before any library is attached: calibrate, and take the launch probes over (links)."""
+        """Before any library is attached (so before a --cmd job starts): the cheapest state, the
+        calibration, the BPF statistics, and the launch probes taken over (links)."""
+        self.program = program
+        program.set_budget_flags(BudgetFlag.COUNT_SWITCHES)
+        self.stats = bpfstats.RunStats()
+        self._tp_fds = program.tracepoint_fds()
+        if self.stats.on:
+            self._tp_prev = bpfstats.run_time_ns(self._tp_fds)[0]
+        self._sc_from_ns = time.time_ns()
         probes = program.switchable_probes(SWITCHED_OPS)
         try:
             trap_ns, self.calibration_s = probes.calibrate_ns()
         except OSError as exc:
             program.switchable = None
-            self.note = f"overhead budget off: this kernel cannot switch probes cheaply ({exc})"
+            self.note = f"overhead budget: launch probes cannot be sampled on this kernel ({exc})"
+            self.ratio = 1.0
             return
         self.cost_ns = program.call_cost_ns = trap_ns + PROGRAM_NS  # (the session stores it: not measured twice)
         self.probes = probes
-        probes.attach()  # attached until a decision says otherwise; libraries join as they are attached
+        # Detached until the first slice: a library taken meanwhile is linked at that slice's attach
+        # (attached here, a --cmd job released before the first slice ran its launches traced).
         self._thread = threading.Thread(target=self._cycle, name="ingero-budget", daemon=True)
         self._thread.start()
 
     def on_start(self, sess: Any) -> list[str] | None:
-        if self.probes is None:
-            return None  # the note says why (every_second)
-        return [f"overhead budget {self.pct:g}%: launch probes are sampled when tracing every launch would cost "
-                f"more of the traced threads' CPU (one traced call costs {self.cost_ns / 1e3:.1f} us here; "
-                f"--overhead-budget off traces every call)"]
+        cost = f"one traced call costs {self.cost_ns / 1e3:.1f} us here; " if self.cost_ns else ""
+        stats = "" if self.stats is not None and self.stats.on else (
+            f"; the tracepoints' cost is not measured ({self.stats.error if self.stats else 'no program'})")
+        launches = (f"launch probes attached {self.ratio:.0%} of each second" if self.ratio < 1.0 else
+                    "every launch traced until the cost is measured")
+        return [f"overhead budget {self.pct:g}%: starts at its cheapest (switches of threads that make no CUDA "
+                f"call counted per second, {launches}) and traces more as the measured cost leaves room "
+                f"({cost}--overhead-budget off traces everything){stats}"]
 
     def on_flush(self, sess: Any, recs: np.ndarray, flush_s: float) -> None:
-        if self.probes is None or not len(recs):
+        if not len(recs):
             return
         op = recs["op"]
-        mask = np.isin(op, np.fromiter((int(o) for o in SWITCHED_OPS), dtype=op.dtype))
-        if not mask.any():
-            return
-        pids, counts = np.unique(recs["pid"][mask], return_counts=True)
-        for p, n in zip(pids.tolist(), counts.tolist()):
-            self._calls[p] = self._calls.get(p, 0) + n
+        counts = np.bincount(op, minlength=256)
+        self._acc[0] += int(sum(counts[int(o)] for o in SWITCHED_OPS))
+        self._acc[1] += int(sum(counts[int(o)] for o in TRAPPED_OPS)) - int(sum(counts[int(o)] for o in SWITCHED_OPS))
+        switch = op == int(Op.SCHED_SWITCH)
+        if switch.any():
+            self._acc[2] += int(np.count_nonzero((recs["call_flags"][switch] & int(CallFlag.SEEN)) == 0))
+
+    def write_second(self, sess: Any) -> None:
+        self._harvest(sess)
 
     def every_second(self, sess: Any) -> None:
         if self.note:
             sess.notes.append(self.note)
             self.note = None
-        if self.probes is None:
-            return
-        if self.probes.notes:
+        if self.probes is not None and self.probes.notes:
             sess.notes += self.probes.notes
             self.probes.notes = []
         now = time.monotonic()
         with self._lock:
             attached_s = self._attached_s
-            if self.probes.attached:
+            if self.probes is not None and self.probes.attached:
                 attached_s += now - self._attached_at
                 self._attached_at = now
             self._attached_s = 0.0
             periods, self._periods = self._periods, []
-        dt = now - self._last_decision
-        self._last_decision = now
-        calls, self._calls = self._calls, {}
-        if not self._primed:  # the first second: attaching libraries may have taken any time; rates start now
-            self._primed = True
-            for pid in calls:
-                total = proc_cpu_s(pid)
-                if total is not None:
-                    self._cpu_prev[pid] = (total, now)
-            return
-        cpu = {}
-        for pid in calls:
-            total = proc_cpu_s(pid)
-            if total is None:
-                continue
-            prev = self._cpu_prev.get(pid)
-            self._cpu_prev[pid] = (total, now)
-            if prev is not None and now > prev[1]:
-                cpu[pid] = (total - prev[0]) / (now - prev[1])
-        self._history = (self._history + [(calls, min(attached_s, dt), cpu)])[-RATE_S:]
-        before = self.ratio
-        self.ratio = self.decide()
-        if (before < 1.0) != (self.ratio < 1.0) or abs(self.ratio - before) > 0.5 * before:
-            sess.notes.append(
-                f"overhead budget {self.pct:g}%: launch probes attached {self.ratio:.0%} of each second "
-                f"(one traced call costs {self.cost_ns / 1e3:.1f} us here)" if self.ratio < 1.0 else
-                f"overhead budget {self.pct:g}%: every launch traced again")
-        if os.environ.get("INGERO_BUDGET_DEBUG"):
-            import sys
-            print(f"budget: cost {self.cost_ns:.0f} ns calls {calls} att {attached_s:.3f} cpu {cpu} ratio {self.ratio:.3f} "
-                  f"periods {len(periods)}", file=sys.stderr)
         if periods:
             self._store(sess, periods)
-
-    def decide(self) -> float:
-        """The attached share for the next periods: the smallest any calling process needs."""
-        att = sum(h[1] for h in self._history)
-        if att <= 0:
-            return self.ratio
-        pids = set().union(*(h[0] for h in self._history))
-        ratio = 1.0
-        for pid in pids:
-            rate = sum(h[0].get(pid, 0) for h in self._history) / att
-            cpus = [h[2][pid] for h in self._history if pid in h[2]]
-            if not cpus:
+        dt = now - self._last_decision
+        self._last_decision = now
+        (launches, others, rows), self._acc = self._acc, [0, 0, 0]
+        counted, self._counted = self._counted, 0
+        tp_ns = 0.0
+        if self._tp_prev is not None:
+            total = bpfstats.run_time_ns(self._tp_fds)[0]
+            tp_ns, self._tp_prev = float(total - self._tp_prev), total
+        cpu = 0.0
+        for pid in sess.traced:
+            total_cpu = proc_cpu_s(pid)
+            if total_cpu is None:
+                self._cpu_prev.pop(pid, None)
                 continue
-            ratio = min(ratio, attached_ratio(rate, self.cost_ns or 0.0, float(np.mean(cpus)), self.pct,
-                                              self.min_ratio))
-        return ratio
+            prev = self._cpu_prev.get(pid)
+            self._cpu_prev[pid] = total_cpu
+            if prev is not None:
+                cpu += total_cpu - prev
+        if not self._primed:  # the first second: attaching libraries may have taken any time; rates start now
+            self._primed = True
+            return
+        if self.probes is None:
+            attached_s = dt  # launches traced throughout
+        self._seconds = (self._seconds + [Second(dt, min(attached_s, dt), launches, others, rows, counted,
+                                                 tp_ns, cpu)])[-RATE_S:]
+        d = decide(self._seconds, self.cost_ns or 0.0, self.pct, self.counting, self.ratio, self.min_ratio)
+        if d is None:
+            return
+        self.share = d.cost_share
+        ratio = d.ratio if self.probes is not None else 1.0
+        if os.environ.get("INGERO_BUDGET_DEBUG"):
+            self._debug(d)
+        if d.count_switches != self.counting:
+            self.counting = d.count_switches
+            self.program.set_budget_flags(BudgetFlag.COUNT_SWITCHES if self.counting else 0)
+            sess.notes.append(
+                f"overhead budget {self.pct:g}%: switches of threads that make no CUDA call are counted per "
+                f"second, not stored one by one (tracing everything would cost {d.cost_share:.1%} of the traced "
+                f"threads' CPU)" if self.counting else
+                f"overhead budget {self.pct:g}%: every switch stored again (tracing everything costs "
+                f"{d.cost_share:.1%} of the traced threads' CPU)")
+        before, self.ratio = self.ratio, ratio
+        if (before < 1.0) != (ratio < 1.0) or abs(ratio - before) > 0.5 * before:
+            sess.notes.append(
+                f"overhead budget {self.pct:g}%: launch probes attached {ratio:.0%} of each second "
+                f"(one traced call costs {(self.cost_ns or 0) / 1e3:.1f} us here)" if ratio < 1.0 else
+                f"overhead budget {self.pct:g}%: every launch traced again")
+
+    def _debug(self, d: Decision) -> None:
+        """INGERO_BUDGET_DEBUG=1: each second's figures and each program's run time, on stderr."""
+        import sys
+
+        per = {n: bpfstats.run_time_ns(f) for n, f in self.program.program_fds().items()}
+        prev, self._debug_prev = self._debug_prev, per
+        print(f"budget: {self._seconds[-1]} -> {d}\n  " + ", ".join(
+            f"{n}: {(v[0] - prev[n][0]) / 1e6:.1f} ms {v[1] - prev[n][1]} runs"
+            for n, v in sorted(per.items()) if n in prev and v[1] > prev[n][1]), file=sys.stderr)
 
     def on_end(self, sess: Any) -> None:
         self._stop_cycle()
@@ -245,9 +390,64 @@ class BudgetHook(TraceHook):
             periods, self._periods = self._periods, []
         if periods:
             self._store(sess, periods)
+        self._harvest(sess)
+        if self.counted_total:
+            sess.notes.append(
+                f"overhead budget {self.pct:g}%: {self.counted_total:,} off-CPU intervals of "
+                f"{len(self.counted_threads)} thread(s) that made no CUDA call were counted per second "
+                f"(table switch_counts), not stored one by one")
+        self._close_stats()
 
     def close(self) -> None:
         self._stop_cycle()
+        self._close_stats()
+
+    def _close_stats(self) -> None:
+        if self.stats is not None:
+            self.stats.close()
+
+    # -- counted switches ------------------------------------------------------
+
+    def _harvest(self, sess: Any) -> None:
+        """switch_counts rows: each counting thread's intervals since the last harvest, by kind."""
+        if self.program is None:
+            return
+        now_ns = time.time_ns()
+        from_ns, self._sc_from_ns = self._sc_from_ns or now_ns, now_ns
+        entries = self.program.switch_counts()
+        rows: list[tuple[int, int, int, int, int, int]] = []  # pid, tid, kind index, n, off_ns, runq_ns
+        for tid, c in entries:
+            cur = np.array([*c.n, *c.off_ns, *c.runq_ns], dtype=np.int64)
+            prev = self._sc_prev.get(tid)
+            delta = cur if prev is None else cur - prev
+            self._sc_prev[tid] = cur
+            for k in range(4):
+                if delta[k]:
+                    rows.append((c.tgid, tid, k, int(delta[k]), int(delta[4 + k]), int(delta[8 + k])))
+                    self.counted_total += int(delta[k])
+                    self.counted_threads.add(tid)
+        # a thread gone at the last harvest has had its last count read now: its entry goes
+        gone_before = self._sc_gone
+        if gone_before:
+            self.program.forget_switch_counts(gone_before)
+            for tid in gone_before:
+                self._sc_prev.pop(tid, None)
+        self._sc_gone = {tid for tid, c in entries if tid not in gone_before
+                         and not os.path.exists(f"/proc/{c.tgid}/task/{tid}")}
+        self._counted += sum(r[3] for r in rows)
+        if not rows:
+            return
+        sess.store.append("switch_counts", pa.table({
+            "session_id": pa.array([sess.session_id] * len(rows), pa.int32()),
+            "timestamp": pa.array([now_ns] * len(rows), pa.int64()),
+            "interval_ns": pa.array([now_ns - from_ns] * len(rows), pa.int64()),
+            "pid": pa.array([r[0] for r in rows], pa.int32()),
+            "tid": pa.array([r[1] for r in rows], pa.int32()),
+            "kind": pa.array([KIND_NAMES[r[2]] for r in rows], pa.string()),
+            "switches": pa.array([r[3] for r in rows], pa.int64()),
+            "off_cpu_ns": pa.array([r[4] for r in rows], pa.int64()),
+            "runq_ns": pa.array([r[5] for r in rows], pa.int64()),
+        }))
 
     # -- the duty cycle (its own thread: slices are shorter than a second) -----
 
@@ -258,7 +458,11 @@ class BudgetHook(TraceHook):
         last_to: int | None = None
         while not self._stop.is_set():
             ratio = self.ratio
-            if ratio >= 1.0 or not self.probes.switchable():
+            if not self.probes.switchable():  # no library taken yet: nothing to attach; look again soon
+                last_to = None
+                self._stop.wait(NO_LIBRARY_WAIT_S)
+                continue
+            if ratio >= 1.0:
                 self._attach()
                 last_to = None
                 self._stop.wait(self.period_s)

@@ -30,7 +30,7 @@ from ingero.collect.bpfmaps import discard
 from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
 from ingero.errors import IngeroError
 from ingero.events.ops import OP_NAMES, TRACEPOINTS, Op
-from ingero.events.records import PROC_STAT_DTYPE, Counter
+from ingero.events.records import PROC_STAT_DTYPE, Counter, SwitchCount
 
 MAIN_SOURCE = "ingero.bpf.c"
 # ~2 s of records at 1 M records/s (64 bytes each).  bench_ingest at 1 M/s:
@@ -442,6 +442,29 @@ class Program:
         table = self.bpf["proc_stats"]
         for pid in pids:
             discard(table, table.Key(pid))
+
+    # -- the overhead budget's maps (budget.py) ------------------------------
+
+    def set_budget_flags(self, flags: int) -> None:
+        """enum ingero_budget_flag bits the programs read (BudgetFlag)."""
+        table = self.bpf["budget_cfg"]
+        table[ctypes.c_int(0)] = ctypes.c_uint32(int(flags))
+
+    def switch_counts(self) -> list[tuple[int, SwitchCount]]:
+        """(tid, totals) of every thread whose off-CPU intervals the budget counted."""
+        table = self.bpf["switch_counts"]
+        return [(k.value, SwitchCount.from_buffer_copy(ctypes.string_at(ctypes.addressof(v), ctypes.sizeof(SwitchCount))))
+                for k, v in table.items()]
+
+    def forget_switch_counts(self, tids: Iterable[int]) -> None:
+        table = self.bpf["switch_counts"]
+        for tid in tids:
+            discard(table, table.Key(tid))
+
+    def tracepoint_fds(self) -> list[int]:
+        """fds of the programs that run on kernel events (tracepoints, the CPU sampler), not on calls."""
+        return [fd for name, fds in self.program_fds().items()
+                if name.startswith("tracepoint__") or name == "cpu_sample" for fd in fds]
 
     def attach_bench(self) -> None:
         """Nothing: the benchmark tracepoint is auto-attached by BCC (TRACEPOINT_PROBE)."""

@@ -184,7 +184,8 @@ def command(argv, duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_li
     # daemon mode (no --duration, no command) has a budget unless told otherwise
     overhead_budget = budget_in_force(overhead_budget, daemon=duration is None and cmd is None)
     if overhead_budget:
-        opts.hooks.append(BudgetHook(overhead_budget))
+        # a --cmd job starts after the tracer: its launches are sampled from its first second
+        opts.hooks.append(BudgetHook(overhead_budget, start_sampled=cmd is not None))
     # --json: NDJSON on stdout, for a program; else ingero's lines on stderr, the job's output alone on stdout
     view = LiveView(as_json=as_json, stream=sys.stdout if as_json else sys.stderr)
     shown = (lambda notes: notes) if verbose or as_json else (lambda notes: [n for n in notes if not is_detail(n)])

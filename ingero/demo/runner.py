@@ -247,7 +247,7 @@ def workload_command(flags: tuple[str, ...], paths: dict[str, str], duration_s: 
 
 
 def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path, workdir: Path,
-              paths: dict[str, str], progress: Progress) -> Run:
+              paths: dict[str, str], progress: Progress, trace_args: tuple[str, ...] = ()) -> Run:
     flags = s.fix_workload if fixed else s.workload
     items = s.interference if not fixed or s.fix_interference is None else s.fix_interference
     summary_path = workdir / f"{label}.json"
@@ -262,7 +262,7 @@ def _live_run(s: Scenario, label: str, fixed: bool, duration_s: float, db: Path,
     nccl = ("--cuda-lib", str(LIBNCCL)) if "--ranks" in flags else ()
     tracer_cmd = [sys.executable, "-m", "ingero", "trace", "--cmd", shlex.join(cmd),
                   "--cuda-lib", str(LIBCUDART), *nccl,
-                  "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db)]
+                  "--duration", f"{duration_s + TRACE_MARGIN_S:g}", "--db", str(db), *trace_args]
     procs: list[subprocess.Popen] = []
     # the tracer's output goes to files: a pipe nobody reads while we wait would fill and stall it
     log_path = workdir / f"{label}.trace.log"
@@ -381,10 +381,12 @@ def _check_replaceable_db(path: Path) -> None:
 
 def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path | None = None,
         fix: bool = True, synthetic_only: bool = False, progress: Progress | None = None,
-        report: Callable[[Path, int | None, Path | None, int | None], str] | None = None) -> DemoResult:
+        report: Callable[[Path, int | None, Path | None, int | None], str] | None = None,
+        trace_args: tuple[str, ...] = ()) -> DemoResult:
     """Run scenario ``name``; see the module docstring.  ``report``: called with the slow run's DB
     and the start of its steady state (what explain reads), then the fixed run's (None, None
-    without one), before the DBs go; returns a line."""
+    without one), before the DBs go; returns a line.  ``trace_args``: more `ingero trace`
+    options for the live runs (bench_budget_demos: a budget)."""
     s = scn.get(name)
     if duration_s <= 0:
         raise IngeroError("--duration must be positive")
@@ -405,7 +407,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
             if s.needs_dataset:
                 say("writing the demo dataset")
                 paths["dataset"] = str(_make_dataset(tmp))
-            before = _live_run(s, "before", False, per_run, before_db, tmp, paths, say)
+            before = _live_run(s, "before", False, per_run, before_db, tmp, paths, say, trace_args)
             mode = "live"
         else:
             say(f"synthetic replay ({reason})")
@@ -417,7 +419,7 @@ def run(name: str, *, duration_s: float = scn.DEFAULT_DURATION_S, keep_db: Path 
         if fix and s.expected_rule is not None:
             say(f"applying the fix: {s.fix}")
             if mode == "live":
-                after = _live_run(s, "after", True, per_run, after_db, tmp, paths, say)
+                after = _live_run(s, "after", True, per_run, after_db, tmp, paths, say, trace_args)
             else:
                 after = _synthetic_run(s, "after", True, per_run, after_db)
             after.report, after.report_dict = explain_db(after_db, after.steady_from_ns)

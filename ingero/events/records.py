@@ -171,6 +171,24 @@ class ProcStat(ctypes.Structure):
     ]
 
 
+class SwitchCount(ctypes.Structure):
+    """struct ingero_switch_count: a thread's off-CPU intervals the overhead budget counted."""
+
+    _fields_ = [
+        ("n", ctypes.c_uint64 * 4),
+        ("off_ns", ctypes.c_uint64 * 4),
+        ("runq_ns", ctypes.c_uint64 * 4),
+        ("tgid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class BudgetFlag(enum.IntFlag):
+    """enum ingero_budget_flag (the budget_cfg map)."""
+
+    COUNT_SWITCHES = 1
+
+
 class CallFlag(enum.IntFlag):
     """enum ingero_call_flag: bits of Event.call_flags (sched_switch, page_fault and cpu_sample records)."""
 
@@ -186,6 +204,7 @@ class Counter(enum.IntEnum):
     NEST_SKIPPED = 2
     STALE_CALLS = 3
     UNSEEN_SWITCH_IN = 4
+    SWITCH_COUNTS_FULL = 5
     MAX = 8
 
 
@@ -234,10 +253,12 @@ MIRRORS = {
     "struct ingero_nccl_ext": NcclExt,
     "struct ingero_nvtx": Nvtx,
     "struct ingero_nvtx_text": NvtxText,
+    "struct ingero_switch_count": SwitchCount,
 }
 ENUM_MIRRORS = {
     "OP_": Op,
     "KIND_": Kind,
     "CALL_FLAG_": CallFlag,
     "CNT_": Counter,
+    "BUDGET_": BudgetFlag,
 }

@@ -34,7 +34,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -80,6 +80,8 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      counters, once a second (sample/cgroup.py).  Older sessions have none.
 #      device_activity.pid (live traces store the device timeline of every
 #      traced process, from CUPTI); rows imported before it keep NULL.
+#  16: switch_counts (the overhead budget's counted off-CPU intervals of threads
+#      that make no CUDA call).
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -119,6 +121,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "syscall VARCHAR", "wait_fd INTEGER", "fd_target VARCHAR", "waker_pid INTEGER", "waker_tid INTEGER")]
         + ["ALTER TABLE device_activity ADD COLUMN IF NOT EXISTS pid INTEGER"]
         + [REAPPLY_SCHEMA],  # creates thread_names and cgroup_cpu
+    16: [REAPPLY_SCHEMA],  # creates switch_counts
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -598,6 +601,7 @@ TABLES = (
     "window_late_waits",
     "sampling",
     "cgroup_cpu",
+    "switch_counts",
 )
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from ingero.store.files import db_file_of
 
 # Time-series tables pruned by age; all have a `timestamp` column in ns since the epoch.
-TIME_TABLES = ("events", "process_cpu", "system_metrics", "gpu_metrics", "cgroup_cpu")
+TIME_TABLES = ("events", "process_cpu", "system_metrics", "gpu_metrics", "cgroup_cpu", "switch_counts")
 
 # How often the session loop should call apply(): often enough that a 10 GB bound
 # is not overrun by minutes of a fast trace (DuckDB takes ~5 M rows/s, about

@@ -406,3 +406,25 @@ CREATE TABLE IF NOT EXISTS cgroup_cpu (
     throttled_ns BIGINT,             -- in the interval: throttled_total_ns' increase
     usage_ns BIGINT                  -- in the interval: usage_total_ns' increase
 );
+
+-- ---- Counted switches (schema 16): the overhead budget's summary rows.
+
+-- Off-CPU intervals of traced threads that had made no traced CUDA call,
+-- counted in BPF instead of stored one by one while `ingero trace
+-- --overhead-budget` found the trace over budget (ingero/collect/budget.py):
+-- one row per thread, interval of the tracer's once-a-second harvest and
+-- kind (why it left), with what a sched_switch row would have carried of them
+-- summed.  Counted intervals have no events row; their successor, system
+-- call, waker and stack are not recorded.  Explain adds them to its
+-- off-CPU totals (ingero/analyze/sampling.py).
+CREATE TABLE IF NOT EXISTS switch_counts (
+    session_id INTEGER,
+    timestamp BIGINT NOT NULL, -- end of the harvest interval (wall clock): intervals that ended in it
+    interval_ns BIGINT NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    kind VARCHAR NOT NULL,     -- as events.kind of sched_switch: 'preempted', 'sleep', 'io', 'other'
+    switches BIGINT NOT NULL,  -- off-CPU intervals (each a sched_switch row, had it been stored)
+    off_cpu_ns BIGINT NOT NULL,  -- their summed duration_ns
+    runq_ns BIGINT NOT NULL      -- their summed runq_ns
+);

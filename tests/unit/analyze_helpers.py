@@ -17,10 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingero import ops
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Report
 from ingero.collect import budget
+from ingero.ops import OP_NAMES
 from ingero.store.db import Store
 
 S = 1_000_000_000
@@ -411,3 +413,23 @@ def sample_store(store: Store, ratio: float, period_ns: int = S, phase_ns: int =
     con.executemany("INSERT INTO sampling VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     after = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
     return before, after
+
+
+def count_switches(store: Store) -> int:
+    """Apply the budget's first loss to a stored trace: the sched_switch rows of threads that made no
+    CUDA call become switch_counts rows, one per thread, second and kind (collect/budget.py); returns
+    how many rows were counted."""
+    con = store.con
+    cuda = sorted(OP_NAMES[o] for o in ops.CUDA_OPS | ops.NCCL_OPS)
+    nc = ("op = 'sched_switch' AND tid NOT IN (SELECT DISTINCT tid FROM events "
+          "WHERE list_contains($cuda, op::VARCHAR))")
+    # seconds from the trace's first event, as explain's windows are; the last ends with the trace
+    t0, t1 = con.execute("SELECT min(timestamp), max(timestamp) + 1 FROM events").fetchone()
+    con.execute(f"""
+        INSERT INTO switch_counts
+        SELECT session_id, least($t1, $t0 + ((timestamp - $t0) // {S} + 1) * {S}) AS end_ns,
+               end_ns - ($t0 + ((timestamp - $t0) // {S}) * {S}), pid, tid, kind::VARCHAR, count(*), sum(duration_ns), coalesce(sum(runq_ns), 0)
+        FROM events WHERE {nc} GROUP BY ALL""", {"cuda": cuda, "t0": t0, "t1": t1})
+    n = con.execute(f"SELECT count(*) FROM events WHERE {nc}", {"cuda": cuda}).fetchone()[0]
+    con.execute(f"DELETE FROM events WHERE {nc}", {"cuda": cuda})
+    return n

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import numpy as np
 import pytest
 
@@ -10,14 +13,15 @@ from ingero.analyze.context import Options, resolve
 from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.collect import budget
-from ingero.collect.budget import BudgetHook, attached_ratio
+from ingero.collect.budget import BudgetHook, Second, attached_ratio
+from ingero.collect.records import SwitchCount
 from ingero.demo import scenarios
 from ingero.events.units import NS
 from ingero.store.db import Store
 from ingero.values import BadValue, parse_percent
 
 import replays
-from analyze_helpers import sample_store
+from analyze_helpers import count_switches, sample_store
 
 # replays.py's cache serves this module and the other replay users on one worker
 pytestmark = pytest.mark.xdist_group("replays")
@@ -52,19 +56,69 @@ def test_cpu_below_the_probes_own_cost_is_not_a_smaller_budget():
     assert attached_ratio(100_000, 10_000, 0.1, 5.0) == pytest.approx(0.05)
 
 
-def test_hook_decides_from_rates_over_attached_time():
+def _second(**kw) -> Second:
+    base = dict(dt_s=1.0, attached_s=1.0, launches=0, other_calls=0, switch_rows=0, counted=0,
+                tracepoint_ns=0.0, cpu_s=1.0)
+    return Second(**{**base, **kw})
+
+
+def test_a_cheap_trace_is_traced_whole():
+    # the GPU-bound demo: 500 launches and 100 syncs a second at 7 us, 1,000 switches costing 2 ms
+    s = _second(launches=500, other_calls=100, switch_rows=1_000, tracepoint_ns=2e6)
+    d = budget.decide([s] * 3, 7_000.0, 2.0, counting=True)
+    assert (d.count_switches, d.ratio) == (False, 1.0)
+    # the launches' rate per attached second less their traps' own 3.5 ms
+    assert d.cost_share == pytest.approx(2e-3 + 500 / (1.0 - 3.5e-3) * 7e-6 + 0.7e-3)
+
+
+def test_switches_of_threads_without_cuda_calls_are_counted_first():
+    # 75 k switch rows a second (the simulated runtime's device thread) cost 22.5 ms of 1 CPU-s: over
+    # 2%; counted, they would cost 75 k x ROW_NS less, which fits: launches keep every probe
+    s = _second(launches=500, other_calls=100, switch_rows=75_000, tracepoint_ns=75_000 * 300.0)
+    d = budget.decide([s] * 3, 7_000.0, 2.0, counting=False)
+    assert (d.count_switches, d.ratio) == (True, 1.0)
+
+
+def test_then_the_launches_are_sampled_with_what_is_left():
+    # a host-bound loop: 5,900 launches at 7 us in a 100 ms slice (41 ms of it their traps: 100 k/s
+    # untraced), syncs and copies 500/s, switches counted at 5 ms/s of tracepoint time; a 5% budget
+    s = _second(attached_s=0.1, launches=5_900, other_calls=500, counted=75_000, tracepoint_ns=5e6)
+    d = budget.decide([s] * 5, 7_000.0, 5.0, counting=True)
+    assert d.count_switches
+    allowed = 0.05 * 1.0
+    full_rate = 5_900 / (0.1 - 5_900 * 7e-6)
+    assert d.ratio == pytest.approx((allowed - 5e-3 - 500 * 7e-6) / (full_rate * 7e-6))
+    assert 0.05 < d.ratio < 0.07
+    # nothing left for them: the floor
+    s = _second(attached_s=0.1, launches=5_900, other_calls=1_180, counted=75_000, tracepoint_ns=30e6)
+    assert budget.decide([s], 7_000.0, 2.0, counting=True).ratio == budget.MIN_RATIO
+
+
+def test_counting_stops_only_with_room_to_spare():
+    # everything traced would cost 1.6%: under 2%, but not under RELAX_SHARE of it
+    s = _second(switch_rows=0, counted=20_000, tracepoint_ns=13e6)  # 13 + 20 k x 0.15 us = 16 ms
+    assert budget.decide([s], 7_000.0, 2.0, counting=True).count_switches
+    assert not budget.decide([s], 7_000.0, 2.0, counting=False).count_switches
+
+
+def test_no_launch_seen_keeps_the_launch_share():
+    # a job still starting (its calls so far a few allocations): its launches are not known to be cheap
+    s = _second(other_calls=50, counted=200, tracepoint_ns=1e6, cpu_s=0.03)
+    d = budget.decide([s], 10_000.0, 2.0, counting=True, ratio=budget.MIN_RATIO)
+    assert (d.count_switches, d.ratio) == (True, budget.MIN_RATIO)
+    # cheap as it is, switches are stored again; the launch share still waits for launches
+    s = _second(other_calls=50, counted=200, tracepoint_ns=1e5, cpu_s=1.0)
+    d = budget.decide([s], 10_000.0, 2.0, counting=True, ratio=budget.MIN_RATIO)
+    assert (d.count_switches, d.ratio) == (False, budget.MIN_RATIO)
+
+
+def test_nothing_measured_keeps_the_state():
+    assert budget.decide([], 7_000.0, 2.0, counting=True) is None
+
+
+def test_a_hook_starts_at_its_cheapest():
     hook = BudgetHook(2.0)
-    hook.cost_ns = 7_000.0
-    # 5 seconds, each with 0.1 s attached and 5,900 launches seen in it: 59 k/s when attached
-    hook._history = [({42: 5_900}, 0.1, {42: 1.0})] * 5
-    assert hook.decide() == pytest.approx(attached_ratio(59_000, 7_000, 1.0, 2.0))
-    # the slowest-to-afford process decides for the set (probes belong to a file, not a process)
-    hook._history = [({42: 5_900, 43: 50}, 0.1, {42: 1.0, 43: 1.0})] * 5
-    assert hook.decide() == pytest.approx(attached_ratio(59_000, 7_000, 1.0, 2.0))
-    # nothing attached yet: keep the decision in force
-    hook._history = [({}, 0.0, {})]
-    hook.ratio = 0.5
-    assert hook.decide() == 0.5
+    assert hook.counting and hook.ratio == budget.MIN_RATIO
 
 
 # ---------------------------------------------------------------- the option
@@ -250,3 +304,98 @@ def test_a_thread_without_other_calls_is_scaled_by_attached_time():
     n = store.con.execute("SELECT sum(n) FROM ing_cuda WHERE cat = 'launch'").fetchone()[0]
     # 5,000 / (0.1 s - 5,000 x 10 us = 0.05 s) = 100 k/s over the 1 s window
     assert n == 100_000
+
+
+# ---------------------------------------------------------------- counted switches
+
+
+@pytest.mark.parametrize("name", scenarios.names())
+def test_diagnosis_unchanged_with_counted_switches(name):
+    """The budget's first two losses together: switches of threads that make no CUDA call counted per
+    second (the workers, the helpers), the launches sampled at the default budget's share."""
+    sc = scenarios.get(name)
+    store = _replay(name)
+    count_switches(store)
+    ratio = budget_ratio(store, 2.0)
+    if ratio < 1.0:
+        sample_store(store, ratio, phase_ns=NS // 3)
+    chains = explain(store.con, Options()).chains
+    shown = [f"[{c.severity}] {c.rule_id}" for c in chains]
+    if sc.expected_rule is None:
+        assert [c for c in chains if c.severity in ("HIGH", "MEDIUM")] == [], shown
+    else:
+        assert chains and chains[0].rule_id == sc.expected_rule, shown
+        assert chains[0].severity == "HIGH", shown
+
+
+def _off_cpu(store: Store) -> dict[tuple[int, str], tuple[int, float]]:
+    from ingero.analyze import windows
+
+    ctx = resolve(store.con, Options(window_s=1.0))
+    windows.build(ctx)
+    return {(tid, kind): (n, off) for tid, kind, n, off in store.con.execute(
+        "SELECT tid, kind, sum(n)::BIGINT, sum(off_ns) FROM ing_sched GROUP BY ALL").fetchall()}
+
+
+def test_counted_switches_keep_the_off_cpu_totals_and_explain_says_so():
+    full = _replay("io-stall")
+    counted = _replay("io-stall")
+    n = count_switches(counted)
+    assert n > 1_000  # the checkpoint writer's switches
+    before, after = _off_cpu(full), _off_cpu(counted)
+    assert before.keys() == after.keys()
+    for key, (n_full, off_full) in before.items():
+        assert after[key][0] == n_full, key
+        assert after[key][1] == pytest.approx(off_full, rel=1e-9), key
+    notes = explain(counted.con, Options()).notes
+    assert any(f"{n:,} off-CPU intervals of" in x and "counted per second" in x for x in notes), notes
+    assert not any("counted per second" in x for x in explain(full.con, Options()).notes)
+
+
+class _FakeProgram:
+    """The switch_counts map as BPF leaves it: totals per thread since its entry was made."""
+
+    def __init__(self):
+        self.entries: dict[int, SwitchCount] = {}
+        self.forgotten: list[int] = []
+
+    def put(self, tid, tgid, n, off_ns, runq_ns):
+        self.entries[tid] = SwitchCount((ctypes.c_uint64 * 4)(*n), (ctypes.c_uint64 * 4)(*off_ns),
+                                        (ctypes.c_uint64 * 4)(*runq_ns), tgid, 0)
+
+    def switch_counts(self):
+        return list(self.entries.items())
+
+    def forget_switch_counts(self, tids):
+        for tid in tids:
+            self.forgotten.append(tid)
+            self.entries.pop(tid, None)
+
+
+class _FakeSession:
+    def __init__(self, store):
+        self.store = store
+        self.session_id = store.begin_session(command="test", targets="test")
+
+
+def test_counted_switches_are_stored_as_per_second_deltas():
+    store = Store.memory()
+    sess = _FakeSession(store)
+    prog = _FakeProgram()
+    hook = BudgetHook(2.0)
+    hook.program = prog
+    me = os.getpid()
+    prog.put(me, me, (3, 10, 0, 0), (300, 5_000, 0, 0), (300, 40, 0, 0))  # a live thread (this one)
+    prog.put(999_999_999, me, (1, 0, 2, 0), (7, 0, 90, 0), (7, 0, 0, 0))  # one that is gone
+    hook._harvest(sess)
+    prog.put(me, me, (3, 14, 0, 0), (300, 6_000, 0, 0), (300, 52, 0, 0))  # 4 more sleeps
+    hook._harvest(sess)  # the gone thread's entry is read once more, then deleted
+    hook._harvest(sess)
+    rows = store.con.execute("SELECT tid, kind, switches, off_cpu_ns, runq_ns FROM switch_counts "
+                             "ORDER BY timestamp, tid, kind").fetchall()
+    assert rows == [(me, "preempted", 3, 300, 300), (me, "sleep", 10, 5_000, 40),
+                    (999_999_999, "io", 2, 90, 0), (999_999_999, "preempted", 1, 7, 7),
+                    (me, "sleep", 4, 1_000, 12)]
+    assert prog.forgotten == [999_999_999]
+    assert hook.counted_total == 20 and hook.counted_threads == {me, 999_999_999}
+    assert store.con.execute("SELECT count(DISTINCT pid) FROM switch_counts").fetchone() == (1,)
