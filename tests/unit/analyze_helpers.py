@@ -17,12 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingero import ops
+from ingero.events import ops
 from ingero.analyze.context import Options
 from ingero.analyze.explain import explain
 from ingero.analyze.model import Report
 from ingero.collect import budget
-from ingero.ops import OP_NAMES
+from ingero.events.ops import OP_NAMES
 from ingero.store.db import Store
 
 S = 1_000_000_000

@@ -14,7 +14,7 @@ from ingero.analyze.explain import explain
 from ingero.cli import main
 from ingero.collect import budget
 from ingero.collect.budget import BudgetHook, Second, attached_ratio
-from ingero.collect.records import SwitchCount
+from ingero.events.records import SwitchCount
 from ingero.demo import scenarios
 from ingero.events.units import NS
 from ingero.store.db import Store
