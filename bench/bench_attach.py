@@ -235,7 +235,8 @@ def holds_table(rounds: int, load: int) -> None:
     print("|---|---:|---:|---:|---:|")
     for name in libs:
         print(f"| {name} | {span(plain[name])} | {span(held[name])} | {span(holder[name])} | {bound[name]} |")
-    print(f"\nThe holding tracer's summary (every hold it made, other processes' included): {summary[-1] if summary else '–'}")
+    print("\nThe holding tracer's summary (every hold it made, other processes' included): "
+          f"{summary[-1] if summary else '–'}")
 
 
 _EXEC_HELD = re.compile(r"while pid \d+ was held at its exec of (\S+) \((\d+\.\d) ms\)")

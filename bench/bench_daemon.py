@@ -66,7 +66,8 @@ def main() -> None:
         print(f"| writer RSS first / max / last | {rss[0] / 1e6:.0f} / {max(rss) / 1e6:.0f} / {rss[-1] / 1e6:.0f} MB |")
     print(f"| DB file + WAL max | {max(sizes) / 1e6:.1f} MB (bound {MAX_DB / 1e6:.0f} MB) |")
     if latencies:
-        print(f"| live query latency median / max | {statistics.median(latencies) * 1e3:.0f} / {max(latencies) * 1e3:.0f} ms ({len(latencies)} queries) |")
+        print(f"| live query latency median / max | {statistics.median(latencies) * 1e3:.0f} / "
+              f"{max(latencies) * 1e3:.0f} ms ({len(latencies)} queries) |")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def main() -> None:
     print(f"| find_cuda_libraries, first call | {cold * 1e3:.1f} ms ({len(found)} copies) |")
     print(f"| find_cuda_libraries, later calls (median of 5) | {statistics.median(warm) * 1e3:.1f} ms |")
     print(f"| LibraryWatcher.poll, first ({nproc} processes) | {first * 1e3:.1f} ms |")
-    print(f"| LibraryWatcher.poll, steady (median / max of 20) | {statistics.median(steady) * 1e3:.2f} / {max(steady) * 1e3:.2f} ms |")
+    print(f"| LibraryWatcher.poll, steady (median / max of 20) | {statistics.median(steady) * 1e3:.2f} / "
+          f"{max(steady) * 1e3:.2f} ms |")
 
 
 if __name__ == "__main__":

@@ -338,7 +338,8 @@ def main() -> None:
     per_statement = {}
     for size in (int(float(s)) for s in args.sizes.split(",")):
         for summarise in (False, True):
-            path = out / f"explain-{size}{'-interleaved' if args.interleaved else ''}{'-summaries' if summarise else ''}.duckdb"
+            path = out / (f"explain-{size}{'-interleaved' if args.interleaved else ''}"
+                          f"{'-summaries' if summarise else ''}.duckdb")
             built = 0.0 if (args.keep and path.exists()) else build(path, size, interleaved=args.interleaved,
                                                                       summarise=summarise)
             statements: dict[str, list[float]] | None = {} if args.statements else None
@@ -347,10 +348,12 @@ def main() -> None:
                          path.stat().st_size))
             per_statement[(size, summarise)] = statements
     load = os.getloadavg()[0]
-    layout = "time order across ops (worst case)" if args.interleaved else "each flush grouped by op, as the tracer stores"
+    layout = ("time order across ops (worst case)" if args.interleaved
+              else "each flush grouped by op, as the tracer stores")
     print(f"explain over N stored events ({os.cpu_count()} CPUs, load {load:.1f}, best of {args.repeat} runs, "
           f"read-only file DB; rows: {layout})\n")
-    print("| events | summaries | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains | DB MB |")
+    print("| events | summaries | build s | explain wall min s | wall median s | CPU s (min) | ns per event | chains "
+          "| DB MB |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for size, summarise, built, best, med, cpu, chains, nbytes in rows:
         print(f"| {size:,} | {'stored' if summarise else 'on the fly'} | {built:.1f} | {best:.3f} | {med:.3f} | "
@@ -384,8 +387,9 @@ def day_store(path: Path, n_day: int) -> tuple[float, int]:
     blocks = DAY_S // BLOCK_S
     shift = ", ".join(f"({k * BLOCK_S * NS})" for k in range(1, blocks))
     con = store.con
-    con.execute(f"""INSERT INTO windows SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns, first_ns - k AS first_ns,
-                                                          last_ns - k AS last_ns)
+    con.execute(f"""INSERT INTO windows SELECT * EXCLUDE (k)
+                    REPLACE (start_ns - k AS start_ns, first_ns - k AS first_ns,
+                            last_ns - k AS last_ns)
                     FROM windows, (VALUES {shift}) v(k)""")
     con.execute(f"""INSERT INTO window_late_waits SELECT * EXCLUDE (k) REPLACE (start_ns - k AS start_ns)
                     FROM window_late_waits, (VALUES {shift}) v(k)""")

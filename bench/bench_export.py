@@ -3,9 +3,10 @@
 Builds the store with bench_explain.build (the mix a traced training job
 produces), made to hold what the tracer stores (``as_traced``: bytes only on
 copies and block I/O, NULL elsewhere; one thread off the CPU once at a time,
-each off-CPU interval ending by the thread's next one), then runs each export in its own process (the CLI's path: read-only
-store, explain, write) and reports wall time, events per second, bytes per
-event in the output and the child's peak RSS (ru_maxrss).  Prints a markdown table.
+each off-CPU interval ending by the thread's next one), then runs each export
+in its own process (the CLI's path: read-only store, explain, write) and
+reports wall time, events per second, bytes per event in the output and the
+child's peak RSS (ru_maxrss).  Prints a markdown table.
 
 The box is shared (2 cores, load 5-20 from other jobs): beside the wall time it
 prints the child's CPU time (user + system, all its threads) and events per

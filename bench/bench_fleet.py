@@ -191,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if extra <= TARGET_OVERHEAD else 'NOT met'})\n")
     if not args.skip_fleet:
         f = big_fleet(args.nodes, args.minutes, args.events_per_node, args.keep)
-        print(f"Generated fleet: {f['nodes']} nodes x {f['minutes']} min, {f['events']:,} events, {f['files']:,} files, "
+        print(f"Generated fleet: {f['nodes']} nodes x {f['minutes']} min, {f['events']:,} events, "
+              f"{f['files']:,} files, "
               f"{f['bytes'] / 1e9:.2f} GB; generated in {f['gen_s']:.1f} s ({f['gen_cpu_s']:.1f} CPU-s)\n")
         print("| command | wall s | CPU-s | files read | top chain | load (1/5/15) |")
         print("| --- | --- | --- | --- | --- | --- |")
-        print(f"| ingero fleet explain | {f['explain_s']:.2f} | {f['explain_cpu_s']:.2f} | {f['read']} | {f['top']} | {f['load']} |")
+        print(f"| ingero fleet explain | {f['explain_s']:.2f} | {f['explain_cpu_s']:.2f} | {f['read']} | {f['top']} "
+              f"| {f['load']} |")
         met = f["explain_s"] <= TARGET_EXPLAIN_S
         ok = ok and met
         print(f"\nfleet explain over {f['nodes']} nodes: {f['explain_s']:.2f} s (target <= {TARGET_EXPLAIN_S:.0f} s: "

@@ -13,8 +13,9 @@ shifted by the trace's span and get new correlation ids and step numbers, and
 are written one per line as Kineto writes them.  The import runs as a separate
 `ingero import` process into a fresh DuckDB file; its peak RSS is the child's
 ru_maxrss, its CPU time the child's user + system time (all threads): on a
-shared box the wall time says as much about the neighbours as about the import.  Targets (issue 26): >= 50 MB/s of uncompressed JSON, < 2 GB RSS
-for a 2 GB trace.  The stored rows are checked against the copies' counts.
+shared box the wall time says as much about the neighbours as about the
+import.  Targets (issue 26): >= 50 MB/s of uncompressed JSON, < 2 GB RSS for a
+2 GB trace.  The stored rows are checked against the copies' counts.
 """
 
 from __future__ import annotations

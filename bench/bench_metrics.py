@@ -48,7 +48,8 @@ def batch(n: int, pids: list[int], rng: np.random.Generator) -> np.ndarray:
     r = np.zeros(n, dtype=EVENT_DTYPE)
     kind = rng.random(n)
     op = np.where(kind < 0.6, rng.choice([int(o) for o in CUDA], n),
-                  np.where(kind < 0.9, int(Op.SCHED_SWITCH), np.where(kind < 0.98, int(Op.PAGE_FAULT), int(Op.BLOCK_IO))))
+                  np.where(kind < 0.9, int(Op.SCHED_SWITCH),
+                           np.where(kind < 0.98, int(Op.PAGE_FAULT), int(Op.BLOCK_IO))))
     r["op"] = op
     r["pid"] = rng.choice(pids, n)
     r["tid"] = r["pid"]
@@ -79,7 +80,8 @@ def per_event() -> list[str]:
     rng = np.random.default_rng(1)
     pids = list(range(1000, 1010))
     alive = set(pids)
-    rows = ["| batch (events) | flush, metrics off, ns/event | flush, metrics on, ns/event | difference | the hook alone (Aggregates.add), ns/event |",
+    rows = ["| batch (events) | flush, metrics off, ns/event | flush, metrics on, ns/event | difference "
+            "| the hook alone (Aggregates.add), ns/event |",
             "| ---: | ---: | ---: | ---: | ---: |"]
     with tempfile.TemporaryDirectory(prefix="ingero-bench-metrics-") as tmp:
         store = Store.open(Path(tmp) / "b.duckdb")
@@ -100,7 +102,8 @@ def per_event() -> list[str]:
                     agg.add(ordered, {})
                     alone.append((time.perf_counter_ns() - t0) / n)
                 m_off, m_on = statistics.median(off), statistics.median(on)
-                rows.append(f"| {n:,} | {m_off:.0f} | {m_on:.0f} | {m_on - m_off:+.0f} | {statistics.median(alone):.1f} |")
+                rows.append(f"| {n:,} | {m_off:.0f} | {m_on:.0f} | {m_on - m_off:+.0f} "
+                            f"| {statistics.median(alone):.1f} |")
         finally:
             store.close()
     return rows
@@ -149,7 +152,8 @@ def main() -> int:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {load:.1f} on {os.cpu_count()} cores\n")
     print("\n".join(per_event()))
     print()
-    print("| processes | encoding | series | bytes | scrape median, ms | scrape max, ms | CPU per scrape, ms | target |")
+    print("| processes | encoding | series | bytes | scrape median, ms | scrape max, ms | CPU per scrape, ms "
+          "| target |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for n in PROCS:
         for gzip in (False, True):

@@ -333,7 +333,8 @@ class _Ingero:
     def __init__(self, db: Path, lib: Path, tag_names: dict[str, str]):
         self.db = db
         self.argv = [sys.executable, "-m", "ingero", "trace", "--json", "--no-serve", "--db", str(db),
-                     "--comm", WORK_COMM, "--cuda-lib", str(lib), "--overhead-budget", "off"]  # every call, as the floor
+                     "--comm", WORK_COMM, "--cuda-lib", str(lib),
+                     "--overhead-budget", "off"]  # every call, as the floor
         self.tag_names = tag_names
 
     def __enter__(self) -> "_Ingero":
@@ -464,7 +465,8 @@ def _measure(works: list[Workload], lib: Path, tmp: Path) -> Results:
                         continue  # the spinners would take the workload's own CPUs
                     if isinstance(ctx, _Ingero):
                         ctx.pin(w.cpu)
-                    own, t0, ns0 = (ctx.own_cpu() if isinstance(ctx, _Ingero) else 0.0), time.monotonic(), time.time_ns()
+                    own, t0, ns0 = ((ctx.own_cpu() if isinstance(ctx, _Ingero) else 0.0), time.monotonic(),
+                                    time.time_ns())
                     res.times.setdefault((w.name, mode), []).append(w.run())
                     if isinstance(ctx, _Ingero):
                         res.tracer_cpu.setdefault(w.name, []).append(ctx.own_cpu() - own)
@@ -526,7 +528,8 @@ def _report(works: list[Workload], res: Results) -> None:
             med = statistics.median(pairs)
             verdict = "ok" if med <= TARGET_ABOVE_FLOOR_PCT else "MISSED"
             print(f"| {w.name} | {what} | " + " | ".join(cols) +
-                  f" | {med:+.1f}% ({min(pairs):+.1f}% to {max(pairs):+.1f}%) | <= {TARGET_ABOVE_FLOOR_PCT:.0f}% {verdict} |")
+                  f" | {med:+.1f}% ({min(pairs):+.1f}% to {max(pairs):+.1f}%) "
+                  f"| <= {TARGET_ABOVE_FLOOR_PCT:.0f}% {verdict} |")
     print("\nThe tracer's own process (ring-buffer reader, decoder, DuckDB writer), CPU µs per op, median "
           "(min-max): during the run, and all it spent on the run's rows (from the run's start until its CPU "
           "use fell back to idle, minus its idle rate over that time).  On this 2-core box it competes with the "
@@ -618,7 +621,8 @@ def _key_figures(works: list[Workload], res: Results) -> None:
         per_row = [c / max(n, 1) * 1e6 for c, n in zip(res.tracer_cpu_all[w.name], res.events.get(w.name, []))]
         if per_row:
             print(f"- tracer user-space CPU per stored row ({w.name}): {statistics.median(per_row):.2f} µs")
-    cuda = next((w for w in works if (w.name, "ingero") in res.runs and "cuda_return" in res.runs[(w.name, "ingero")]), None)
+    cuda = next((w for w in works
+                 if (w.name, "ingero") in res.runs and "cuda_return" in res.runs[(w.name, "ingero")]), None)
     sched = next((w for w in works if w.cpu is not None), None)
     for w, names in ((cuda, None), (sched, ("sched__sched_switch", "sched__sched_wakeup"))):
         if w is None:

@@ -42,8 +42,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, WORKLOADS, Workload, _build, _Floor,
-                                  _foreign_tracers, _Ingero, _private_libcudart, _labels, _stats_pass, _tag_names)
+from bench.bench_overhead import (CUDA_CALLS_PER_ITER, REPO, STATS_SYSCTL, WORK_COMM, WORKLOADS, Workload, _build,
+                                  _Floor, _foreign_tracers, _Ingero, _private_libcudart, _labels, _stats_pass,
+                                  _tag_names)
 from ingero.collect import probes
 from ingero.collect.loader import BpfSettings, load_program
 
@@ -228,7 +229,8 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
     progs = sorted({p for runs in stats.values() for s in runs for p in s if s[p][0] >= 1000},
                    key=lambda p: (p != probes.RETURN_FN, p))
     print(f"\n{work.name}: {rounds} rounds, {iters:,} iterations, {calls:,} rows; load {min(loads):.2f}-"
-          f"{max(loads):.2f}; {noisy} of {len(loads) + 1} blocks started with another tracer attached on the host.  ns/run with kernel.bpf_stats_enabled, median (min-max) over rounds; "
+          f"{max(loads):.2f}; {noisy} of {len(loads) + 1} blocks started with another tracer attached on the host.  "
+          "ns/run with kernel.bpf_stats_enabled, median (min-max) over rounds; "
           f"CPU: the workload's CPU per call with stats off, median (min-max) of {timed} runs x {rounds} rounds.\n")
     print("| program | runs/round | empty | " + " | ".join(variants) + " |")
     print("|---|---:|---:|" + "---:|" * len(variants))
@@ -245,7 +247,8 @@ def measure(variants: dict[str, Path], rounds: int, iters: int, timed: int,
     cols = [cell([sum(ns for _, ns in s.values()) / calls - floor_call for s in stats[n]]) for n in variants]
     print("| BPF above empty, ns per call | | 0 | " + " | ".join(cols) + " |")
     cols = [cell([c / calls * 1e9 for c in cpu[n]]) for n in variants]
-    print(f"| workload CPU, ns per call | | {statistics.median(floor_cpu) / calls * 1e9:.0f} | " + " | ".join(cols) + " |")
+    print(f"| workload CPU, ns per call | | {statistics.median(floor_cpu) / calls * 1e9:.0f} | "
+          + " | ".join(cols) + " |")
 
 
 def main() -> int:

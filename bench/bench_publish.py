@@ -65,7 +65,8 @@ def one_run(tmp: Path, mode: str, duration: float, segment_s: float, workload: s
     cmd = f"{sys.executable} -m bench.bench_publish --wrap {usage} -- {WORKLOADS[workload]} --duration {duration:g}"
     argv = [sys.executable, "-m", "ingero", "trace", "--json", "--no-serve", "--db", str(db), "--cmd", cmd]
     if mode == "publish":
-        argv += ["--publish", str(tmp / "ds"), "--node", "bench", "--job", "bench", "--publish-segment", f"{segment_s:g}s"]
+        argv += ["--publish", str(tmp / "ds"), "--node", "bench", "--job", "bench",
+                 "--publish-segment", f"{segment_s:g}s"]
     load0 = _load()
     env = {**os.environ, "SIMCUDA_SCHEDULE": "block"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     from ingero.fleet.publish import DEFAULT_SEGMENT_S
 
     ap.add_argument("--duration", type=float, default=DEFAULT_SEGMENT_S, help="seconds of workload per run")
-    ap.add_argument("--segment-s", type=float, default=DEFAULT_SEGMENT_S, help="published segment length (default: the tracer's)")
+    ap.add_argument("--segment-s", type=float, default=DEFAULT_SEGMENT_S,
+                    help="published segment length (default: the tracer's)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="train")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  round {i + 1} {mode}: {r['events']:,} events, tracer {r['tracer_cpu_s']:.2f} CPU-s "
                   f"(load {r['load']})", file=sys.stderr, flush=True)
     print(f"Workload: {WORKLOADS[args.workload]}\n")
-    print(f"Publishing cost, real tracer: `ingero trace --cmd` on train.py, workload {args.workload!r} ({args.duration:g} s per run, "
+    print("Publishing cost, real tracer: `ingero trace --cmd` on train.py, "
+          f"workload {args.workload!r} ({args.duration:g} s per run, "
           f"{args.segment_s:g}-s segments), {args.rounds} interleaved rounds\n")
     print("| round | run | events | tracer CPU-s (after attach) | µs tracer CPU per event | segments | "
           "publisher thread CPU-s | workload CPU-s | load (1/5/15) before → after |")
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         pub = "" if r["publisher_cpu_s"] is None else f"{r['publisher_cpu_s']:.2f}"
         print(f"| {r['round']} | {r['mode']} | {r['events']:,} | {r['tracer_cpu_s']:.2f} | "
-              f"{r['tracer_cpu_s'] / r['events'] * 1e6:.2f} | {r['segments']} | {pub} | {r['workload_cpu_s']:.1f} | {r['load']} |")
+              f"{r['tracer_cpu_s'] / r['events'] * 1e6:.2f} | {r['segments']} | {pub} | {r['workload_cpu_s']:.1f} "
+              f"| {r['load']} |")
     per = {m: [r["tracer_cpu_s"] / r["events"] for r in rows if r["mode"] == m] for m in ("plain", "publish")}
     plain, pub = statistics.median(per["plain"]), statistics.median(per["publish"])
     extra = pub / plain - 1
@@ -147,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
               / sum(r["events"] for r in rows if r["mode"] == "publish")) / \
              (sum(r["tracer_cpu_s"] for r in rows if r["mode"] == "plain")
               / sum(r["events"] for r in rows if r["mode"] == "plain")) - 1
-    own = [r["publisher_cpu_s"] / (r["tracer_cpu_s"] - r["publisher_cpu_s"]) for r in rows if r["publisher_cpu_s"] is not None]
+    own = [r["publisher_cpu_s"] / (r["tracer_cpu_s"] - r["publisher_cpu_s"])
+           for r in rows if r["publisher_cpu_s"] is not None]
     if own:
-        print(f"\nThe publisher's own thread adds {statistics.median(own):+.1%} to the rest of its tracer's CPU (median "
+        print(f"\nThe publisher's own thread adds {statistics.median(own):+.1%} to the rest of its tracer's CPU "
+              "(median "
               f"of {', '.join(f'{x:+.1%}' for x in own)}: within one run, without the run-to-run noise)")
     print(f"\nPublishing adds {extra:+.1%} tracer CPU per event (medians: {plain * 1e6:.2f} → {pub * 1e6:.2f} µs; "
           f"pooled over the rounds {pooled:+.1%}); target <= {TARGET:.0%}: {'met' if extra <= TARGET else 'NOT met'}")

@@ -72,7 +72,8 @@ def main() -> int:
     db, sock = d / "t.duckdb", d / "t.sock"
     env = {**os.environ, "INGERO_SOCKET": str(sock), "INGERO_DB": str(db), "PYTHONPATH": str(repo)}
     sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.02)"])
-    tracer = subprocess.Popen([sys.executable, "-m", "ingero", "trace", "--pid", str(sleeper.pid), "--duration", "900s"],
+    tracer = subprocess.Popen([sys.executable, "-m", "ingero", "trace", "--pid", str(sleeper.pid),
+                               "--duration", "900s"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while not sock.exists():

@@ -47,7 +47,8 @@ def _store(path: Path) -> tuple[Store, int]:
     }))
     n = STACKS * FRAMES
     store.append("stacks", pa.table({
-        "stack_id": pa.array(np.repeat(ids, FRAMES)), "depth": pa.array(np.tile(np.arange(FRAMES, dtype=np.int32), STACKS)),
+        "stack_id": pa.array(np.repeat(ids, FRAMES)),
+        "depth": pa.array(np.tile(np.arange(FRAMES, dtype=np.int32), STACKS)),
         "frame_kind": pa.array(["native"] * n), "function": pa.array([f"fn_{i % 5000}" for i in range(n)]),
         "module": pa.array(["/usr/lib/x86_64-linux-gnu/libcudart.so.12"] * n),
     }))

@@ -189,7 +189,8 @@ def bench_user_space_walk() -> None:
     print("| step | time |")
     print("|---|---:|")
     print(f"| walk thread list + frame chain via /proc/PID/mem (per event) | {statistics.median(walks) * 1e6:.0f} us |")
-    print(f"| resolve frames to file:line, code objects cached (per new stack) | {statistics.median(resolve) * 1e6:.0f} us |")
+    print("| resolve frames to file:line, code objects cached (per new stack) | "
+          f"{statistics.median(resolve) * 1e6:.0f} us |")
     print(f"| first resolve, cold code cache | {cold * 1e6:.0f} us |")
     print("\nA user-space walk also reads the stack when the ring buffer is drained, not when the "
           "call happened: the thread has moved on, so the lines would be wrong. The BPF walk is "
@@ -237,7 +238,8 @@ def bench_native_unknown(tmp: Path) -> None:
         con = duckdb.connect(str(db), read_only=True)
         total, unknown = con.execute(
             "SELECT count(*), count(*) FILTER (WHERE function = '[unknown]') FROM stacks s "
-            "WHERE frame_kind = 'native' AND stack_id IN (SELECT stack_id FROM events WHERE op = 'cudaMalloc')").fetchone()
+            "WHERE frame_kind = 'native' AND stack_id IN "
+            "(SELECT stack_id FROM events WHERE op = 'cudaMalloc')").fetchone()
         chain = [r[0] for r in con.execute(
             "SELECT function FROM stacks WHERE stack_id = (SELECT any_value(stack_id) FROM events "
             "WHERE op = 'cudaMalloc') ORDER BY depth").fetchall()]

@@ -119,7 +119,8 @@ def main() -> None:
             recs = _realistic(n)
             # the realistic mix's timestamps run at ~500 k/s: respace them to the rate
             recs["ts_ns"] = (10**12 + np.arange(n, dtype=np.uint64) * np.uint64(NS // rate)).astype(np.uint64)
-            one_run(recs[: 2 * min(rate, FLUSH_ROWS)], rate, True, tmp)  # warm-up: one-time costs (imports, first calls)
+            # warm-up: one-time costs (imports, first calls)
+            one_run(recs[: 2 * min(rate, FLUSH_ROWS)], rate, True, tmp)
             base, with_hook, hooks = [], [], []
             for _ in range(args.rounds):
                 base.append(one_run(recs, rate, False, tmp)[0] / n)

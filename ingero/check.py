@@ -121,7 +121,8 @@ def check_bpf_load() -> Check:
         b = BPF(text=b"TRACEPOINT_PROBE(sched, sched_switch) { return 0; }")
         b.cleanup()
     except Exception as exc:  # any compile/verifier/attach failure is the answer
-        line = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()), str(exc).splitlines()[0] if str(exc) else repr(exc))
+        line = next((ln for ln in str(exc).splitlines() if "error" in ln.lower()),
+                    str(exc).splitlines()[0] if str(exc) else repr(exc))
         return Check("BPF load", False, line.strip(), "see `ingero check` lines above (headers, BCC, root)")
     return Check("BPF load", True, "a sched_switch tracepoint program compiled, loaded and attached")
 
@@ -172,7 +173,8 @@ def check_process(pid: int) -> Check:
     if stripped:
         return Check(name, False, " | ".join(stripped), required=False)  # each line says its fix
     if not found:
-        return Check(name, False, "maps no CUDA runtime, driver or NCCL (libcudart, libcuda, libnccl, or a runtime linked in)",
+        return Check(name, False,
+                     "maps no CUDA runtime, driver or NCCL (libcudart, libcuda, libnccl, or a runtime linked in)",
                      "if it uses CUDA later (dlopen), `ingero trace --pid` attaches then; "
                      "reading another user's maps needs root", required=False)
     return Check(name, True, "; ".join(libs.describe(lib) for lib in found), required=False)
@@ -227,7 +229,8 @@ def run_checks(db_path: Path, pids: Iterable[int] = ()) -> list[Check]:
         try:
             results.append(fn())
         except PermissionError as exc:  # what a user other than root may not read: say what, not a repr
-            results.append(Check(fn.__name__.removeprefix("check_"), False, _unreadable(exc), "run as root: sudo ingero check"))
+            results.append(Check(fn.__name__.removeprefix("check_"), False, _unreadable(exc),
+                                 "run as root: sudo ingero check"))
         except Exception as exc:  # a check that crashes is reported, never hides the others
             results.append(Check(fn.__name__.removeprefix("check_"), False, f"check failed: {exc!r}"))
     results.append(check_db(db_path))

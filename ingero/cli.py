@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except click.UsageError as exc:
         # One line, like every other user error: what is wrong and where to look.
-        where = f"ingero {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path else "ingero --help"
+        where = (f"ingero {exc.ctx.command_path.split(' ', 1)[1]} --help"
+                 if exc.ctx and " " in exc.ctx.command_path else "ingero --help")
         click.echo(f"ingero: {exc.format_message()} — see `{where}`", err=True)
         return 2
     except click.ClickException as exc:

@@ -89,7 +89,8 @@ def parse_duration(value: Any, what: str = "duration", *, floor_s: float | None 
     if v <= 0:
         raise BadValue(f"bad {what}: {value!r} must be positive")
     if floor_s is not None and v < floor_s:
-        raise BadValue(f"bad {what}: {value!r} is below the floor of {floor_s:g} s" + (f" ({floor_why})" if floor_why else ""))
+        raise BadValue(f"bad {what}: {value!r} is below the floor of {floor_s:g} s"
+                       + (f" ({floor_why})" if floor_why else ""))
     if v > cap_s:
         raise BadValue(f"bad {what}: {value!r} is more than the limit of {cap_s:g} s")
     return v
@@ -159,7 +160,8 @@ def parse_time(value: Any, what: str = "time") -> int:
                 dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
                 v = dt.timestamp()
             except (ValueError, OverflowError, OSError):
-                raise BadValue(f"bad {what}: {value!r} is not a time (try 2026-01-31T14:05:00 or epoch seconds)") from None
+                raise BadValue(f"bad {what}: {value!r} is not a time "
+                               "(try 2026-01-31T14:05:00 or epoch seconds)") from None
     _finite(v, value, what)
     if v < 0 or v * NS > TIME_CAP_NS:
         raise BadValue(f"bad {what}: {value!r} is outside 1970 .. 9999")

@@ -143,7 +143,8 @@ def table(rows: list[dict], dry: bool) -> str:
             continue
         rows_n = sum(v for k, v in r["device_rows"].items() if k != "sync")
         lines.append(f"| {r['loop']} | {pct(r['cupti_busy'])} | {pct(r.get('reference_busy'))}"
-                     f"{' (' + r['profiler_error'] + ')' if 'profiler_error' in r else ''} | {pct(r['inferred_busy'])} | "
+                     f"{' (' + r['profiler_error'] + ')' if 'profiler_error' in r else ''} "
+                     f"| {pct(r['inferred_busy'])} | "
                      f"{r['top_chain']} | {r['top_chain_inferred']} | {rows_n:,} ({r['joined']:,}) |")
     return "\n".join(lines)
 

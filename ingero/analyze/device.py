@@ -62,7 +62,8 @@ import pyarrow as pa
 
 from ingero.analyze import sampling, windows
 from ingero.analyze.context import Context, Options, resolve
-from ingero.events.ops import ASYNC_COPY_OPS, DEVICE_SYNC_OPS, EVENT_SYNC_OPS, LAUNCH_OPS, STREAM_SYNC_OPS, SYNC_COPY_OPS
+from ingero.events.ops import (ASYNC_COPY_OPS, DEVICE_SYNC_OPS, EVENT_SYNC_OPS, LAUNCH_OPS, STREAM_SYNC_OPS,
+                               SYNC_COPY_OPS)
 from ingero.store.db import named_params
 from ingero.store.derive import events_relation
 from ingero.store.selection import Selection

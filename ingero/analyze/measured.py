@@ -60,7 +60,8 @@ WITH iv AS (
 ), isl AS (
     SELECT k, min(s) AS s, max(e) AS e FROM g GROUP BY k, grp
 ), cum AS (
-    SELECT k, s, e, coalesce(sum(e - s) OVER (PARTITION BY k ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+    SELECT k, s, e,
+           coalesce(sum(e - s) OVER (PARTITION BY k ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
                AS before
     FROM isl
 )

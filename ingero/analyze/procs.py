@@ -164,9 +164,9 @@ class _ReadOnce:
 # 120s`.  Within ``read_once(con)`` (one explain) the catalog is read once (first by
 # summaries.has_summaries, in context.resolve): nothing explain asks about is created or altered
 # meanwhile but its own ing_asof, which name_as_of_cuda_calls creates and adds to the read (the
-# other ing_* tables it builds are never asked about).  A pid's name does not depend on the other pids of the query, so names
-# are kept (explain asks for those of every process in its window tables at once).  (A context
-# variable: a daemon runs explains in several threads.)
+# other ing_* tables it builds are never asked about).  A pid's name does not depend on the
+# other pids of the query, so names are kept (explain asks for those of every process in its
+# window tables at once).  (A context variable: a daemon runs explains in several threads.)
 _READ_ONCE: ContextVar[_ReadOnce | None] = ContextVar("ingero_read_once", default=None)
 
 

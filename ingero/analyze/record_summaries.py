@@ -321,7 +321,8 @@ def _histograms(starts: np.ndarray, order: np.ndarray, rows: np.ndarray, calls: 
         sums = np.add.reduceat(d, b0)
     offsets = np.zeros(nrows + 1, dtype=np.int32)
     np.cumsum(per_row, out=offsets[1:])
-    return {"duration_hist_bucket": _lists(offsets, bucket, no_hist), "duration_hist_n": _lists(offsets, counts, no_hist),
+    return {"duration_hist_bucket": _lists(offsets, bucket, no_hist),
+            "duration_hist_n": _lists(offsets, counts, no_hist),
             "duration_hist_sum_ns": _lists(offsets, sums, no_hist)}
 
 

@@ -152,7 +152,8 @@ _FIXES: tuple[tuple[frozenset[str], str], ...] = (
                 "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "cudaErrorCompatNotSupportedOnDevice",
                 "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"}),
      "the NVIDIA driver is missing, or older than the CUDA runtime the job loaded: install or upgrade it "
-     "(`nvidia-smi` prints the driver and the newest CUDA it supports), or run a build for the installed driver's CUDA"),
+     "(`nvidia-smi` prints the driver and the newest CUDA it supports), "
+     "or run a build for the installed driver's CUDA"),
     (frozenset({"cudaErrorStubLibrary", "CUDA_ERROR_STUB_LIBRARY"}),
      "the job loaded the toolkit's stub libcuda.so (lib64/stubs, for linking only) instead of the driver's: "
      "take the stubs directory out of LD_LIBRARY_PATH"),

@@ -208,7 +208,8 @@ SELECT w.w, w.wall_ns,
        greatest(0, least(coalesce(c.copy, 0), coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0))),
        coalesce(c.sync, 0) - (coalesce(c.copy_dur, 0) - coalesce(c.copy, 0))
            + greatest(0, coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0)
-                         - greatest(0, least(coalesce(c.copy, 0), coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0))))
+                         - greatest(0, least(coalesce(c.copy, 0),
+                                             coalesce(c.copy_dur, 0) - coalesce(s.cpu_in_copy, 0))))
            - coalesce(s.cpu_in_sync, 0) - coalesce(lt.late, 0),
        coalesce(c.other, 0) - coalesce(s.cpu_in_other, 0),
        coalesce(s.cpu_wait, 0) - coalesce(s.preempt_in_sync, 0) + coalesce(lt.late, 0),

@@ -48,7 +48,8 @@ DATALOADER_PREFIX = "enumerate(DataLoader)"
 # Islands: the union of intervals (s, e) of a relation, per partition key k.  {src} is one of
 # this module's own sub-queries (never user text); values come in as $parameters.
 ISLANDS = """WITH iv AS ({src}),
-o AS (SELECT k, s, e, max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+o AS (SELECT k, s, e,
+             max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
       FROM iv WHERE e > s),
 g AS (SELECT k, s, e, sum(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
                           OVER (PARTITION BY k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp FROM o)

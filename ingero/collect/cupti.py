@@ -618,7 +618,8 @@ def for_command(cuda_libs: list[Path]) -> tuple[CuptiHook | None, str | None]:
 
     built = cupti_inject.library()
     if built.path is None:
-        return None, f"CUPTI: no device timeline, it is inferred from the calls: {built.why_not} (--no-cupti: not tried)"
+        return None, (f"CUPTI: no device timeline, it is inferred from the calls: {built.why_not} "
+                      "(--no-cupti: not tried)")
     user = invoking_user()
     return CuptiHook(built.path, cupti_inject.find_libcupti(cuda_libs),
                      (user.pw_uid, user.pw_gid) if user else None), None

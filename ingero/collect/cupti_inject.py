@@ -57,7 +57,8 @@ def header_dirs() -> list[Path]:
     if mine:
         out.append(Path(mine))
     for pattern in ("/usr/local/cuda/extras/CUPTI/include", "/usr/local/cuda/include",
-                    "/usr/local/cuda-*/extras/CUPTI/include", "/usr/local/cuda-*/include", "/opt/cuda/extras/CUPTI/include"):
+                    "/usr/local/cuda-*/extras/CUPTI/include", "/usr/local/cuda-*/include",
+                    "/opt/cuda/extras/CUPTI/include"):
         out += [Path(p) for p in sorted(glob.glob(pattern), reverse=True)]
     for site in sys.path:
         out += [Path(p) for p in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")), reverse=True)]

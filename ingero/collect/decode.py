@@ -177,7 +177,8 @@ _W_OP, _OP_SHIFT = _field_at("op")
 _W_KIND, _KIND_SHIFT = _field_at("kind")
 _W_TID, _TID_SHIFT = _field_at("tid")
 _W_CALL, _CALL_SHIFT = _field_at("call_op")
-assert _W_OP == _W_KIND == _W_CALL and _W_TID == _W_PID and EVENT_DTYPE.fields["pid"][0].itemsize == 4 and EVENT_DTYPE.fields["other_pid"][0].itemsize == 4
+assert (_W_OP == _W_KIND == _W_CALL and _W_TID == _W_PID and EVENT_DTYPE.fields["pid"][0].itemsize == 4
+        and EVENT_DTYPE.fields["other_pid"][0].itemsize == 4)
 # per op: the bits of arg and of other_pid that are stored as few-valued columns (bytes;
 # other_pid / peer), 0 where they are not (a fault's address, a switch's runq_ns)
 _ARG_KEY = np.where(_BYTES_MASK, ~np.uint64(0), np.uint64(0))
@@ -197,7 +198,8 @@ _MAX_REVERSED_RUNS = 4096  # more runs than this (a flush of thousands of distin
 
 
 def storage_order(records: np.ndarray) -> np.ndarray:
-    """Records grouped by op, then process, then stream / bytes / other_pid / kind / thread / call state; runs alternate in direction.
+    """Records grouped by op, then process, then stream / bytes / other_pid / kind / thread / call state; runs
+    alternate in direction.
 
     Row order in the table carries no meaning (queries ORDER BY timestamp),
     but it decides how well DuckDB compresses each column (bitpacking of

@@ -395,7 +395,8 @@ class Holder:
             parts.append(f"{hit} reached the {self.bound_ns / 1e6:.0f} ms bound")
         if self.nostop:
             parts.append(f"{self.nostop} not stopped (jobs of an interactive shell)")
-        return f"holds: {self.count:,} mappings / execs of CUDA candidates looked at; " + ", ".join(parts or ["none stopped"])
+        return (f"holds: {self.count:,} mappings / execs of CUDA candidates looked at; "
+                + ", ".join(parts or ["none stopped"]))
 
     def phases(self) -> dict[str, list[float]]:
         """Where the stopped holds' time went, ms each: until the holder read the record, looking at

@@ -608,7 +608,8 @@ def _check_extra(path: Path) -> list[Path]:
     if path.is_dir():
         found = list(_scan_dir(path))
         if not found:
-            raise IngeroError(f"--cuda-lib {path}: directory holds no libcudart.so*/libcuda.so*/libnccl.so*", _FIX_CUDA_LIB)
+            raise IngeroError(f"--cuda-lib {path}: directory holds no libcudart.so*/libcuda.so*/libnccl.so*",
+                              _FIX_CUDA_LIB)
         return found
     st = os.stat(path)
     symbols = _exports(path, st)
@@ -617,7 +618,8 @@ def _check_extra(path: Path) -> list[Path]:
             with open(path, "rb") as f:
                 header = f.read(20)
         except OSError as e:
-            raise IngeroError(f"--cuda-lib {path}: cannot read it ({e.strerror})", "run as root, or check its permissions")
+            raise IngeroError(f"--cuda-lib {path}: cannot read it ({e.strerror})",
+                              "run as root, or check its permissions")
         if header[:4] == b"\x7fELF" and (why := _foreign_elf(header)):
             raise IngeroError(f"--cuda-lib {path}: built for another architecture ({why})", _FIX_CUDA_LIB)
         raise IngeroError(f"--cuda-lib {path}: not an ELF shared library", _FIX_CUDA_LIB)

@@ -430,7 +430,8 @@ class TraceSession:
             return
         if self.nameless:
             self._name_from_comm(pids, stats)
-        cur = np.stack([stats["oncpu_ns"], stats["involuntary"], stats["voluntary"], stats["preempted_traced"]], axis=1).astype(np.int64)
+        cur = np.stack([stats["oncpu_ns"], stats["involuntary"], stats["voluntary"], stats["preempted_traced"]],
+                       axis=1).astype(np.int64)
         prev = np.array([self._proc_prev.get(int(p), np.zeros(4, np.int64)) for p in pids]).reshape(-1, 4)
         delta = cur - prev
         changed = (delta != 0).any(axis=1)
@@ -586,7 +587,8 @@ def _found_when(watcher: Any, lib: Any, at_start: bool) -> str:
         return ", before any process mapped it" if at_start else ""
     if at_start:
         return f", mapped by pid {pid} before the trace: its calls before now are not recorded"
-    return f", found mapped by pid {pid} (not held: seen by the once-a-second scan): its calls before now are not recorded"
+    return (f", found mapped by pid {pid} (not held: seen by the once-a-second scan): "
+            "its calls before now are not recorded")
 
 
 def _attach_nvtx(program: Any, lib: Path) -> str:
@@ -715,7 +717,8 @@ def run_trace(
         if holds_off:
             runtime_notes.append(holds_off)
         lines += runtime_notes
-        lines.append(f"attached {len(program.tracepoints)} kernel tracepoints ({', '.join(t for t, _ in program.tracepoints)})")
+        lines.append(f"attached {len(program.tracepoints)} kernel tracepoints "
+                     f"({', '.join(t for t, _ in program.tracepoints)})")
         initial: list[int] = list(spec.pids)
         if spec.comm:
             initial += targets.pids_with_comm(spec.comm)
@@ -803,7 +806,8 @@ def _drop_hook(opts: TraceOptions, hook: Any) -> None:
 def _nvtx_note(n: nvtx.NvtxSpans) -> str:
     line = f"nvtx: {n.spans:,} ranges stored as spans (category 'nvtx')"
     if n.ended_at_exit or n.ended_at_stop:
-        line += f"; {n.ended_at_exit + n.ended_at_stop:,} never closed, ended at their process's exit or the trace's end"
+        line += (f"; {n.ended_at_exit + n.ended_at_stop:,} never closed, "
+                 "ended at their process's exit or the trace's end")
     if n.unmatched:
         line += f"; {n.unmatched:,} pops / ends without their push / start (dropped)"
     return line
@@ -977,7 +981,8 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
         for lib in watcher.poll():
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             if ok or failed:
-                sess.notes.append(_attach_line(lib, ok, failed, sess.program, _found_when(watcher, lib, at_start=False)))
+                sess.notes.append(_attach_line(lib, ok, failed, sess.program,
+                                               _found_when(watcher, lib, at_start=False)))
         new = watcher.take_notes()
         sess.notes += new
         _note_runtimes(sess, new)

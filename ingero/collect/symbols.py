@@ -189,7 +189,8 @@ def _parse_elf64le(path: str, data: bytes | mmap.mmap) -> ElfSymbols:
             strtab_sh = sections[sh[6]]
             strtab = data[strtab_sh[4]:strtab_sh[4] + strtab_sh[5]]
             table = data[sh[4]:sh[4] + sh[5]]
-            for st_name, st_info, _, st_shndx, st_value, st_size in _SYM.iter_unpack(table[: len(table) - len(table) % 24]):
+            for st_name, st_info, _, st_shndx, st_value, st_size in _SYM.iter_unpack(
+                    table[: len(table) - len(table) % 24]):
                 if not st_value or not st_name or not st_shndx or (st_info & 0xF) not in _STT_KEPT:
                     continue
                 end = strtab.find(b"\0", st_name)

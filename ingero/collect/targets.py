@@ -39,7 +39,8 @@ class TargetSpec:
 def check_pids(pids: list[int], proc: Path = PROC) -> None:
     for pid in pids:
         if not (proc / str(pid)).is_dir():
-            raise IngeroError(f"no process with pid {pid}", "check the pid with `ps -p PID` (the process may have exited)")
+            raise IngeroError(f"no process with pid {pid}",
+                              "check the pid with `ps -p PID` (the process may have exited)")
 
 
 def pids_with_comm(comm: str, proc: Path = PROC) -> list[int]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from ingero.commands.options import DURATION, SESSION, TIME, TIMEOUT, WINDOW, db_option, json_option, pid_option, resolve_db
+from ingero.commands.options import (DURATION, SESSION, TIME, TIMEOUT, WINDOW, db_option, json_option, pid_option,
+                                     resolve_db)
 from ingero.daemon import protocol
 
 # --fail-on LEVEL: exit FAIL_EXIT when a chain of that severity or above is found (a CI job's gate).
@@ -36,7 +37,8 @@ FAIL_EXIT = 1
               help=f"Stop after this long (at most {protocol.MAX_TIMEOUT_S:.0f}s); Ctrl-C stops it too.")
 @click.option("--fail-on", "fail_on", type=click.Choice(FAIL_LEVELS, case_sensitive=False), default=None,
               metavar="high|medium|low",
-              help=f"Exit {FAIL_EXIT} when a chain of this severity or above is found (for CI); the output is the same.")
+              help=f"Exit {FAIL_EXIT} when a chain of this severity or above is found (for CI); "
+                   "the output is the same.")
 @json_option
 @db_option
 def command(since: float | None, from_ns: int | None, to_ns: int | None, session: int | None,

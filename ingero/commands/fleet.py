@@ -28,7 +28,8 @@ def command() -> None:
 
 @command.command("explain")
 @click.argument("root")
-@click.option("--job", default=None, metavar="ID", help="The job to explain (default: the one with the newest segment).")
+@click.option("--job", default=None, metavar="ID",
+              help="The job to explain (default: the one with the newest segment).")
 @click.option("--since", type=DURATION, default=None,
               help="The last DURATION before the end of the job's newest data (default 1h).")
 @json_option

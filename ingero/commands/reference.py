@@ -64,7 +64,8 @@ def _contexts() -> list[click.Context]:
         ctx = click.Context(cmd, info_name=name, parent=root)
         out.append(ctx)
         if isinstance(cmd, click.Group):
-            out += [click.Context(cmd.get_command(ctx, sub), info_name=sub, parent=ctx) for sub in cmd.list_commands(ctx)]
+            out += [click.Context(cmd.get_command(ctx, sub), info_name=sub, parent=ctx)
+                    for sub in cmd.list_commands(ctx)]
     return out
 
 

@@ -256,11 +256,13 @@ class QueryServer:
     def _bind(self) -> socket.socket:
         path = self.socket_path
         if len(os.fsencode(str(path))) >= 108:
-            raise IngeroError(f"socket path {path} is too long for a Unix socket", "set INGERO_SOCKET to a shorter path")
+            raise IngeroError(f"socket path {path} is too long for a Unix socket",
+                              "set INGERO_SOCKET to a shorter path")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise IngeroError(f"cannot create {path.parent}: {exc.strerror}", "set INGERO_SOCKET to a writable path") from None
+            raise IngeroError(f"cannot create {path.parent}: {exc.strerror}",
+                              "set INGERO_SOCKET to a writable path") from None
         if path.exists() or path.is_symlink():
             if not stat.S_ISSOCK(path.lstat().st_mode):
                 raise IngeroError(f"{path} exists and is not a socket", "remove it or set INGERO_SOCKET")

@@ -264,7 +264,8 @@ def _drop_unknown_versions(cat: Catalog) -> None:
             versions = dict(zip(t.column("__filename").to_pylist(), t.column("fleet_schema").to_pylist()))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise IngeroError(f"cannot read the nodes table of {cat.root.url}: {first_line(exc)}",
-                          "files of an unknown format or schema version; check `ingero --version` on the nodes") from None
+                          "files of an unknown format or schema version; "
+                          "check `ingero --version` on the nodes") from None
     bad = {f.segment: versions.get(f.path) for f in files if versions.get(f.path) != schema.FLEET_SCHEMA_VERSION}
     if not bad:
         return

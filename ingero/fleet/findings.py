@@ -73,7 +73,8 @@ NODES_SQL = """
 WITH s AS (
     SELECT node, session_id, min(segment_start_ns) AS t0, max(segment_end_ns) AS t1, count(*) AS segments,
            sum(events) AS events, max(drops_kernel) AS dk, max(drops_user) AS du,
-           sum(steps) AS steps, sum(step_median_ms * steps) AS step_ms_x, sum(steps) FILTER (step_median_ms IS NOT NULL) AS timed,
+           sum(steps) AS steps, sum(step_median_ms * steps) AS step_ms_x,
+           sum(steps) FILTER (step_median_ms IS NOT NULL) AS timed,
            sum(others_cpu_s) AS others_cpu_s, max(ncpu) AS ncpu, bool_and(clock_synced) AS synced,
            max(clock_max_error_us) AS max_error_us, list(others_top) AS others_top, max(hostname) AS hostname,
            max(gpus) AS gpus
@@ -90,7 +91,8 @@ SELECT node, sum(loop_wall_ns), sum(loop_cpu_wait_ns), sum(loop_ops), sum(loop_l
 FROM nodes WHERE segment_end_ns > $t0 AND segment_start_ns < $t1 GROUP BY node
 """
 CHAINS_SQL = """
-SELECT node, rule_id, severity, title, share, root, effect, fix, culprits, evidence_windows, segment_start_ns, session_id
+SELECT node, rule_id, severity, title, share, root, effect, fix, culprits, evidence_windows, segment_start_ns,
+       session_id
 FROM chains WHERE segment_end_ns > $t0 AND segment_start_ns < $t1
 """
 # Each run's (node, session) first and last loop window: partial (start-up, teardown), so not
@@ -171,7 +173,8 @@ def load_nodes(con: duckdb.DuckDBPyConnection, t0: int, t1: int) -> dict[str, No
     for node, wall, cpu_wait, ops, launches, n in con.execute(LOOP_SQL, {"t0": t0, "t1": t1}).fetchall():
         if node in nodes:
             x = nodes[node]
-            x.wall_ns, x.cpu_wait_ns, x.ops, x.launches = float(wall or 0), float(cpu_wait or 0), float(ops or 0), float(launches or 0)
+            x.wall_ns, x.cpu_wait_ns, x.ops, x.launches = (float(wall or 0), float(cpu_wait or 0), float(ops or 0),
+                                                           float(launches or 0))
             x.windows = int(n or 0)
     return nodes
 
@@ -202,7 +205,8 @@ def _off_edges(row: tuple, edges: list[tuple[int, int]] | None) -> tuple | None:
     return (*row[:4], share, *row[5:9], [{"start_ns": s, "end_ns": e} for s, e in kept], *row[10:])
 
 
-def local_chains(con: duckdb.DuckDBPyConnection, nodes: dict[str, Node], t0: int, t1: int) -> dict[str, list[LocalChain]]:
+def local_chains(con: duckdb.DuckDBPyConnection, nodes: dict[str, Node], t0: int,
+                 t1: int) -> dict[str, list[LocalChain]]:
     """Each node's chains merged over its segments, by rule, strongest first.
 
     A segment's chain rests on its evidence (windows, or steps); what touches its run's first or
@@ -224,7 +228,8 @@ def local_chains(con: duckdb.DuckDBPyConnection, nodes: dict[str, Node], t0: int
         for r in rows:
             try:
                 for c in json.loads(r[8] or "[]"):
-                    culprits.setdefault((int(c["pid"]), c["name"]), Culprit(int(c["pid"]), c["name"], c.get("detail", "")))
+                    culprits.setdefault((int(c["pid"]), c["name"]),
+                                        Culprit(int(c["pid"]), c["name"], c.get("detail", "")))
             except (ValueError, KeyError, TypeError):
                 pass
         wins = [Window(int(w["start_ns"]), int(w["end_ns"])) for r in rows for w in (r[9] or [])]
@@ -244,9 +249,11 @@ def clock_line(nodes: dict[str, Node], need_ns: int) -> str | None:
     if unsynced:
         return (f"clocks: {', '.join(unsynced[:5])}{' …' if len(unsynced) > 5 else ''} not synchronised (no "
                 f"chrony/timesyncd/ntpd lock): skew between nodes unknown (kernel bound {bound_ns / 1e9:.1f} s); "
-                "step times are each node's own durations, so this finding holds; its time alignment across nodes does not")
+                "step times are each node's own durations, so this finding holds; "
+                "its time alignment across nodes does not")
     if bound_ns > need_ns:
-        return f"clocks: skew between nodes up to {bound_ns / 1e6:.1f} ms (adjtimex bounds), more than the {need_ns / 1e6:.0f} ms this finding aligns to"
+        return (f"clocks: skew between nodes up to {bound_ns / 1e6:.1f} ms (adjtimex bounds), "
+                f"more than the {need_ns / 1e6:.0f} ms this finding aligns to")
     return None
 
 
@@ -275,7 +282,8 @@ def judge(vals: dict[str, float], metric: str, unit: str, worse: int, t: Thresho
     slow = max(vals, key=lambda n: (worse * vals[n], n))
     peers = [v for n, v in vals.items() if n != slow]
     med = median(peers)
-    ratio = (vals[slow] / med if med else float("inf")) if worse > 0 else (med / vals[slow] if vals[slow] else float("inf"))
+    ratio = ((vals[slow] / med if med else float("inf")) if worse > 0
+             else (med / vals[slow] if vals[slow] else float("inf")))
     if len(vals) == 2:
         fast = next(n for n in vals if n != slow)
         basis = (f"straggler judged by {metric} across 2 nodes: {slow} against {fast} directly, "
@@ -284,12 +292,14 @@ def judge(vals: dict[str, float], metric: str, unit: str, worse: int, t: Thresho
     mad = median([abs(v - med) for v in peers])
     scale = max(t.mad_scale * mad, t.rel_floor * med)
     z = worse * (vals[slow] - med) / scale
-    basis = (f"straggler judged by {metric} across {len(vals)} nodes: {slow} against its peers' median {med:.2f} {unit}, MAD {mad:.2f} {unit}, "
+    basis = (f"straggler judged by {metric} across {len(vals)} nodes: {slow} against its peers' median "
+             f"{med:.2f} {unit}, MAD {mad:.2f} {unit}, "
              f"threshold {t.z_min} robust deviations (scale {scale:.2f} {unit}) and {t.min_slowdown}x")
     return Judged(metric, unit, worse, vals, slow, med, ratio, mad, z, basis, z > t.z_min and ratio >= t.min_slowdown)
 
 
-def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresholds = T) -> tuple[Chain | None, str | None]:
+def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]],
+              t: Thresholds = T) -> tuple[Chain | None, str | None]:
     """The straggler chain (or None) and what the judgement rested on."""
     timed = {n: x.step_ms for n, x in nodes.items() if x.step_ms is not None and x.steps > 0}
     rates = {n: x.launches / (x.wall_ns / NS) for n, x in nodes.items() if x.wall_ns > 0 and x.launches > 0}
@@ -297,7 +307,8 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
         j = judge(timed, "step time", "ms", 1, t)  # type: ignore[arg-type]
     else:
         if len(rates) < t.min_nodes:
-            return None, f"straggler: needs {t.min_nodes} nodes with steps or kernel launches, found {max(len(timed), len(rates))}"
+            return None, (f"straggler: needs {t.min_nodes} nodes with steps or kernel launches, "
+                          f"found {max(len(timed), len(rates))}")
         j = judge(rates, "kernel launches/s", "/s", -1, t)
     metric, vals, unit, slow, med, ratio = j.metric, j.vals, j.unit, j.slow, j.med, j.ratio
     basis = j.basis
@@ -310,7 +321,8 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
         root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} on {fast}, the other node "
                 f"({ratio:.2f}x slower)"]
     else:
-        root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} median of its {len(vals) - 1} peers "
+        root = [f"node {slow}: {metric} {vals[slow]:.2f} {unit} vs {med:.2f} {unit} "
+                f"median of its {len(vals) - 1} peers "
                 f"({ratio:.2f}x slower, {j.z:.1f} robust deviations above; MAD {j.mad:.2f} {unit})"]
     fix: list[str] = []
     culprits: list[Culprit] = []
@@ -322,7 +334,8 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
         root.append(f"its own cause on {slow}: [{c.severity}] {c.title} ({c.share:.0%} of its wall clock)")
         root.extend("  " + line for line in c.root)
         fix.extend(f"on {slow}: {line}" for line in c.fix)
-        culprits = [Culprit(x.pid, x.name, f"on node {slow}" + (f": {x.detail}" if x.detail else "")) for x in c.culprits]
+        culprits = [Culprit(x.pid, x.name, f"on node {slow}" + (f": {x.detail}" if x.detail else ""))
+                    for x in c.culprits]
         windows = c.windows
     else:
         root.append(f"no local chain on {slow} explains it: compare `ingero explain` on {slow} with a peer")
@@ -349,7 +362,8 @@ def straggler(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thr
             if len(per) > 8:
                 effect.append(f"  … and {len(per) - 8} more nodes")
     else:
-        effect.append(f"the job runs at {1 / ratio:.0%} of its peers' speed: every peer waits for it at each collective")
+        effect.append(f"the job runs at {1 / ratio:.0%} of its peers' speed: "
+                      "every peer waits for it at each collective")
         for n, x in sorted(others.items())[:8]:
             if n not in vals or not x.wall_ns:
                 continue
@@ -410,7 +424,8 @@ def node_fixes(hits: list[tuple[str, LocalChain]], per_node: int = 2) -> list[st
     """The nodes' own fix lines: a line every node has word for word once ("on every node: …"),
     the others per node, each with that node's PIDs (a fix names the PIDs of its own node only)."""
     lines = {node: c.fix[:per_node] for node, c in hits}
-    common = [x for x in next(iter(lines.values()), []) if all(x in v for v in lines.values())] if len(lines) > 1 else []
+    common = ([x for x in next(iter(lines.values()), []) if all(x in v for v in lines.values())]
+              if len(lines) > 1 else [])
     out = [f"on every node: {x}" for x in common]
     nodes = sorted(lines)
     for node in nodes[:MAX_NODE_FIXES]:
@@ -438,7 +453,8 @@ def shared(nodes: dict[str, Node], local: dict[str, list[LocalChain]], t: Thresh
         root = [f"{rule} on {len(hits)} of {n} nodes ({', '.join(names[:10])}{' …' if len(names) > 10 else ''}), "
                 f"{mean_share:.0%} of their wall clock on average"]
         root.extend(f"  {node}: {c.root[0]}" for node, c in sorted(hits)[:3] if c.root)
-        hint = SHARED_HINTS.get(rule, "the same cause on every node: look at what they share (data, code, configuration)")
+        hint = SHARED_HINTS.get(rule, "the same cause on every node: "
+                                      "look at what they share (data, code, configuration)")
         contributing = []
         clock = clock_line({k: nodes[k] for k in names if k in nodes}, 1 * NS)
         if clock:
@@ -492,7 +508,8 @@ def busy_hosts(nodes: dict[str, Node], skip: set[str], local: dict[str, list[Loc
         renice = _renice(x.others_top)
         waits = [w for c in (local or {}).get(name, []) if c.rule_id == "cpu-contention" for w in c.windows]
         out.append(Chain(rule_id="fleet-busy-host", severity=sev, title=f"Busy host: {name} runs work outside the job",
-                         root=[f"{name}: processes outside the traced job used {cores:.2f} of {x.ncpu} cores on average: "
+                         root=[f"{name}: processes outside the traced job used {cores:.2f} of {x.ncpu} cores "
+                               "on average: "
                                f"{_top_names(x.others_top)}"],
                          effect=[f"its loop waited for a CPU {wait:.0%} of its wall clock"],
                          fix=[*([f"on {name}: {renice}"] if renice else []),
@@ -527,7 +544,8 @@ def explain(con: duckdb.DuckDBPyConnection, cat: Catalog, t: Thresholds = T) -> 
     du = sum(x.drops_user for x in nodes.values())
     if dk or du:
         notes.append(f"{dk + du:,} events were dropped while tracing on "
-                     f"{sum(1 for x in nodes.values() if x.drops_kernel or x.drops_user)} node(s): counts are lower bounds")
+                     f"{sum(1 for x in nodes.values() if x.drops_kernel or x.drops_user)} node(s): "
+                     "counts are lower bounds")
     analysed = Analysed(session_id=None, start_ns=start, end_ns=end, window_s=1.0,
                         windows=sum(x.windows for x in nodes.values()), events=sum(x.events for x in nodes.values()),
                         cuda_events=int(sum(x.ops for x in nodes.values())),

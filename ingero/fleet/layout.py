@@ -56,7 +56,8 @@ def open_root(url: str) -> Root:
             fs, path = pafs.FileSystem.from_uri(text)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise IngeroError(f"cannot open dataset {text}: {first_line(exc)}",
-                              "pass a directory, or a URL of a filesystem pyarrow supports (s3://, gs://, hdfs://)") from None
+                              "pass a directory, or a URL of a filesystem pyarrow supports "
+                              "(s3://, gs://, hdfs://)") from None
         return Root(fs, path.rstrip("/"), text)
     path = text[len("file://"):] if text.startswith("file://") else text
     return Root(pafs.LocalFileSystem(), os.path.abspath(path), text)

@@ -261,7 +261,8 @@ class Publisher(TraceHook):
 
     def summary(self) -> str:
         due = sum(1 for e in self._state.values() if not e.get("done"))
-        text = (f"published {self.published} segment(s) to {self.root.url} as node {self.node}, job {self.job or 'default'} "
+        text = (f"published {self.published} segment(s) to {self.root.url} as node {self.node}, "
+                f"job {self.job or 'default'} "
                 f"({self.cpu_s:.2f} CPU-s)")
         if self.skipped:
             text += f" ({self.skipped} file(s) already there: skipped)"

@@ -97,7 +97,8 @@ NODES = pa.schema([
 ])
 
 TABLES: dict[str, pa.Schema] = {
-    "events": EVENTS, "windows": WINDOWS, "summaries": SUMMARIES, "chains": CHAINS, "processes": PROCESSES, "ranks": RANKS,
+    "events": EVENTS, "windows": WINDOWS, "summaries": SUMMARIES, "chains": CHAINS, "processes": PROCESSES,
+    "ranks": RANKS,
     "nodes": NODES,
 }
 # Written in this order: `nodes` last, so a segment whose nodes row exists is complete.

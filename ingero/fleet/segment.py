@@ -114,8 +114,9 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         tables["chains"] = [pa.Table.from_pylist(rows, schema=schema.CHAINS)] if rows else []
         loop_pids = [int(r[0]) for r in con.execute("SELECT pid FROM ing_loop ORDER BY cuda_n DESC").fetchall()]
         loop = con.execute(LOOP_SUMS_SQL).fetchall()[0]
-        edges = con.execute(LOOP_EDGES_SQL, {"t0": report.analysed.start_ns, "wns": int(WINDOW_S * NS), "pid": loop_pids[0]}).fetchall()[0] \
-            if loop_pids else (None, None)
+        edges = (con.execute(LOOP_EDGES_SQL, {"t0": report.analysed.start_ns, "wns": int(WINDOW_S * NS),
+                                              "pid": loop_pids[0]}).fetchall()[0]
+                 if loop_pids else (None, None))
     else:
         tables["windows"], tables["chains"], loop_pids, loop, edges = [], [], [], (None,) * 5, (None, None)
     # the store's per-second summaries (schema 11), when this store has them
@@ -148,7 +149,8 @@ def build(con: duckdb.DuckDBPyConnection, session_id: int, t0: int, segment_ns: 
         "steps": steps.count if steps else None, "step_median_ms": steps.median_ms if steps else None,
         "step_p99_ms": steps.p99_ms if steps else None, "device_busy": device.busy_share if device else None,
         "loop_pids": loop_pids, "loop_wall_ns": loop[0], "loop_cpu_wait_ns": loop[1], "loop_ops": loop[2],
-        "loop_launches": loop[3], "loop_windows": loop[4], "loop_first_ns": edges[0], "loop_last_ns": edges[1], "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
+        "loop_launches": loop[3], "loop_windows": loop[4], "loop_first_ns": edges[0], "loop_last_ns": edges[1],
+        "host_cpu_pct": host[0] if host else None, "load1": host[1] if host else None,
         "others_cpu_s": float(sum(r[2] or 0 for r in others)),
         "others_top": json.dumps([{"pid": int(r[0]), "name": r[1], "cpu_s": round(float(r[2] or 0), 3)}
                                   for r in others[:TOP_OTHERS]]),

@@ -83,9 +83,11 @@ def generate(root_url: str, nodes: list[NodeSpec], *, job: str = "job1", start_n
                 "clock_max_error_us": spec.max_error_us, "clock_est_error_us": spec.max_error_us // 10,
                 "events": per_seg_events, "drops_kernel": 0, "drops_user": 0, "steps": steps,
                 "step_median_ms": spec.step_ms, "step_p99_ms": spec.step_ms * 1.2, "device_busy": 0.8,
-                "loop_pids": [pid], "loop_wall_ns": float(wall.sum()), "loop_cpu_wait_ns": float(win["cpu_wait_ns"].sum()),
+                "loop_pids": [pid], "loop_wall_ns": float(wall.sum()),
+                "loop_cpu_wait_ns": float(win["cpu_wait_ns"].sum()),
                 "loop_ops": float(win["ops_n"].sum()), "loop_launches": float(launches.sum()), "loop_windows": secs,
-                "loop_first_ns": t0, "loop_last_ns": t0 + (secs - 1) * NS, "host_cpu_pct": 50.0, "load1": 4.0, "others_cpu_s": spec.others_cores * secs,
+                "loop_first_ns": t0, "loop_last_ns": t0 + (secs - 1) * NS, "host_cpu_pct": 50.0, "load1": 4.0,
+                "others_cpu_s": spec.others_cores * secs,
                 "others_top": json.dumps([{"pid": 777, "name": spec.others_name, "cpu_s": spec.others_cores * secs}]),
                 "ingero_version": "synthetic"}], schema=schema.NODES)
             for table in schema.WRITE_ORDER:
@@ -101,7 +103,8 @@ def _events(rng: np.random.Generator, n: int, t0: int, secs: int, pid: int) -> p
     ts = np.sort(t0 + rng.integers(0, secs * NS, n))
     op_codes = rng.choice(4, n, p=[0.7, 0.1, 0.15, 0.05])
     ops = pa.DictionaryArray.from_arrays(pa.array(op_codes.astype(np.int8)),
-                                         pa.array(["cudaLaunchKernel", "cudaStreamSync", "sched_switch", "cudaMemcpyAsync"]))
+                                         pa.array(["cudaLaunchKernel", "cudaStreamSync", "sched_switch",
+                                                   "cudaMemcpyAsync"]))
     t = pa.table({"session_id": np.full(n, 1, np.int32), "timestamp": ts,
                   "duration_ns": rng.integers(2_000, 200_000, n), "pid": np.full(n, pid, np.int32),
                   "tid": np.full(n, pid, np.int32), "op": ops.cast(pa.string())})

@@ -132,7 +132,8 @@ def _import(store: Store, src: Source, *, calls_only: bool, command: str, join: 
         meta = raw.stage(con, src)
         counts = load.prepare(con, base_ns=_base_ns(meta, src.label), calls_only=calls_only)
         if counts.calls + counts.device + counts.spans == 0:
-            raise IngeroError(f"{src.label} has no events ingero can use (no CUDA calls, device activity or CPU operators)",
+            raise IngeroError(f"{src.label} has no events ingero can use "
+                              "(no CUDA calls, device activity or CPU operators)",
                               "pass a torch.profiler trace recorded with activities=[CPU] and/or [CUDA]")
         skipped = dict(counts.bad)
         dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}

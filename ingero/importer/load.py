@@ -121,7 +121,8 @@ SELECT v.* EXCLUDE (ts, dur, bad), o.op, v.correlation AS link,
       WHEN start_ns IS NULL OR dur_ns IS NULL THEN cat || ' events without a usable ts/dur'
       WHEN cat IN {calls} AND o.op IS NULL THEN 'CUDA calls without an op name: ' || left(coalesce(name, '?'), {k})
       WHEN cat IN {device} AND {calls_only} THEN cat || ' (device timeline dropped: --calls-only)'
-      WHEN (cat IN {calls} OR cat IN {spans}) AND (pid IS NULL OR tid IS NULL) THEN cat || ' events without a numeric pid/tid'
+      WHEN (cat IN {calls} OR cat IN {spans}) AND (pid IS NULL OR tid IS NULL)
+        THEN cat || ' events without a numeric pid/tid'
       WHEN cat IN {calls} THEN 'call'
       WHEN cat IN {device} THEN 'device'
       ELSE 'span'
@@ -140,7 +141,8 @@ BAD_SQL = ("SELECT count(*) FILTER (ts IS NOT NULL AND start_ns IS NULL), "
 # same link, a negative number (correlations are positive).
 LINK_BY_EXTERNAL_ID = """
 UPDATE {use_table} SET link = f.link FROM (
-    WITH d AS (SELECT rowid AS rid, ext_id, row_number() OVER (PARTITION BY ext_id ORDER BY start_ns, stream, rowid) AS k
+    WITH d AS (SELECT rowid AS rid, ext_id,
+                      row_number() OVER (PARTITION BY ext_id ORDER BY start_ns, stream, rowid) AS k
                FROM {use_table} WHERE use = 'device' AND link IS NULL AND ext_id IS NOT NULL AND ext_id <> 0),
     c AS (SELECT rowid AS rid, ext_id, row_number() OVER (PARTITION BY ext_id ORDER BY start_ns, tid, rowid) AS k
           FROM {use_table} u WHERE ph = 'X' AND cat IN {calls} AND start_ns IS NOT NULL
@@ -291,7 +293,8 @@ def matched_calls(con: duckdb.DuckDBPyConnection, pairs: list[tuple[int, int, in
         import pyarrow as pa
 
         tids, trace_ns, traced_ns = zip(*pairs)
-        con.register("_imp_pairs", pa.table({"tid": pa.array(tids, pa.int32()), "trace_ns": pa.array(trace_ns, pa.int64()),
+        con.register("_imp_pairs", pa.table({"tid": pa.array(tids, pa.int32()),
+                                             "trace_ns": pa.array(trace_ns, pa.int64()),
                                              "traced_ns": pa.array(traced_ns, pa.int64())}))
         try:
             con.execute("INSERT INTO _imp_match SELECT * FROM _imp_pairs")

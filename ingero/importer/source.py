@@ -88,7 +88,8 @@ class _Tape:
             try:
                 data = read(n)
             except OSError as exc:
-                raise IngeroError(f"cannot read {self.label}: {exc.strerror or exc}", "check the command writing to it") from None
+                raise IngeroError(f"cannot read {self.label}: {exc.strerror or exc}",
+                                  "check the command writing to it") from None
             if not data:
                 self.eof = True
                 return b""

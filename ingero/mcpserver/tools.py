@@ -163,10 +163,12 @@ def stacks(db: Path, pid: Any = None, op: Any = None, since: Any = None, session
         out["evidence"] = {
             "analysed": {"session_id": sid, "start_ns": a.get("start_ns"), "end_ns": a.get("end_ns")},
             # the innermost Python frame; an unreadable one (file NULL) leaves the stack without a site
-            "sql": ("WITH site AS (SELECT stack_id, arg_min_null(file, depth) AS file, arg_min_null(line, depth) AS line, "
+            "sql": ("WITH site AS (SELECT stack_id, arg_min_null(file, depth) AS file, "
+                    "arg_min_null(line, depth) AS line, "
                     "arg_min_null(source, depth) AS source FROM stacks WHERE frame_kind = 'python' GROUP BY stack_id "
                     "HAVING arg_min_null(file, depth) IS NOT NULL) "
-                    "SELECT site.file, site.line, site.source, e.op, count(*) AS calls, sum(e.duration_ns) AS total_ns, "
+                    "SELECT site.file, site.line, site.source, e.op, count(*) AS calls, "
+                    "sum(e.duration_ns) AS total_ns, "
                     "max(e.duration_ns) AS max_ns FROM events e JOIN site USING (stack_id) "
                     f"WHERE {' AND '.join(where)} GROUP BY ALL ORDER BY total_ns DESC LIMIT 10"),
         }

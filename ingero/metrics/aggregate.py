@@ -183,7 +183,8 @@ class Aggregates:
                         w = weights.get(k & 63, 1.0) if weights else 1.0
                         if w != 1.0:
                             n, t, b = round(n * w), t * w, np.rint(b * w).astype(np.int64)
-                        _add(self.cuda.setdefault((known[k >> 6], OP_NAMES.get(k & 63, f"op{k & 63}")), Histo()), n, t, b)
+                        _add(self.cuda.setdefault((known[k >> 6], OP_NAMES.get(k & 63, f"op{k & 63}")), Histo()),
+                             n, t, b)
                 if pf > sw:
                     self._add_switches(known, slot[c:pf - lo], dur[c:pf - lo],
                                        np.ascontiguousarray(part["kind"][c:]),

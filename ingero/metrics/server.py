@@ -52,8 +52,9 @@ class MetricsServer(TraceHook):
             self._httpd = BoundedServer(addr, port, make_wsgi_app(self.registry), **limits)
         except OSError as exc:
             why = exc.strerror or str(exc)
-            hint = ("another process listens there (`ss -ltnp 'sport = :%d'` names it); pass another "
-                    "--metrics-port" % port) if exc.errno == errno.EADDRINUSE else "pass an address of this host with --metrics-addr"
+            hint = (("another process listens there (`ss -ltnp 'sport = :%d'` names it); pass another "
+                     "--metrics-port" % port) if exc.errno == errno.EADDRINUSE
+                    else "pass an address of this host with --metrics-addr")
             raise IngeroError(f"cannot serve metrics on {addr}:{port}: {why}", hint) from None
         self.port = self._httpd.server_address[1]  # the one the kernel gave for port 0 (tests)
         self.collector.http_closed = self._httpd.stats.closed

@@ -22,7 +22,8 @@ def write(report: Report, nodes: list[dict[str, Any]], out: IO[str]) -> None:
     for n in nodes:
         wait = "-" if n["cpu_wait_share"] is None else f"{n['cpu_wait_share']:.0%}"
         clock = "synced" if n["clock_synced"] else "not synced"
-        out.write(f"  {safe.text(n['node']):<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} {n['others_cores']:>12.2f}  {clock}\n")
+        out.write(f"  {safe.text(n['node']):<20} {n['steps']:>8,} {_ms(n['step_ms']):>9} {wait:>9} "
+                  f"{n['others_cores']:>12.2f}  {clock}\n")
     _top_chains(nodes, out)
     write_chains(report, out, "Cross-node Causal Chains:",
                  "No cross-node causal chains: no straggler, no cause shared by several nodes, no busy host.")

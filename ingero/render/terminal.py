@@ -252,7 +252,8 @@ def _stack_lines(stack: dict[str, Any]) -> list[str]:
         lines.append("Where the loop's CPU time goes outside CUDA calls (CPU samples at ~99 Hz):")
         for x in sampled:
             lines.append(f"{INDENT}{x.get('share', 0) * 100:5.1f}%  {x.get('text', '')}   "
-                         f"({x.get('samples', 0):,} samples, {x.get('idle_samples', 0):,} with nothing queued on the GPU)")
+                         f"({x.get('samples', 0):,} samples, "
+                         f"{x.get('idle_samples', 0):,} with nothing queued on the GPU)")
     return lines
 
 

@@ -23,7 +23,8 @@ def main():
     time.sleep(1.0)  # SLEEP_LINE
     with open(__file__) as f:
         text = list(enumerate(f, 1))
-    lines = {tag: next(no for no, t in text if f"# {tag}" in t and "no, t" not in t) for tag in ("BURN_LINE", "SLEEP_LINE")}
+    lines = {tag: next(no for no, t in text if f"# {tag}" in t and "no, t" not in t)
+             for tag in ("BURN_LINE", "SLEEP_LINE")}
     print(json.dumps(lines), flush=True)
 
 

@@ -1,6 +1,7 @@
 """Workload for the CLI test of --stack: libcudart calls from known lines.
 
-Usage: stack_cuda_loop.py LIBCUDART STEPS (a count, not a time: a busy box slows the loop, not the test).  Prints the line numbers used (JSON).
+Usage: stack_cuda_loop.py LIBCUDART STEPS (a count, not a time: a busy box slows the loop, not the
+test).  Prints the line numbers used (JSON).
 """
 
 import ctypes

@@ -122,8 +122,10 @@ def test_a_two_rank_job_that_dlopens_nccl_after_the_trace_began_gets_every_colle
     assert rows == sorted((p, op, n) for p in pids
                           for op, n in (("ncclAllReduce", STEPS), ("ncclCommInitRank", 1), ("cudaStreamSync", STEPS)))
     notes = [n for t in tracer.ticks() for n in t.get("notes", [])] + done["notes"]
-    for lib, kind, probes in ((nccl, "nccl", "16 functions (32 probes)"), (cudart, "runtime", "19 functions (38 probes)")):
-        pattern = (rf"attached {re.escape(probes)} to {re.escape(str(lib))} \({kind}\) while pid ({'|'.join(map(str, pids))}) "
+    for lib, kind, probes in ((nccl, "nccl", "16 functions (32 probes)"),
+                              (cudart, "runtime", "19 functions (38 probes)")):
+        pattern = (rf"attached {re.escape(probes)} to {re.escape(str(lib))} \({kind}\) "
+                   rf"while pid ({'|'.join(map(str, pids))}) "
                    rf"was held at its mapping of {re.escape(str(lib))} \(\d+\.\d ms\), before its first call")
         assert sum(bool(re.fullmatch(pattern, n)) for n in notes) == 1, (pattern, "\n".join(notes))
 

@@ -99,5 +99,6 @@ def test_check_as_another_user_says_what_it_could_not_read(tmp_path: Path) -> No
         assert f"as uid {NOBODY}: /root, " in cuda, cuda
     # the test's directory is root's (0700): the database cannot be reached, nor written
     db = tmp_path / "x.duckdb"
-    assert lines["database"] in (f"missing  database        {db} (cannot be reached as uid {NOBODY}: permission denied)",
+    assert lines["database"] in (f"missing  database        {db} "
+                                 f"(cannot be reached as uid {NOBODY}: permission denied)",
                                  f"missing  database        {db} (will be created, not writable)"), text

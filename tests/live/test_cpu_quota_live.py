@@ -181,7 +181,8 @@ def test_the_sampler_reads_a_real_v1_quota_exactly(tmp_path):
         [last] = sampler.sample(set())  # gone from the traced set: its cgroup once more
         final = cpu_stat(cg)
         assert sampler.sample(set()) == []
-    assert (first["cgroup"], first["cgroup_version"], first["own"], first["mount"]) == ("/" + cg.name, 1, True, str(V1_CPU))
+    assert ((first["cgroup"], first["cgroup_version"], first["own"], first["mount"])
+            == ("/" + cg.name, 1, True, str(V1_CPU)))
     assert (first["quota_us"], first["period_us"]) == (20_000, 100_000)
     assert during["throttled_n"] > 0 and during["throttled_ns"] > 0
     assert (last["nr_throttled"], last["throttled_total_ns"]) == (final["nr_throttled"], final["throttled_time"])

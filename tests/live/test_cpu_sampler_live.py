@@ -58,4 +58,5 @@ def test_samples_name_the_burning_line(tmp_path, monkeypatch):
 
 def _lines() -> dict:
     text = list(enumerate(SCRIPT.read_text().splitlines(), 1))
-    return {tag: next(no for no, t in text if f"# {tag}" in t and "no, t" not in t) for tag in ("BURN_LINE", "SLEEP_LINE")}
+    return {tag: next(no for no, t in text if f"# {tag}" in t and "no, t" not in t)
+            for tag in ("BURN_LINE", "SLEEP_LINE")}

@@ -45,7 +45,8 @@ def _fill(db: Path) -> int:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 3, proc.stderr
     last = lines[-1]
-    assert last["error"].startswith(f"stopped writing: the disk holding {db} is full; events written before this are kept")
+    assert last["error"].startswith(f"stopped writing: the disk holding {db} is full; "
+                                    "events written before this are kept")
     assert last["acked"] > 0
     return last["acked"]
 
@@ -91,7 +92,8 @@ def test_trace_on_a_tiny_disk_ends_with_one_line(tmp_path):
     # where the disk runs out (creating the file, or the closing checkpoint) depends on the
     # filesystem's slack; either way it is one line naming the disk, never a traceback
     assert last in (
-        f"ingero: cannot write to {db}: its disk is full — free space (or pick another --db), then run `ingero trace` again",
+        f"ingero: cannot write to {db}: its disk is full — free space (or pick another --db), "
+        "then run `ingero trace` again",
         f"ingero: cannot start tracing into {db}: its disk has 0 MiB free, a session needs at least 4 MiB to start — "
         "free space (or pick another --db), then run `ingero trace` again",
         f"ingero: stopped writing: the disk holding {db} is full; events written before this are kept — "

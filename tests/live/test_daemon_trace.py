@@ -44,7 +44,8 @@ def test_trace_answers_status_query_and_explain_while_running(short_dir):
         assert refused.returncode == 2 and "COPY is refused" in refused.stderr
         out = subprocess.run([*INGERO, "status"], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.startswith(f"ingero: running (pid {proc.pid})")
-        ex = subprocess.run([*INGERO, "explain", "--since", "30s"], env=env, capture_output=True, text=True, timeout=120)
+        ex = subprocess.run([*INGERO, "explain", "--since", "30s"], env=env, capture_output=True, text=True,
+                            timeout=120)
         assert ex.returncode == 0, ex.stderr
     finally:
         if proc.poll() is None:

@@ -31,15 +31,18 @@ FAKE_LIBCUDA = r"""
 #include <stddef.h>
 #define API __attribute__((visibility("default"), noinline))
 typedef unsigned long long dptr;
-typedef struct { unsigned grid[3], block[3], shmem; unsigned pad; void *hStream; void *attrs; unsigned n; } CUlaunchConfig;
+typedef struct { unsigned grid[3], block[3], shmem; unsigned pad; void *hStream; void *attrs; unsigned n; }
+    CUlaunchConfig;
 API int cuInit(unsigned f) { (void)f; return 999; }
 API int cuDriverGetVersion(int *v) { if (v) *v = 13000; return 999; }
-API int cuLaunchKernelEx(const CUlaunchConfig *c, void *f, void **p, void **e) { (void)c; (void)f; (void)p; (void)e; return 999; }
+API int cuLaunchKernelEx(const CUlaunchConfig *c, void *f, void **p, void **e) {
+    (void)c; (void)f; (void)p; (void)e; return 999; }
 API int cuMemcpy(dptr d, dptr s, size_t n) { (void)d; (void)s; (void)n; return 999; }
 API int cuMemcpyAsync(dptr d, dptr s, size_t n, void *st) { (void)d; (void)s; (void)n; (void)st; return 999; }
 API int cuMemcpyDtoH_v2(void *d, dptr s, size_t n) { (void)d; (void)s; (void)n; return 999; }
 API int cuMemcpyDtoD_v2(dptr d, dptr s, size_t n) { (void)d; (void)s; (void)n; return 999; }
-API int cuMemcpyHtoDAsync_v2(dptr d, const void *s, size_t n, void *st) { (void)d; (void)s; (void)n; (void)st; return 999; }
+API int cuMemcpyHtoDAsync_v2(dptr d, const void *s, size_t n, void *st) {
+    (void)d; (void)s; (void)n; (void)st; return 999; }
 API int cuMemcpyDtoDAsync_v2(dptr d, dptr s, size_t n, void *st) { (void)d; (void)s; (void)n; (void)st; return 999; }
 API int cuGraphLaunch(void *g, void *st) { (void)g; (void)st; return 999; }
 """

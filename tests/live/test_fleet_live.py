@@ -87,7 +87,8 @@ def test_three_nodes_one_with_a_cpu_hog(tmp_path: Path, simcuda):
     try:
         cmds = {"node-a": f"{OWN_NODE} {TRAIN} --duration 12 --cpu 1 {BUSY_LOOP}",
                 "node-b": f"{TRAIN} --duration 12 --cpu 0 {BUSY_LOOP}",
-                "node-c": f"{OWN_NODE} {TRAIN} --duration 12 --cpu 0 {BUSY_LOOP}"}  # SCHED_FIFO: the hogs cannot touch it
+                # SCHED_FIFO: the hogs cannot touch it
+                "node-c": f"{OWN_NODE} {TRAIN} --duration 12 --cpu 0 {BUSY_LOOP}"}
         run_nodes(tmp_path, ds, cmds, {"SIMCUDA_SCHEDULE": "block"})
     finally:
         for h in hogs:
@@ -126,8 +127,10 @@ def test_three_nodes_one_with_a_cpu_hog(tmp_path: Path, simcuda):
     out2 = json.loads(r.stdout)
     assert {n["node"] for n in out2["nodes"]} == {"node-a", "node-b"}
     chain2 = out2["chains"][0]
-    assert (chain2["rule_id"], chain2["numbers"]["node"], chain2["numbers"]["nodes"]) == ("fleet-straggler", "node-b", 2)
-    assert chain2["root"][0].endswith("on node-a, the other node (%.2fx slower)" % chain2["numbers"]["ratio"]), chain2["root"]
+    assert ((chain2["rule_id"], chain2["numbers"]["node"], chain2["numbers"]["nodes"])
+            == ("fleet-straggler", "node-b", 2))
+    assert chain2["root"][0].endswith(
+        "on node-a, the other node (%.2fx slower)" % chain2["numbers"]["ratio"]), chain2["root"]
     assert chain2["root"][1].startswith("its own cause on node-b: [HIGH] CPU scheduling contention"), chain2["root"]
     assert chain2["fix"][0].startswith("on node-b: "), chain2["fix"]
     assert 0 < len(chain2["evidence_windows"]) <= chain2["windows_total"]

@@ -108,7 +108,8 @@ def test_copy_only_visible_inside_another_mount_namespace(tmp_path):
         assert not (private / "libcudart.so.12").exists()
         watcher = LibraryWatcher()
         found = [lib for lib in watcher.poll() if str(lib.path).startswith(f"/proc/{child.p.pid}/")]
-        assert [lib.path for lib in found] == [Path(f"/proc/{child.p.pid}/root") / str(private).lstrip("/") / "libcudart.so.12"]
+        assert [lib.path for lib in found] == [
+            Path(f"/proc/{child.p.pid}/root") / str(private).lstrip("/") / "libcudart.so.12"]
         assert os.stat(found[0].path).st_size == src.stat().st_size
     finally:
         child.stop()

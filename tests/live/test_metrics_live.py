@@ -104,11 +104,13 @@ async def _ask_mcp(db: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    prom_bin = prereqs.needs(shutil.which("prometheus"), "Debian's prometheus", "apt-get install prometheus, or make setup")
+    prom_bin = prereqs.needs(shutil.which("prometheus"), "Debian's prometheus",
+                             "apt-get install prometheus, or make setup")
     tmp = tmp_path_factory.mktemp("metrics")
     metrics_port, prom_port = _free_port(), _free_port()
     config = (REPO / "deploy" / "prometheus.yml").read_text()
-    for old, new in (("scrape_interval: 15s", "scrape_interval: 1s"), ("evaluation_interval: 15s", "evaluation_interval: 1s"),
+    for old, new in (("scrape_interval: 15s", "scrape_interval: 1s"),
+                     ("evaluation_interval: 15s", "evaluation_interval: 1s"),
                      ("127.0.0.1:9464", f"127.0.0.1:{metrics_port}")):
         assert old in config
         config = config.replace(old, new)
@@ -227,9 +229,11 @@ def test_prometheus_counter_equals_the_store(run):
                        {"pid": pid}))
     assert store.get("cudaStreamSync", 0) > 50
     # the call counter is the duration histogram's _count (a counter series of its own)
-    got = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_count{{pid="{pid}"}}[10m]))')
+    got = _prom(run["prom"],
+                f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_count{{pid="{pid}"}}[10m]))')
     assert {r["metric"]["op"]: int(float(r["value"][1])) for r in got} == store, run["seen"][-3:]
-    inf = _prom(run["prom"], f'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_bucket{{pid="{pid}",le="+Inf"}}[10m]))')
+    inf = _prom(run["prom"], 'max by (op) (max_over_time(ingero_cuda_call_duration_seconds_bucket'
+                             f'{{pid="{pid}",le="+Inf"}}[10m]))')
     assert {r["metric"]["op"]: int(float(r["value"][1])) for r in inf} == store
 
 

@@ -116,7 +116,8 @@ def test_shared_and_linked_in_runtime_give_exact_rows(tmp_path, builds, build):
     _assert_exact(_cuda_rows(tmp_path / "t.duckdb", pid))
     if build == "static13":
         exe = str(builds[build].resolve())
-        assert any(line.startswith("attached ") and line.endswith(f"{exe} (runtime, linked in) before the command started")
+        assert any(line.startswith("attached ")
+                   and line.endswith(f"{exe} (runtime, linked in) before the command started")
                    for line in start["lines"]), start["lines"]
         attached = query(tmp_path / "t.duckdb", "SELECT symbol, probe_kind FROM probes WHERE target = $t AND attached",
                          {"t": exe})
@@ -186,8 +187,9 @@ def test_check_pid_says_what_a_process_has_linked_in(tmp_path, builds):
     exe = builds["stripped13"].resolve()
     stripped = out["stripped13"]
     assert not stripped["ok"] and not stripped["required"]
-    assert stripped["detail"] == (f"{exe} (pid {procs['stripped13'].pid}, cuda_loop_strip) has the CUDA runtime linked "
-                                  "in without symbols: its CUDA calls cannot be probed and are not recorded; fix: build "
+    assert stripped["detail"] == (f"{exe} (pid {procs['stripped13'].pid}, cuda_loop_strip) has the CUDA runtime "
+                                  "linked in without symbols: its CUDA calls cannot be probed and are not recorded; "
+                                  "fix: build "
                                   "it with `nvcc -cudart shared`, or keep its symbols (do not strip it)")
     static = out["static13"]
     assert static["ok"]

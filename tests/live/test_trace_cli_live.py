@@ -29,7 +29,8 @@ TICK = re.compile(r"^ +\d+\.\ds  \d+ events  [\d,]+/s  drops \d+  ")
 
 def trace(tmp_path, *args: str) -> subprocess.CompletedProcess:
     # --no-cupti/--no-nvtx: nothing to inject into a job that makes no CUDA call
-    return subprocess.run([*INGERO, "trace", "--no-serve", "--no-cupti", "--no-nvtx", "--db", str(tmp_path / "t.duckdb"),
+    return subprocess.run([*INGERO, "trace", "--no-serve", "--no-cupti", "--no-nvtx",
+                           "--db", str(tmp_path / "t.duckdb"),
                            *args], cwd=REPO, capture_output=True, text=True, timeout=TRACED_RUN_TIMEOUT_S)
 
 
@@ -41,7 +42,8 @@ def test_the_job_gets_its_words_and_its_stdout_alone(tmp_path):
     assert any(TICK.match(line) for line in err), r.stderr  # the per-second lines: stderr
     assert re.match(r"^ingero: session 1 -> .*  \(Ctrl-C to stop\)$", next(x for x in err if " -> " in x))
     assert re.search(r"^ingero: session 1 closed \(command exited\) after ", r.stderr, re.M)
-    assert err[-2:] == ["ingero: the command exited with code 0", f"ingero: next: ingero explain --db {tmp_path / 't.duckdb'}"]
+    assert err[-2:] == ["ingero: the command exited with code 0",
+                        f"ingero: next: ingero explain --db {tmp_path / 't.duckdb'}"]
     # the tracer's own accounting is a detail: not without -v
     assert not [line for line in err if line.startswith(("ingero: summaries: ", "ingero: holds: "))], r.stderr
     # the session row keeps the command line as typed, each word quoted back

@@ -48,7 +48,8 @@ def test_verifier_refusal_names_the_program_and_quotes_the_key_line() -> None:
 def test_compile_failure_quotes_the_compiler_error_and_the_headers() -> None:
     err = load_error("Failed to compile BPF module b'/opt/ingero/bpf/ingero.bpf.c'", COMPILE_LOG, SRC)
     assert err.message == ("BPF compile failed (/opt/ingero/bpf/ingero.bpf.c, kernel headers "
-                           "/var/cache/ingero/kheaders/x): /opt/ingero/bpf/events.h:120:1: error: unknown type name 'this'")
+                           "/var/cache/ingero/kheaders/x): /opt/ingero/bpf/events.h:120:1: "
+                           "error: unknown type name 'this'")
 
 
 def test_sources_from_ingero_bpf_dir_are_named_in_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,4 +60,5 @@ def test_sources_from_ingero_bpf_dir_are_named_in_the_fix(monkeypatch: pytest.Mo
 
 def test_without_a_log_the_bcc_message_is_the_line() -> None:
     err = load_error("Failed to load BPF program b'x': Invalid argument", "", SRC)
-    assert err.message == "BPF load failed: the kernel verifier refused x: Failed to load BPF program b'x': Invalid argument"
+    assert err.message == ("BPF load failed: the kernel verifier refused x: "
+                           "Failed to load BPF program b'x': Invalid argument")

@@ -38,7 +38,8 @@ def _v2_tree(tmp: Path) -> Path:
     root = tmp / "cg"
     _write(root, cgroup__controllers="cpuset cpu io memory pids\n", cpu__stat=_v2_stat(0, 0, 0, 9_000_000))
     _write(root / "kubepods.slice", cpu__max="max 100000\n", cpu__stat=_v2_stat(0, 0, 0, 1))
-    _write(root / "kubepods.slice" / "kubepods-burstable.slice", cpu__max="max 100000\n", cpu__stat=_v2_stat(0, 0, 0, 1))
+    _write(root / "kubepods.slice" / "kubepods-burstable.slice", cpu__max="max 100000\n",
+           cpu__stat=_v2_stat(0, 0, 0, 1))
     _write(root / K8S_POD.lstrip("/"), cpu__max="50000 100000\n", cpu__stat=_v2_stat(40, 3, 70_000, 4_000_000))
     _write(root / K8S.lstrip("/"), cpu__max="20000 100000\n", cpu__stat=_v2_stat(40, 30, 2_500_000, 3_000_000))
     return root
@@ -93,18 +94,21 @@ def test_v1_per_controller_beside_an_empty_v2_tree(tmp_path):
     _write(cpu / "docker" / CID, cpu__stat="nr_periods 22\nnr_throttled 11\nthrottled_time 523456789\n",
            cpuacct__usage="5100000000\n")
     [row] = s.sample({77})
-    assert (row["periods_n"], row["throttled_n"], row["throttled_ns"], row["usage_ns"]) == (10, 6, 400_000_000, 100_000_000)
+    assert ((row["periods_n"], row["throttled_n"], row["throttled_ns"], row["usage_ns"])
+            == (10, 6, 400_000_000, 100_000_000))
 
 
 def test_no_limit_is_one_row_with_quota_null(tmp_path):
     root = tmp_path / "cg"
     cpu = root / "cpu"
-    _write(cpu, cpu__cfs_quota_us="-1\n", cpu__cfs_period_us="100000\n", cpu__stat="nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
+    _write(cpu, cpu__cfs_quota_us="-1\n", cpu__cfs_period_us="100000\n",
+           cpu__stat="nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
     _write(cpu / "user.slice", cpu__cfs_quota_us="-1\n", cpu__cfs_period_us="100000\n",
            cpu__stat="nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
     proc = _proc(tmp_path, 5, "1:cpu:/user.slice\n0::/user.slice\n")
     [row] = cg.CgroupSampler(root=root, proc=proc).sample({5})
-    assert (row["cgroup"], row["quota_us"], row["period_us"], row["usage_total_ns"]) == ("/user.slice", None, 100000, None)
+    assert ((row["cgroup"], row["quota_us"], row["period_us"], row["usage_total_ns"])
+            == ("/user.slice", None, 100000, None))
     # v2 "max": no limit either; a cgroup without the cpu controller (no cpu.max) has no period
     root2 = tmp_path / "cg2"
     _write(root2, cgroup__controllers="cpu\n")
@@ -137,7 +141,8 @@ def test_finish_reads_every_cgroup_seen_once_more(tmp_path):
     s.sample({4242})
     _write(root / K8S.lstrip("/"), cpu__stat=_v2_stat(41, 31, 2_600_000, 3_000_500))
     rows = s.finish()
-    assert [(r["cgroup"], r["throttled_n"], r["throttled_ns"]) for r in rows] == [(K8S, 1, 100_000_000), (K8S_POD, 0, 0)]
+    assert ([(r["cgroup"], r["throttled_n"], r["throttled_ns"]) for r in rows]
+            == [(K8S, 1, 100_000_000), (K8S_POD, 0, 0)])
 
 
 def test_counters_of_a_cgroup_made_again_restart(tmp_path):
@@ -160,7 +165,8 @@ def test_a_cgroup_outside_the_mounted_subtree_or_gone_is_skipped(tmp_path):
 def test_mountinfo_finds_the_cpu_controller_and_v2(tmp_path):
     text = (
         "25 30 0:22 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755\n"
-        "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate\n"
+        "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - "
+        "cgroup2 cgroup2 rw,nsdelegate\n"
         "31 25 0:28 / /sys/fs/cgroup/cpuset rw shared:15 - cgroup cgroup rw,cpuset\n"
         "30 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:14 - cgroup cgroup rw,cpu,cpuacct\n"
     )

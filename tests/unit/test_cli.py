@@ -44,7 +44,8 @@ def test_every_command_is_documented_with_an_example(name: str) -> None:
 
 
 def test_query_table_output(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["query", "--db", str(db), "SELECT op, count(*) AS n FROM events GROUP BY op ORDER BY op"], capsys)
+    code, out, err = run(["query", "--db", str(db), "SELECT op, count(*) AS n FROM events GROUP BY op ORDER BY op"],
+                         capsys)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].split() == ["op", "n"]
@@ -54,7 +55,8 @@ def test_query_table_output(db: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_query_json_and_csv(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["query", "--db", str(db), "--json", "SELECT kind, bytes FROM events WHERE op='cudaMemcpy' ORDER BY bytes"], capsys)
+    code, out, _ = run(["query", "--db", str(db), "--json",
+                        "SELECT kind, bytes FROM events WHERE op='cudaMemcpy' ORDER BY bytes"], capsys)
     assert code == 0
     assert json.loads(out) == {"columns": ["kind", "bytes"], "truncated": False,
                                "rows": [{"kind": "H2D", "bytes": 4096}, {"kind": "D2H", "bytes": 8192}]}
@@ -85,7 +87,8 @@ def test_query_max_rows_truncates(db: Path, capsys: pytest.CaptureFixture[str]) 
         ("SELECT * FROM no_such_table", "bad SQL: "),
     ],
 )
-def test_query_refusals_are_one_line_exit_2(db: Path, sql: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_query_refusals_are_one_line_exit_2(db: Path, sql: str, fragment: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["query", "--db", str(db), sql], capsys)
     assert code == 2
     assert out == ""
@@ -96,7 +99,8 @@ def test_query_refusals_are_one_line_exit_2(db: Path, sql: str, fragment: str, c
 def test_query_missing_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["query", "--db", str(tmp_path / "none.duckdb"), "SELECT 1"], capsys)
     assert code == 2
-    assert err == f"ingero: no ingero database at {tmp_path / 'none.duckdb'} — run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH\n"
+    assert err == (f"ingero: no ingero database at {tmp_path / 'none.duckdb'} — "
+                   "run `sudo ingero trace` (or `ingero demo`) first, or pass --db PATH\n")
 
 
 def test_query_corrupt_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

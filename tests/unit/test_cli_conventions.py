@@ -160,7 +160,8 @@ def test_export_and_check_take_the_same_pid_lists(tmp_path, monkeypatch):
     from ingero.export import run as export_run
 
     got = {}
-    monkeypatch.setattr(export_run, "export", lambda db, fmt, out, opts, force: got.setdefault("export", opts.pids) and "")
+    monkeypatch.setattr(export_run, "export",
+                        lambda db, fmt, out, opts, force: got.setdefault("export", opts.pids) and "")
     monkeypatch.setattr(check_cmd, "run_checks", lambda db, pids: got.setdefault("check", pids) and [])
     CliRunner().invoke(cli, ["export", "--format", "parquet", "-o", str(tmp_path / "p"), "-p", "3,1", "--pid", "2"])
     CliRunner().invoke(cli, ["check", "-p", "3,1", "--pid", "2"])
@@ -336,7 +337,8 @@ def test_bad_fail_on_is_one_line_exit_2(tmp_path, capsys, value):
     code, out, err = run(["explain", "--db", str(db), "--fail-on", value], capsys)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith("ingero: Invalid value for '--fail-on': ")
-    assert f"{value!r} is not one of 'high', 'medium', 'low'" in err and err.endswith(" — see `ingero explain --help`\n")
+    assert (f"{value!r} is not one of 'high', 'medium', 'low'" in err
+            and err.endswith(" — see `ingero explain --help`\n"))
 
 
 def test_fail_on_is_documented_with_its_exit_code():
@@ -368,5 +370,6 @@ def test_a_command_that_is_not_there_is_one_line_exit_2_before_anything(args, ca
     word = args[-1].split()[0] if args[0] == "--cmd" else args[1] if args[0] == "--" else args[0]
     code, out, err = run(["trace", "--no-serve", "--db", str(db), *args], capsys)
     assert (code, out) == (2, "")
-    assert err == f"ingero: the command {word!r} is not found or not executable — check the command (it runs without a shell)\n"
+    assert err == (f"ingero: the command {word!r} is not found or not executable — "
+                   "check the command (it runs without a shell)\n")
     assert not db.exists()

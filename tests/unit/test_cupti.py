@@ -365,7 +365,8 @@ def run_injected(tmp_path: Path, steps: int, **env: str) -> dict:
     prereqs.needs(compiler(), "a C compiler", "make setup installs gcc")
     simcuda = prereqs.needs_simcuda()
     stand_in = prereqs.needs((simcuda.parent / "libcupti.so").exists() and simcuda.parent / "libcupti.so",
-                             "the CUPTI stand-in (demos/build/libcupti.so)", "make -C demos with the CUDA toolkit's cupti.h")
+                             "the CUPTI stand-in (demos/build/libcupti.so)",
+                             "make -C demos with the CUDA toolkit's cupti.h")
     include = prereqs.needs(cupti_inject.find_headers(), "NVIDIA's CUPTI headers", "install the CUDA toolkit")
     built = cupti_inject.library(cache=tmp_path / "cache", include=include)
     rings = tmp_path / "rings"

@@ -247,7 +247,8 @@ def test_a_held_file_raises_database_locked(short_dir):
     db = short_dir / "locked.duckdb"
     Store.open(db).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb,sys,time; c=duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(30)"],
+        [sys.executable, "-c",
+         f"import duckdb,sys,time; c=duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -323,5 +324,6 @@ def test_under_sudo_the_invoking_user_may_query_and_others_may_not(short_dir, mo
         # behind the file mode, the server checks the peer's credentials itself
         os.chmod(sock, 0o666)
         refused = _query_as(other.pw_uid, other.pw_gid, sock)
-        assert refused.startswith("ERR permission denied") and "run as root (sudo) or as the user who started the tracer (nobody)" in refused
+        assert (refused.startswith("ERR permission denied")
+                and "run as root (sudo) or as the user who started the tracer (nobody)" in refused)
     store.close()

@@ -273,5 +273,6 @@ def test_cli_synthetic_renders_diagnosis_and_before_after():
     assert "Diagnosis: named the cause" in out
     assert "Fix applied: pinned memory" in out
     steps = next(line for line in out.splitlines() if line.strip().startswith("throughput"))
-    assert re.fullmatch(r"  throughput +\d+\.\d\d steps/s +\d+\.\d\d steps/s  \d\.\d\d× faster \(\+\d+%\)", steps), steps
+    assert re.fullmatch(r"  throughput +\d+\.\d\d steps/s +\d+\.\d\d steps/s  "
+                        r"\d\.\d\d× faster \(\+\d+%\)", steps), steps
     assert "After the fix, explain finds no causal chains" in out

@@ -111,7 +111,8 @@ def test_real_a100_steps_idle_in_the_hosts_operators_is_host_bound():
     assert (len(chain.evidence_windows), chain.windows_total) == (3, 3)
     assert chain.numbers["host_idle_share"] == pytest.approx(0.6128, abs=5e-4)
     assert chain.numbers["device_busy_share"] == pytest.approx(report.device.busy_share, abs=5e-3)
-    assert chain.numbers["device_idle_share"] == pytest.approx(1 - report.device.busy_share, abs=1e-3)  # two sweeps agree
+    # two sweeps agree
+    assert chain.numbers["device_idle_share"] == pytest.approx(1 - report.device.busy_share, abs=1e-3)
     named = [line.split()[1] for line in chain.contributing[1:]]
     assert named == ["aten::batch_norm", "aten::unflatten_dense_tensors",
                      "autograd::engine::evaluate_function:"]

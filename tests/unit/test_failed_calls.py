@@ -88,7 +88,8 @@ def test_every_call_failed_is_named_with_its_error_and_no_timing_chain(source):
     assert any("no timing chain is built on them" in line for line in chain.effect)
     assert chain.fix[0].startswith("the NVIDIA driver is missing, or older than the CUDA runtime")
     assert chain.pids == [MAIN_PID] and chain.culprits == []
-    assert len(chain.evidence_windows) == chain.windows_total == report.analysed.windows == SECONDS + 1  # (the last step ends past it)
+    # (the last step ends past it)
+    assert len(chain.evidence_windows) == chain.windows_total == report.analysed.windows == SECONDS + 1
     # the calls are still counted, and the process is still the one traced
     assert report.analysed.cuda_events == n
     assert report.analysed.processes == [f"python3 (train.py) (PID {MAIN_PID})"]
@@ -222,12 +223,14 @@ def test_the_tables_are_nvidias_headers():
     import importlib.util
 
     found = sorted(glob.glob("/usr/local/cuda*/include/driver_types.h"))
-    inc = prereqs.needs(Path(found[-1]).parent if found else None, "the CUDA toolkit's headers (driver_types.h, cuda.h)",
+    inc = prereqs.needs(Path(found[-1]).parent if found else None,
+                        "the CUDA toolkit's headers (driver_types.h, cuda.h)",
                         "install the CUDA toolkit (/usr/local/cuda*/include)")
     spec = importlib.util.find_spec("nvidia")
     nccl = next((Path(b, "nccl", "include", "nccl.h") for b in (spec.submodule_search_locations if spec else [])
                  if Path(b, "nccl", "include", "nccl.h").exists()), None)
-    nccl = prereqs.needs(nccl, "NCCL's nccl.h (the nvidia-nccl-cu12 wheel)", "pip install nvidia-nccl-cu12, or make setup")
+    nccl = prereqs.needs(nccl, "NCCL's nccl.h (the nvidia-nccl-cu12 wheel)",
+                         "pip install nvidia-nccl-cu12, or make setup")
     runtime = _enum((inc / "driver_types.h").read_text(), r"enum\s+__device_builtin__\s+cudaError")
     driver = _enum((inc / "cuda.h").read_text(), r"typedef\s+enum\s+cudaError_enum")
     nccl_codes = {k: v for k, v in _enum(nccl.read_text(), r"typedef\s+enum").items() if v != "ncclNumResults"}

@@ -67,7 +67,8 @@ def test_healthy_fleet_has_no_chain(tmp_path: Path):
     generate(str(root), [NodeSpec("a", 20.0), NodeSpec("b", 20.9), NodeSpec("c", 19.6)], seconds=60)
     report, _ = status.explain(str(root), job=None, since_s=None)
     assert report.chains == []
-    assert any("straggler judged by step time across 3 nodes: b against its peers' median 19.80 ms" in n for n in report.notes)
+    assert any("straggler judged by step time across 3 nodes: b against its peers' median 19.80 ms" in n
+               for n in report.notes)
 
 
 def test_just_below_the_slowdown_floor_is_no_straggler(tmp_path: Path):
@@ -166,7 +167,8 @@ def test_mixed_versions_are_a_stated_partial_answer(tmp_path: Path):
 def test_bad_root_is_one_line_exit_2(tmp_path: Path, capsys, make, expect):
     root = tmp_path / "ds"
     make(root)
-    for cmd in (["fleet", "explain", str(root)], ["fleet", "status", str(root)], ["fleet", "query", str(root), "SELECT 1"]):
+    for cmd in (["fleet", "explain", str(root)], ["fleet", "status", str(root)],
+                ["fleet", "query", str(root), "SELECT 1"]):
         assert main(cmd) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("ingero: " + expect.format(root=root)), err
@@ -298,7 +300,8 @@ def test_lost_mount_keeps_segments_due_and_the_next_publisher_fills_the_gap(tmp_
     stored = store.con.execute("SELECT count(*) FROM events WHERE session_id = $s", {"s": sid}).fetchall()[0][0]
     assert _published_events(root, "n") == stored == 3000
     names = sorted(f.name for f in root.rglob("*.parquet") if "table=nodes" in str(f))
-    starts = sorted(int(layout.NAME_RE.match(n)["first_ts"]) for n in names if layout.NAME_RE.match(n)["session"] == str(sid))
+    starts = sorted(int(layout.NAME_RE.match(n)["first_ts"]) for n in names
+                    if layout.NAME_RE.match(n)["session"] == str(sid))
     assert all(b - a == 10 * NS for a, b in zip(starts, starts[1:]))
     # a third publisher finds nothing due: nothing is written twice
     before = sorted(str(f) for f in root.rglob("*.parquet"))

@@ -43,7 +43,8 @@ def test_two_nodes_the_slower_one_is_compared_directly_with_its_own_cause(tmp_pa
     [chain] = report.chains
     assert (chain.rule_id, chain.severity, chain.numbers["node"]) == ("fleet-straggler", "HIGH", "b")
     assert chain.root[0] == "node b: step time 34.50 ms vs 20.00 ms on a, the other node (1.73x slower)"
-    assert chain.root[1] == "its own cause on b: [HIGH] CPU scheduling contention → CUDA calls delayed (44% of its wall clock)"
+    assert chain.root[1] == ("its own cause on b: [HIGH] CPU scheduling contention → CUDA calls delayed "
+                             "(44% of its wall clock)")
     assert "  CPU taken by cpu-hog (PID 999)" in chain.root
     assert [(c.pid, c.name) for c in chain.culprits] == [(999, "cpu-hog")]
     # a waits 14.5 ms at each of its 6,000 steps
@@ -70,7 +71,8 @@ def test_two_nodes_within_the_slowdown_floor_are_no_straggler(tmp_path: Path):
 
 def test_every_nodes_own_top_chain_is_listed(tmp_path: Path):
     root = tmp_path / "ds"
-    ib = [{"rule_id": "input-bound", "severity": "MEDIUM", "share": 0.2, "title": "Input-bound: the loop waits for data",
+    ib = [{"rule_id": "input-bound", "severity": "MEDIUM", "share": 0.2,
+           "title": "Input-bound: the loop waits for data",
            "root": ["the loop waited for its next batch 20% of wall clock"]}]
     generate(str(root), [NodeSpec("a", 20.0), NodeSpec("b", 20.4, chains=contention(4242, 999, 0.15, "MEDIUM")),
                          NodeSpec("c", 19.8, chains=ib)], seconds=60)

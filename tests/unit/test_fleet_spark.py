@@ -19,7 +19,8 @@ FROM nodes GROUP BY node ORDER BY node
 
 
 def test_spark_reads_the_dataset_and_agrees_with_duckdb(tmp_path: Path):
-    java = prereqs.needs(shutil.which("java"), "Java (openjdk-17-jre-headless)", "make setup (scripts/setup.sh installs it)")
+    java = prereqs.needs(shutil.which("java"), "Java (openjdk-17-jre-headless)",
+                         "make setup (scripts/setup.sh installs it)")
     pyspark = prereqs.needs(__import__("importlib").util.find_spec("pyspark"), "pyspark", "make setup (the test extra)")
     assert java and pyspark
     from pyspark.sql import SparkSession

@@ -300,7 +300,8 @@ def test_a_bad_number_is_counted_and_skipped(case, bad, skipped, fast, tmp_path,
     stored = json.loads(store.con.execute("SELECT import_unused FROM sessions").fetchone()[0])
     assert {k.removeprefix("bad numbers skipped: "): v for k, v in stored.items()
             if k.startswith("bad numbers")} == skipped
-    assert store.con.execute("SELECT count(*) FROM events WHERE timestamp = $t", {"t": (T0 + 10) * 1000}).fetchone()[0] == 1
+    assert store.con.execute("SELECT count(*) FROM events WHERE timestamp = $t",
+                             {"t": (T0 + 10) * 1000}).fetchone()[0] == 1
     lo, hi, dmax = store.con.execute("SELECT min(timestamp), max(timestamp), max(duration_ns) FROM events").fetchone()
     assert 0 <= lo <= hi <= 1 << 62 and dmax <= 1 << 61
 

@@ -78,7 +78,8 @@ def _run() -> list[dict]:
         ext += 1
         op_t += 70 * us
         ev.append(dict(kind="op", name="aten::zero_", tid=AUTOGRAD, t=op_t, dur=20 * us, ext=ext))
-        ev.append(dict(kind="call", name="cudaMemsetAsync", tid=AUTOGRAD, t=op_t + 2 * us, dur=6 * us, ext=ext, corr=corr))
+        ev.append(dict(kind="call", name="cudaMemsetAsync", tid=AUTOGRAD, t=op_t + 2 * us, dur=6 * us, ext=ext,
+                       corr=corr))
         ev.append(dict(kind="memset", name="Memset (Device)", t=op_t + 400 * us, dur=4 * us, ext=ext, corr=corr,
                        bytes=4096))
         corr, ext = corr + 1, ext + 1

@@ -283,7 +283,8 @@ def _wheel_libcudart() -> Path:
         hits = glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.1*"))
         if hits:
             return Path(hits[0])
-    pytest.fail("nvidia-cuda-runtime-cu12 is not installed in this interpreter; run: pip install nvidia-cuda-runtime-cu12")
+    pytest.fail("nvidia-cuda-runtime-cu12 is not installed in this interpreter; "
+                "run: pip install nvidia-cuda-runtime-cu12")
 
 
 def test_real_nvidia_libcudart_is_found_with_its_variants():

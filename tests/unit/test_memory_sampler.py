@@ -28,5 +28,6 @@ def test_ppid_is_recorded() -> None:
     assert info is not None and info["ppid"] == os.getppid()
     s = Store.memory()
     s.upsert_process_names([{**info, "session_id": 1, "seen_ns": 5}])
-    s.upsert_process_names([{"pid": info["pid"], "name": "x", "comm": "x", "cmdline": "", "session_id": 2, "seen_ns": 6}])
+    s.upsert_process_names([{"pid": info["pid"], "name": "x", "comm": "x", "cmdline": "", "session_id": 2,
+                             "seen_ns": 6}])
     assert s.con.execute("SELECT ppid, name FROM process_names").fetchone() == (os.getppid(), "x")

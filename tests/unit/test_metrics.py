@@ -190,7 +190,8 @@ def test_diagnosis_gauges_from_a_real_query_server(tmp_path, server):
     pid, level = severity["cpu-contention"]
     chain = next(c for c in state.chains if c.rule == "cpu-contention")
     assert pid == str(chain.pid) and level == {"HIGH": 3, "MEDIUM": 2, "LOW": 1}[chain.severity]
-    share = [v for k, v in s.items() if k[0] == "ingero_diagnosis_share_ratio" and dict(k[1])["rule"] == "cpu-contention"]
+    share = [v for k, v in s.items()
+             if k[0] == "ingero_diagnosis_share_ratio" and dict(k[1])["rule"] == "cpu-contention"]
     assert share == [pytest.approx(chain.share)] and 0 < chain.share <= 1
     # the loop's steps, as explain found them over the same window
     steps = state.steps
@@ -279,6 +280,7 @@ def test_the_session_hook_runs_once_per_flush_with_what_was_stored(monkeypatch):
     assert calls == [3000, 500]
     s = samples(metrics)
     for op, n in (("cudaLaunchKernel", 3000), ("cudaStreamSync", 500)):
-        assert s[("ingero_cuda_call_duration_seconds_count", frozenset({"pid": "42", "process": "", "op": op}.items()))] == n
+        assert s[("ingero_cuda_call_duration_seconds_count",
+                  frozenset({"pid": "42", "process": "", "op": op}.items()))] == n
     assert s[("ingero_events_stored_total", frozenset())] == 3500 == sess.events
     assert s[("ingero_flush_duration_seconds_count", frozenset())] == 2

@@ -24,7 +24,8 @@ from ingero.events.records import EVENT_DTYPE
 from ingero.metrics.aggregate import BUCKETS_S, Aggregates
 from ingero.metrics.collector import IngeroCollector
 
-OLD_BUCKETS_S = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0)  # before issue 42
+# before issue 42
+OLD_BUCKETS_S = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0)
 PID = 100
 
 

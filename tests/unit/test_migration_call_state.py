@@ -118,7 +118,8 @@ def test_fill_call_state_sets_one_session_of_a_v5_store(tmp_path: Path) -> None:
     store.con.execute("UPDATE events SET in_call = NULL, queued = NULL")
     tagged_in_1 = sum(1 for r in ROWS if r[0] == 1 and r[4] in derive.TAGGED_OPS)
     assert derive.fill_call_state(store.con, 1) == tagged_in_1
-    got = store.con.execute("SELECT session_id, tid, timestamp, op, in_call, queued FROM events ORDER BY ALL").fetchall()
+    got = store.con.execute("SELECT session_id, tid, timestamp, op, in_call, queued FROM events "
+                            "ORDER BY ALL").fetchall()
     # session 2 untouched (its expected values would differ: queued TRUE after its launch)
     assert [g for g in got if g[0] == 1] == _expected(session=1)
     assert {(g[4], g[5]) for g in got if g[0] == 2} == {(None, None)}

@@ -152,7 +152,8 @@ def test_library_fills_nvtx_tables_and_returns_nvtx_levels(tmp_path: Path) -> No
     core = (ctypes.c_void_p * 17)()  # NVTX_CBID_CORE_SIZE + 1 slots
     core2 = (ctypes.c_void_p * 17)()
     tables = {1: core, 5: core2}
-    slot_ptrs = {m: (ctypes.c_void_p * 17)(*[ctypes.addressof(t) + 8 * i for i in range(17)]) for m, t in tables.items()}
+    slot_ptrs = {m: (ctypes.c_void_p * 17)(*[ctypes.addressof(t) + 8 * i for i in range(17)])
+                 for m, t in tables.items()}
 
     @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint))
     def get_module_function_table(module, out_table, out_size):

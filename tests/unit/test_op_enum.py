@@ -122,7 +122,8 @@ def test_old_files_keep_varchar_and_still_take_rows(tmp_path):
     path = tmp_path / "v10.duckdb"
     write_old_file(path, version=10)
     store = Store.open(path)
-    assert store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [(str(SCHEMA_VERSION),)]
+    assert store.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall() == [
+        (str(SCHEMA_VERSION),)]
     assert store.con.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'events' "
                              "AND column_name = 'op'").fetchall() == [("VARCHAR",)]
     _fill(store)

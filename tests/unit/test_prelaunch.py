@@ -48,7 +48,8 @@ def tree(tmp_path_factory) -> dict[str, Path]:
     b = _lib(a / "libb.so", "libb.so")
     _lib(other / "libb.so", "libb.so")  # a second copy, found through LD_LIBRARY_PATH
     cudart = _lib(a / "libcudart.so.12", "libcudart.so.12")
-    liba = _lib(a / "liba.so", "liba.so", f"-L{a}", "-l:libb.so", "-l:libcudart.so.12", "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
+    liba = _lib(a / "liba.so", "liba.so", f"-L{a}", "-l:libb.so", "-l:libcudart.so.12", "-Wl,-rpath,$ORIGIN",
+                "-Wl,--enable-new-dtags")
     prog = _exe(root / "prog", f"-L{a}", "-l:liba.so", f"-Wl,-rpath,{a}", "-Wl,--enable-new-dtags")
     old_a = root / "old"
     old_a.mkdir()
@@ -103,7 +104,8 @@ def test_programs_follow_path_wrappers_shells_and_shebangs(tree, tmp_path) -> No
     which = {n: Path(shutil.which(n, path=env["PATH"])) for n in ("env", "nice", "sh")}
     cwd = str(tmp_path)
     assert prelaunch.programs(["k", "700"], env, cwd) == [Path(k)]
-    assert prelaunch.programs(["env", "A=1", "nice", "-n", "5", "k"], env, cwd) == [which["env"], which["nice"], Path(k)]
+    assert prelaunch.programs(["env", "A=1", "nice", "-n", "5", "k"], env, cwd) == [
+        which["env"], which["nice"], Path(k)]
     assert prelaunch.programs(["sh", "-c", "exec k 700"], env, cwd) == [which["sh"], Path(k)]
     assert prelaunch.programs(["sh", "-c", "k 700; true"], env, cwd) == [which["sh"]]  # more than one command
     assert prelaunch.programs(["./train.py", "--steps", "3"], env, cwd) == [script, Path("/usr/bin/env"), Path(py)]

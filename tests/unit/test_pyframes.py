@@ -100,7 +100,8 @@ def test_linetable_311_long_and_negative_forms():
 
 def test_layout_311_fields_point_at_the_right_objects():
     if sys.version_info[:2] != (3, 11):
-        prereqs.missing("a Python 3.11 interpreter running the tests", "the venv is built on Debian 12's python3.11 by make setup")
+        prereqs.missing("a Python 3.11 interpreter running the tests",
+                        "the venv is built on Debian 12's python3.11 by make setup")
     lay = pyframes.LAYOUTS[(3, 11)]
     code = test_layout_311_fields_point_at_the_right_objects.__code__
 

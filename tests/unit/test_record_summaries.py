@@ -303,8 +303,8 @@ def test_the_mark_is_the_oldest_second_held_and_a_long_late_row_is_written_at_on
     launches = lambda t: np.concatenate([_rec(Op.CUDA_LAUNCH_KERNEL, t + k * 1000, 500) for k in range(3)])  # noqa: E731
     _flush(store, hook, sess, launches(s + 10 * 10**9))
     assert summaries.pending_from(store.con, 1) == OFFSET + s + 10 * 10**9
-    _flush(store, hook, sess, np.concatenate([launches(s + 11 * 10**9),
-                                              _rec(Op.SCHED_SWITCH, s + 8_500_000_000, 2_600_000_000, kind=Kind.SLEEP)]))
+    _flush(store, hook, sess, np.concatenate([
+        launches(s + 11 * 10**9), _rec(Op.SCHED_SWITCH, s + 8_500_000_000, 2_600_000_000, kind=Kind.SLEEP)]))
     assert summaries.pending_from(store.con, 1) == OFFSET + s + 8 * 10**9  # the oldest second held
     assert _summarised(store.con) == 0
     _flush(store, hook, sess, np.concatenate([launches(s + 12 * 10**9),

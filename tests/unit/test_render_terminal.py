@@ -127,7 +127,8 @@ def test_wrapped_to_the_width_never_inside_a_number_a_name_or_a_command(report, 
 def test_continuation_lines_are_indented_under_their_item():
     view = layout.View(width=40)
     assert layout.lines("one two three four five six seven eight nine ten eleven", view, "  Root:   ",
-                        " " * 12) == ["  Root:   one two three four five six", "            seven eight nine ten eleven"]
+                        " " * 12) == ["  Root:   one two three four five six",
+                                      "            seven eight nine ten eleven"]
     assert layout.lines("  a step: aaaa bbbb cccc dddd eeee ffff gggg hhhh", view) == [
         "  a step: aaaa bbbb cccc dddd eeee ffff", "    gggg hhhh"]
     # a number and its unit, a PID, a command: kept whole, a command even past the width

@@ -42,7 +42,8 @@ def test_the_quota_is_named_with_its_counters_and_the_limit_is_the_fix():
     assert n["quota_wait_share"] == pytest.approx(40 / 45.3, abs=0.02)
     assert n["idle_wait_ns"] == n["quota_wait_ns"] and n["other_cpu_wait_ns"] == 0
     assert "runnable with the CPU left idle" in chain.root[1] and chain.root[1].endswith("no higher claim (0 ns)")
-    assert len(chain.evidence_windows) == 29  # the 31 active windows (the last step ends past 30 s) less the first and last
+    # the 31 active windows (the last step ends past 30 s) less the first and last
+    assert len(chain.evidence_windows) == 29
     # demand: 0.2 CPU used + 0.9 throttled per second = 1.1 CPU; + 20% = 1.32, rounded up to 1.4
     assert n["demand_cpus"] == pytest.approx(1.1) and n["suggested_cpus"] == 1.4
     assert chain.fix == ["echo 140000 > /sys/fs/cgroup/cpu/job/cpu.cfs_quota_us   "
@@ -73,7 +74,8 @@ def test_the_same_wait_without_throttling_stays_contention():
     [chain] = chains_of(report, "cpu-contention")
     assert chain.culprits[0].pid == STRESS and len(chain.evidence_windows) == 10
     # the quota was read: 2 CPUs, never throttled
-    assert store.con.execute("SELECT quota_us, throttled_n, periods_n FROM ing_cgroup").fetchall() == [(200_000, 0, 300)]
+    assert store.con.execute("SELECT quota_us, throttled_n, periods_n FROM ing_cgroup").fetchall() == [
+        (200_000, 0, 300)]
     assert store.con.execute("SELECT count(*), sum(quota_wait_ns) FROM ing_win").fetchone() == (30, 0)
 
 
@@ -195,4 +197,5 @@ def test_the_raw_events_give_the_same_chain():
 def test_an_unprintable_cgroup_path_is_shown_safely():
     [chain] = chains_of(throttled(path="/job\x1b[31m\x07red").explain(), "cpu-quota")
     assert "/job?[31m?red" in chain.root[0] and "\x1b" not in "".join(chain.root + chain.fix)
-    assert cpu_quota.printable("/" + "x" * 300).count("…") == 1 and "…" not in cpu_quota.printable("/" + "x" * 300, None)
+    assert (cpu_quota.printable("/" + "x" * 300).count("…") == 1
+            and "…" not in cpu_quota.printable("/" + "x" * 300, None))

@@ -181,7 +181,8 @@ def test_sampled_lines_name_the_loader_line():
     rep = report(h, *_samples(h, every_ns=1_000_003))
     [chain] = chains_of(rep, "host-bound")
     top = [c for c in chain.contributing if "%" in c and "train.py" in c]
-    assert top and "train.py:113  cpu_work: h.update(view[:n])  ← train.py:301 main: cpu_work(decode_work, scratch)" in top[0]
+    assert top and ("train.py:113  cpu_work: h.update(view[:n])  "
+                    "← train.py:301 main: cpu_work(decode_work, scratch)") in top[0]
     assert chain.numbers["samples_outside_cuda"] > 0
 
 

@@ -122,7 +122,8 @@ def test_a_rank_preempted_every_step_is_named_with_its_culprit_and_the_waits():
     assert "by zstd-archiver (PID 7000)" in summary
     assert "→ enters the all-reduce 12.9 ms after the others" in summary
     assert "→ ranks 0, 2, 3 wait 13.0 ms per step (61.8% of wall clock)" in summary
-    assert chain.fix[0] == f"taskset -acp 1 {HOG}   (keep zstd-archiver off rank 1 (python3 (train.py) (PID {PID0 + 1}))'s core 0)"
+    assert chain.fix[0] == (f"taskset -acp 1 {HOG}   "
+                            f"(keep zstd-archiver off rank 1 (python3 (train.py) (PID {PID0 + 1}))'s core 0)")
     assert f"renice -n 19 -p {HOG}" in chain.fix
     # the threshold comes from the run: 3 x the noise of the ranks' per-window median lags (the
     # +-0.15 ms jitter of single steps averages out: the floor)

@@ -170,7 +170,8 @@ A100 = {
     "memclk": 1215,
     "temp": 63,
 }
-CONSUMER = {"name": "NVIDIA GeForce GTX 1650", "util": Util(5, 1), "mem": MemInfo(4 << 30, 3 << 30, 1 << 30), "temp": 40}
+CONSUMER = {"name": "NVIDIA GeForce GTX 1650", "util": Util(5, 1), "mem": MemInfo(4 << 30, 3 << 30, 1 << 30),
+            "temp": 40}
 
 
 def test_gpu_sampler_rows_and_unsupported_fields(monkeypatch):

@@ -124,4 +124,5 @@ def test_explains_analysed_line_shows_the_count_once_the_report_carries_it() -> 
     report = type("R", (), {"analysed": a})()
     assert "stale" not in analysed_line(report)
     a.stale_calls = 2  # what analyze's Analysed will carry (an attribute until then)
-    assert analysed_line(report).endswith("drops: 0 kernel, 0 user; 2 stale CUDA calls (never returned: longjmp or exception; not in events)")
+    assert analysed_line(report).endswith(
+        "drops: 0 kernel, 0 user; 2 stale CUDA calls (never returned: longjmp or exception; not in events)")

@@ -43,7 +43,8 @@ def test_append_arrow_by_name_and_session_lifecycle(tmp_path: Path) -> None:
     s.end_session(sid, events=2, drops_kernel=0, drops_user=1)
     row = s.con.execute("SELECT status, events, drops_user, ended_ns IS NOT NULL FROM sessions").fetchone()
     assert row == ("closed", 2, 1, True)
-    assert s.con.execute("SELECT op, pid FROM events ORDER BY timestamp").fetchall() == [("cudaMemcpy", 1), ("sched_switch", 2)]
+    assert s.con.execute("SELECT op, pid FROM events ORDER BY timestamp").fetchall() == [
+        ("cudaMemcpy", 1), ("sched_switch", 2)]
 
 
 def test_crashed_session_detected(tmp_path: Path) -> None:

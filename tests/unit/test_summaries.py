@@ -177,7 +177,8 @@ def test_quantile_bound():
     con.execute("SELECT setseed(0.5)")
     con.execute("CREATE TABLE v AS SELECT (k % 5) AS g, CASE WHEN k % 97 = 0 THEN 0 ELSE "
                 "(exp(random() * 20))::BIGINT END AS d FROM range(20000) t(k)")
-    con.execute(f"CREATE TABLE h AS SELECT g, {summaries._BUCKET.replace('duration_ns', 'd')} AS bucket, count(*) AS n, "
+    con.execute(f"CREATE TABLE h AS SELECT g, {summaries._BUCKET.replace('duration_ns', 'd')} AS bucket, "
+                "count(*) AS n, "
                 "sum(d) AS sum_ns "
                 "FROM v GROUP BY ALL")
     for q in (0.25, 0.5, 0.99, 1.0, 0.0):

@@ -81,7 +81,8 @@ def test_fast_elf_reader_agrees_with_pyelftools():
     mine = {(s.name, s.value, s.size) for s in fast.symbols}
     # pyelftools cannot name STT_GNU_IFUNC (it says STT_LOOS): the fast reader keeps more, never fewer.
     assert funcs <= mine and len(funcs) > 100
-    assert [(g.vaddr, g.offset, g.filesz) for g in fast.segments] == [(g.vaddr, g.offset, g.filesz) for g in slow.segments]
+    assert ([(g.vaddr, g.offset, g.filesz) for g in fast.segments]
+            == [(g.vaddr, g.offset, g.filesz) for g in slow.segments])
 
 
 def test_an_address_inside_a_data_object_is_not_a_call_site() -> None:

@@ -92,7 +92,8 @@ def test_variants_attach_every_exported_per_thread_stream_build():
 
 
 def test_compiler_key_line_is_quoted():
-    log = "In file included from x\n/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'\n1 error generated."
+    log = ("In file included from x\n/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'\n"
+           "1 error generated.")
     assert loader._key_line(log, "fallback") == "/work/bpf/cuda.bpf.c:12:3: error: use of undeclared identifier 'foo'"
     assert loader._key_line("", "fallback") == "fallback"
 

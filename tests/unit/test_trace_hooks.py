@@ -143,7 +143,8 @@ def test_daemon_hook_applies_retention_and_stops_serving(sess) -> None:
     sess.poll()
     sess.flush()
     # the first three rows two minutes old (past --retain 60s), the other two from now
-    sess.store.con.execute("""UPDATE events SET timestamp = CASE WHEN timestamp < (SELECT min(timestamp) + 3 FROM events)
+    sess.store.con.execute("""UPDATE events SET timestamp = CASE
+                              WHEN timestamp < (SELECT min(timestamp) + 3 FROM events)
                               THEN $t - 120e9 ELSE $t END""", {"t": now})
     hook.daemon._next = 0  # retention is due
     hook.every_second(sess)

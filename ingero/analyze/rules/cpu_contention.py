@@ -217,7 +217,8 @@ def _evaluate_pid(con, ctx, pid, tid, rows, traced) -> Chain | None:
         # (a window table without the count, e.g. a fleet dataset's: the total alone)
         late_n = sum(r.get("late_n") or 0 for r in s.evidence)
         came = (f"{units.count(late_n)} sync{'s' if late_n != 1 else ''} returned {units.ns(late)} late in total, "
-                f"{units.ns(late / late_n)} each on average" if late_n else f"the returns came {units.ns(late)} late in total")
+                f"{units.ns(late / late_n)} each on average" if late_n
+                else f"the returns came {units.ns(late)} late in total")
         contributing.append(
             f"preempted {units.ns(in_waits)} inside syncs that spin or yield: {units.ns(in_waits - late_hi)} "
             f"while the GPU was still busy (no delay, not counted), {units.ns(late_hi)} right before the sync "

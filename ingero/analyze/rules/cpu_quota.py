@@ -208,7 +208,8 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
         ids.append(f"container {limit.container_id[:12]}")
     root = [
         f"cgroup CPU limit {_cpus(limit.cpus)} CPU ({_ms(limit.quota_us)} per {_ms(limit.period_us)}, "
-        f"{where}{', ' + ', '.join(ids) if ids else ''}, cgroup v{limit.version}): throttled {units.count(limit.throttled_n)} "
+        f"{where}{', ' + ', '.join(ids) if ids else ''}, cgroup v{limit.version}): "
+        f"throttled {units.count(limit.throttled_n)} "
         f"times in {units.count(limit.periods_n)} periods, {units.ns(limit.throttled_ns)} throttled in "
         f"{units.ns(limit.covered_ns)} (cpu.stat)",
         f"{me.label} waited for its quota {units.ns(quota_ns)} of {units.ns(ev_wall)} "
@@ -219,7 +220,8 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
     effect = []
     for op, clean_p99, ev_p99 in baseline.op_p99(ctx, pid, tid, SYNC_OPS, s)[:2]:
         if s.has_baseline and clean_p99 > 0 and ev_p99 >= T.min_p99_ratio * clean_p99:
-            effect.append(f"{op} p99 {units.ratio(ev_p99, clean_p99)} baseline ({units.ns(clean_p99)} → {units.ns(ev_p99)})")
+            effect.append(f"{op} p99 {units.ratio(ev_p99, clean_p99)} baseline "
+                          f"({units.ns(clean_p99)} → {units.ns(ev_p99)})")
     if s.has_baseline:
         effect.append(f"CUDA ops/s down {units.pct(drop)} from clean windows "
                       f"({units.count(base_rate)} → {units.count(ev_rate)})")
@@ -236,7 +238,8 @@ def _evaluate_pid(con, ctx: Context, pid: int, tid: int, rows) -> Chain | None:
     if not limit.own and own_path is not None:
         contributing.append(f"the limit is {where}'s, above the process's own cgroup {printable(own_path)}")
     if other_ns >= T.min_other_wait_share * ev_wall:
-        contributing.append(f"waited another {units.ns(other_ns)} for a CPU other processes held (cpu-contention's part)")
+        contributing.append(f"waited another {units.ns(other_ns)} for a CPU other processes held "
+                            "(cpu-contention's part)")
     spin = _spin_line(con, pid, limit.usage_ns or 0.0)
     if spin:
         contributing.append(spin)

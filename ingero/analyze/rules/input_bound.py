@@ -161,7 +161,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             ]
         if s.has_baseline and drop > 0:
             effect.append(
-                f"CUDA ops/s down {units.pct(drop)} from clean windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+                f"CUDA ops/s down {units.pct(drop)} from clean windows "
+                f"({units.count(base_rate)} → {units.count(ev_rate)})"
             )
         elif not s.has_baseline:
             line = baseline.quartile_contrast(rows, _share, "waiting for data")
@@ -194,7 +195,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             hog_fix = [f"renice -n 19 -p {pids_txt}   (the workers first: {hog_what} took their CPU)"]
             worker_cores = _used_cores(con, ctx, [w[0] for w in workers])
             if free:
-                hog_fix.insert(0, f"taskset -acp {free} {pids_txt}   (move them off the cores the workers and the loop use)")
+                hog_fix.insert(0, f"taskset -acp {free} {pids_txt}   "
+                                  "(move them off the cores the workers and the loop use)")
             elif workers and worker_cores and len(worker_cores) < ctx.ncpu:
                 # no core is free of the job: let the confined workers use the loop's idle time instead
                 hog_fix.insert(0, f"taskset -acp 0-{ctx.ncpu - 1} {' '.join(str(w[0]) for w in workers)}   (the "

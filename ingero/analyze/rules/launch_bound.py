@@ -66,11 +66,12 @@ def _busy_shown(ctx: Context, pid: int) -> bool | None:
     """Whether a device busy at least ``max_device_busy_share`` is shown, not only modelled.
 
     None: not that busy.  True: measured (an imported device timeline, CUPTI's in a traced
-    command), or inferred with a full launch queue behind it.  False: inferred from the drains' returns alone.  That point
-    takes the last kernel to end when the sync returned; a sleeping sync returns a wake-up
-    later (15-23 µs on this VM, against 5-10 µs kernels), so behind short kernels the point
-    reads a launch-bound loop as a busy device (launch-bound shape, block: 93% inferred, 57%
-    true; bench_device_infer).  Such a loop is still launch-bound, at most MEDIUM."""
+    command), or inferred with a full launch queue behind it.  False: inferred from the drains'
+    returns alone.  That point takes the last kernel to end when the sync returned; a sleeping
+    sync returns a wake-up later (15-23 µs on this VM, against 5-10 µs kernels), so behind
+    short kernels the point reads a launch-bound loop as a busy device (launch-bound shape,
+    block: 93% inferred, 57% true; bench_device_infer).  Such a loop is still launch-bound, at
+    most MEDIUM."""
     if ctx.device_busy.get(pid, 0.0) < T.max_device_busy_share:
         return None
     act = (ctx.derived.device_activity or {}).get(pid)
@@ -176,8 +177,9 @@ def _untraced(ctx: Context, pid: int, shown: bool | None, ev_split: list, wall: 
     act = activity.device_activity(ctx).get(pid)
     kernel = None
     # (a measured timeline says how long the kernels ran; an inferred point only off its middle)
-    if shown is None and act is not None and (act.source == "measured"
-                                              or abs(act.busy_share - (act.low + act.high) / 2) > T.min_point_off_middle):
+    if shown is None and act is not None and (
+            act.source == "measured"
+            or abs(act.busy_share - (act.low + act.high) / 2) > T.min_point_off_middle):
         busy_ns = (sum(x.busy_share * x.wall_ns for x in ev_split) if ev_split
                    else ctx.device_busy.get(pid, 0.0) * wall)
         kernel = busy_ns / launches
@@ -242,7 +244,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
                     *(["nothing to fix in the job: its launches outrun its kernels only with this trace's probes on "
                        "them; trace with --overhead-budget 2% (launch probes sampled) to see the loop's own pace"]
                       if traced_only else []),
-                    "capture the step in a CUDA graph: torch.compile(model, mode=\"reduce-overhead\") or torch.cuda.CUDAGraph",
+                    "capture the step in a CUDA graph: "
+                    "torch.compile(model, mode=\"reduce-overhead\") or torch.cuda.CUDAGraph",
                     "fuse small kernels: torch.compile, fused optimizers (torch.optim.AdamW(..., fused=True))",
                     "raise work per kernel: larger batch size",
                 ],

@@ -135,7 +135,8 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
             or (s.has_baseline and drop >= T.min_drop)):
         return None
     lost = io_share + fault_share
-    severity = "HIGH" if lost >= T.high_io_share or fault_share >= T.high_fault_share or drop >= T.high_drop else "MEDIUM"
+    severity = ("HIGH" if lost >= T.high_io_share or fault_share >= T.high_fault_share or drop >= T.high_drop
+                else "MEDIUM")
     ws = [int(r["w"]) for r in s.evidence]
     wall = sum(r["wall_ns"] for r in s.evidence)
     swap = sum(sysw.get(w, (0, 0, 0))[0] for w in ws)
@@ -147,7 +148,8 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
     ev_fault_rate = baseline.median([r["fault_rate"] for r in s.evidence])
     root = []
     if swap or majors:
-        root.append(f"{units.size(swap)} swapped in/out and {units.count(majors)} major faults host-wide in {len(ws)} windows")
+        root.append(f"{units.size(swap)} swapped in/out and {units.count(majors)} major faults host-wide "
+                    f"in {len(ws)} windows")
     paged = [r for r in s.evidence if paging(r, sysw)]
     if paged:
         root.append(
@@ -166,11 +168,13 @@ def _evaluate_pid(con, ctx, pid, rows, sysw) -> Chain | None:
     faults_ns = sum(r["faults_ns"] for r in s.evidence)
     copy_faults = sum(r["copy_faults_n"] for r in s.evidence)
     if faults_ns:
-        effect.append(f"{me.label} handled page faults {units.ns(faults_ns)} of {units.ns(wall)} ({units.pct(fault_share)})")
+        effect.append(f"{me.label} handled page faults {units.ns(faults_ns)} of {units.ns(wall)} "
+                      f"({units.pct(fault_share)})")
     if copy_faults:
         effect.append(f"{units.count(copy_faults)} faults inside copy calls: the copy source is paged in while copying")
     if io_ns:
-        effect.append(f"{me.label} in D state (faults, reclaim) {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})")
+        effect.append(f"{me.label} in D state (faults, reclaim) {units.ns(io_ns)} of {units.ns(wall)} "
+                      f"({units.pct(io_share)})")
     if s.has_baseline and drop > 0:
         effect.append(
             f"CUDA ops/s down {units.pct(drop)} under pressure ({units.count(base_rate)} → {units.count(ev_rate)})"

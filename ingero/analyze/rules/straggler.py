@@ -156,7 +156,8 @@ def _rate_chains(con, ctx: Context) -> list[Chain]:
         return baseline.mean_share(rows[pid], key)
 
     diffs = sorted(
-        ((share(slow, k) - baseline.median([share(p, k) for p in rate if p != slow]), k, label) for k, label in REASONS),
+        ((share(slow, k) - baseline.median([share(p, k) for p in rate if p != slow]), k, label)
+         for k, label in REASONS),
         reverse=True,
     )
     gap, key, label = diffs[0]

@@ -97,7 +97,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         copy_bytes = sum(r["copy_bytes"] for r in s.evidence)
         copy_n = sum(r["copy_n"] for r in s.evidence)
         bw = copy_bytes / (copy_ns / 1e9) if copy_ns else 0.0
-        pinned = int(con.execute(PINNED_SQL, {"sid": ctx.session_id, "pid": pid, "ops": list(PINNED_OPS)}).fetchone()[0])
+        pinned = int(con.execute(PINNED_SQL, {"sid": ctx.session_id, "pid": pid, "ops": list(PINNED_OPS)})
+                     .fetchone()[0])
         pageable = pinned == 0 and bw < T.pageable_max_bw_bytes_per_s
         dirs = con.execute(DIRECTIONS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall()
         me = procs.lookup(con, [pid])[pid]
@@ -123,7 +124,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             effect.append(f"synchronous cudaMemcpy held the loop {units.ns(sync_copy)}: no kernel queued meanwhile")
         if s.has_baseline and drop > 0:
             effect.append(
-                f"CUDA ops/s down {units.pct(drop)} in copy-heavy windows ({units.count(base_rate)} → {units.count(ev_rate)})"
+                f"CUDA ops/s down {units.pct(drop)} in copy-heavy windows "
+                f"({units.count(base_rate)} → {units.count(ev_rate)})"
             )
         elif not s.has_baseline:
             effect.append(f"no clean window to compare with (copies in {len(ws)} of {len(rows)} active windows): "
@@ -143,7 +145,8 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         ]
         fix = []
         if pageable:
-            fix.append("DataLoader(..., pin_memory=True) and batch.to('cuda', non_blocking=True)   (pinned, async copies)")
+            fix.append("DataLoader(..., pin_memory=True) and batch.to('cuda', non_blocking=True)   "
+                       "(pinned, async copies)")
             fix.append("or allocate host buffers pinned: torch.empty(..., pin_memory=True) / cudaMallocHost")
         else:
             fix.append("overlap copies with compute: non_blocking=True on a side stream, prefetch the next batch")

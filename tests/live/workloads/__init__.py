@@ -24,7 +24,9 @@ import prereqs
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 INGERO = [sys.executable, "-m", "ingero"]
-START_TIMEOUT_S = 240  # compile + attach: ~200 probes at 0.05-0.3 s each, longer while earlier tracers still detach theirs (host-wide, serialized): 98 s measured at load 12
+# compile + attach: ~200 probes at 0.05-0.3 s each, longer while earlier tracers still detach theirs
+# (host-wide, serialized): 98 s measured at load 12
+START_TIMEOUT_S = 240
 # A whole traced run (start, the workload, exit), and a tracer's exit after SIGINT/SIGTERM: its
 # uprobes detach one at a time (closing 10 uprobe fds took 9.7 s at load 12).
 TRACED_RUN_TIMEOUT_S = 360
