@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SCENARIO ?= cpu-contention
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit live demo bench docs clean
+.PHONY: setup lint test unit live demo bench docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,10 +20,14 @@ setup:
 LIVE_EXACT = -m exact -n 2 --dist loadfile
 LIVE_TIMED = -m "not exact"
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q -rs --durations=20 -n 2 --dist loadgroup $(PYTEST_ARGS) tests/unit
 	$(PY) -m pytest -q -rs --durations=20 $(LIVE_EXACT) $(PYTEST_ARGS) tests/live
 	$(PY) -m pytest -q -rs --durations=40 $(LIVE_TIMED) $(PYTEST_ARGS) tests/live
+
+# ruff with the settings in pyproject.toml (120 columns; pyflakes and pycodestyle's errors)
+lint: setup
+	$(VENV)/bin/ruff check .
 
 unit: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests/unit

@@ -50,9 +50,11 @@ WARMUP_S = float(os.environ.get("BUDGET_WARMUP_S", "4"))
 SETTINGS = [s for s in os.environ.get("BUDGET_SETTINGS", "2,0.5").split(",") if s]
 # (key, label, train.py arguments, kernels per step)
 LOOPS = [
-    ("healthy", "GPU-bound (the healthy demo: 8 x 2 ms kernels per step)", ["--kernel-us", "2000", "--kernels-per-step", "8"], 8),
+    ("healthy", "GPU-bound (the healthy demo: 8 x 2 ms kernels per step)",
+     ["--kernel-us", "2000", "--kernels-per-step", "8"], 8),
     ("gpu60", "GPU-bound, 40 x 60 us kernels", ["--kernel-us", "60", "--kernels-per-step", "40"], 40),
-    ("host", "host-bound, 100 x 5 us kernels, no workers", ["--kernel-us", "5", "--kernels-per-step", "100", "--workers", "0"], 100),
+    ("host", "host-bound, 100 x 5 us kernels, no workers",
+     ["--kernel-us", "5", "--kernels-per-step", "100", "--workers", "0"], 100),
 ]
 WANTED = set(os.environ.get("BUDGET_LOOPS", "healthy,gpu60,host").split(","))
 QUIET_WAIT_S = 60.0
@@ -134,7 +136,8 @@ def _analyse(run: dict, kernels_per_step: int) -> None:
         est = con.execute("SELECT coalesce(sum(n), 0) FROM ing_cuda WHERE cat = 'launch'").fetchone()[0]
         truth = run["steps"] * kernels_per_step
         run["launch_err_pct"] = 100.0 * (est / truth - 1) if truth else float("nan")
-        p99 = con.execute("SELECT quantile_cont(duration_ns, 0.99) FROM events WHERE op = 'cudaStreamSync'").fetchone()[0]
+        p99 = con.execute(
+            "SELECT quantile_cont(duration_ns, 0.99) FROM events WHERE op = 'cudaStreamSync'").fetchone()[0]
         run["sync_p99_us"] = (p99 or 0) / 1e3
         sampled = con.execute("SELECT count(*), coalesce(avg(ratio), 1) FROM sampling").fetchone()
         run["sampled_periods"], run["ratio"] = int(sampled[0]), float(sampled[1])
@@ -205,7 +208,8 @@ def main() -> int:
                          f"{', '.join(sorted(set(x['top'] for x in runs)))} | ")
                 if key == "host" and mode == "2":
                     verdict.append(f"host-bound loop, 2% budget: cost {cost:+.1f}% "
-                                   f"(target <= {TARGET_COST_PCT:.0f}%): {'met' if -cost <= TARGET_COST_PCT else 'NOT met'}")
+                                   f"(target <= {TARGET_COST_PCT:.0f}%): "
+                                   f"{'met' if -cost <= TARGET_COST_PCT else 'NOT met'}")
                     verdict.append(f"host-bound loop, 2% budget: launch count error median "
                                    f"{statistics.median(errs):+.1f}% (target within {TARGET_RATE_ERR_PCT:.0f}%): "
                                    f"{'met' if abs(statistics.median(errs)) <= TARGET_RATE_ERR_PCT else 'NOT met'}")

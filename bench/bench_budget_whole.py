@@ -147,7 +147,8 @@ def main() -> int:
             for mode in MODES:
                 runs = results[(loop, seconds, mode)]
                 sps = _med(runs, "steps_per_s")
-                name = {"untraced": "untraced", "off": "`--overhead-budget off`"}.get(mode, f"`--overhead-budget {mode}%`")
+                name = {"untraced": "untraced", "off": "`--overhead-budget off`"}.get(
+                    mode, f"`--overhead-budget {mode}%`")
                 each = ", ".join(f"{r['steps_per_s']:.0f}" for r in runs)
                 extra = "| | | | " if mode == "untraced" else (
                     f"| {_med(runs, 'rows_per_s'):,.0f} | {_med(runs, 'counted_per_s'):,.0f} | "

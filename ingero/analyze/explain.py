@@ -39,7 +39,8 @@ WHERE pid NOT IN (SELECT pid FROM ing_cuda)
 # The processes of the window tables: the rules name them (the loop, the threads that took its
 # CPU, block-I/O issuers, fault-heavy processes, helpers).
 NAMED_PIDS_SQL = """
-SELECT pid FROM (SELECT pid FROM ing_loop UNION SELECT pid FROM ing_failed UNION SELECT other_pid FROM ing_preempt UNION SELECT pid FROM ing_pcpu
+SELECT pid FROM (SELECT pid FROM ing_loop UNION SELECT pid FROM ing_failed UNION SELECT other_pid FROM ing_preempt
+                 UNION SELECT pid FROM ing_pcpu
                  UNION SELECT pid FROM ing_bio UNION SELECT pid FROM ing_faults UNION SELECT pid FROM ing_sched)
 WHERE pid IS NOT NULL
 """

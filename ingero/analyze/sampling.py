@@ -225,7 +225,8 @@ WITH c AS (
     SELECT row_number() OVER () AS r, pid, tid, kind, switches, off_cpu_ns, runq_ns,
            greatest(timestamp - interval_ns, $t0) AS lo, least(timestamp, $t1) AS hi, interval_ns AS span
     FROM switch_counts
-    WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1 AND ($all_pids OR list_contains($pids, pid))
+    WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1
+      AND ($all_pids OR list_contains($pids, pid))
 ), s AS (
     SELECT c.*, unnest(range((lo - $t0) // $wns, (hi - 1 - $t0) // $wns + 1)) AS w FROM c WHERE hi > lo
 ), f AS (
@@ -252,7 +253,8 @@ def add_switch_counts(ctx: Context) -> None:
 
 COUNTED_NOTE_SQL = """
 SELECT coalesce(sum(switches), 0), count(DISTINCT tid)
-FROM switch_counts WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1 AND ($all_pids OR list_contains($pids, pid))
+FROM switch_counts WHERE session_id = $sid AND timestamp > $t0 AND timestamp - interval_ns < $t1
+                    AND ($all_pids OR list_contains($pids, pid))
 """
 
 

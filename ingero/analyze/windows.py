@@ -281,7 +281,8 @@ MOVED_SQL = f"""
 UPDATE ing_cuda SET moved_ns = m.moved FROM (
     SELECT e.tid, (e.timestamp - $t0) // $wns AS w, e.op, coalesce(e.kind, '') AS kind,
            sum(CASE WHEN d.dur IS NOT NULL THEN least(e.duration_ns, d.dur)
-                    ELSE least(e.duration_ns, {COPY_LATENCY_NS} + coalesce(e.bytes, 0) * {1e9 / COPY_FLOOR_BYTES_PER_S!r})
+                    ELSE least(e.duration_ns,
+                               {COPY_LATENCY_NS} + coalesce(e.bytes, 0) * {1e9 / COPY_FLOOR_BYTES_PER_S!r})
                END)::DOUBLE AS moved
     FROM events e LEFT JOIN (
         SELECT call_tid, call_ns, sum(end_ns - start_ns) AS dur FROM device_activity
@@ -352,7 +353,8 @@ WITH c AS (
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued IS NOT TRUE)
             AS sleep_out_idle_ns,
         -- ... and with device work it issued since its last sync possibly still running
-        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued) AS sleep_out_queued_ns,
+        sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'none' AND queued)
+            AS sleep_out_queued_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'sleep' AND inside = 'sync') AS sleep_sync_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io') AS io_ns,
         sum(greatest(0, off_ns - runq_ns)) FILTER (kind = 'io' AND inside = 'none') AS io_out_ns,

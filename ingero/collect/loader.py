@@ -237,7 +237,8 @@ def _libbcc_attach_uprobe() -> Any:
     return _ATTACH_UPROBE
 
 
-def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: str | None = None, addr: int | None = None) -> None:
+def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: str | None = None,
+                  addr: int | None = None) -> None:
     """What BPF.attach_uprobe / attach_uretprobe do (resolve, check the quota, load the
     program, attach a perf-event uprobe, keep its fd for BCC's cleanup), with
     ref_ctr_offset 0: ingero's probes and links then agree at every offset.
@@ -257,7 +258,8 @@ def attach_uprobe(bpf: Any, path: str | os.PathLike, fn: str, ret: bool, sym: st
 
 # bpf/ingero.bpf.c's attach points under INGERO_HOLDS (bpf/attach.bpf.c): no records of their own
 HOLD_TRACEPOINTS = ("syscalls:sys_enter_openat", "syscalls:sys_exit_openat", "syscalls:sys_enter_open",
-                    "syscalls:sys_exit_open", "syscalls:sys_enter_mmap", "syscalls:sys_enter_execve", "syscalls:sys_exit_execve",
+                    "syscalls:sys_exit_open", "syscalls:sys_enter_mmap", "syscalls:sys_enter_execve",
+                    "syscalls:sys_exit_execve",
                     "task:task_newtask")
 
 
@@ -453,7 +455,8 @@ class Program:
     def switch_counts(self) -> list[tuple[int, SwitchCount]]:
         """(tid, totals) of every thread whose off-CPU intervals the budget counted."""
         table = self.bpf["switch_counts"]
-        return [(k.value, SwitchCount.from_buffer_copy(ctypes.string_at(ctypes.addressof(v), ctypes.sizeof(SwitchCount))))
+        return [(k.value,
+                 SwitchCount.from_buffer_copy(ctypes.string_at(ctypes.addressof(v), ctypes.sizeof(SwitchCount))))
                 for k, v in table.items()]
 
     def forget_switch_counts(self, tids: Iterable[int]) -> None:
@@ -915,7 +918,8 @@ def load_error(bcc_message: str, log: str, src: Path) -> IngeroError:
     key = _key_line(log, bcc_message)
     headers = os.environ.get("BCC_KERNEL_SOURCE") or "the running kernel's"
     custom = os.environ.get("INGERO_BPF_DIR")
-    where = f"INGERO_BPF_DIR={custom} chose these sources: unset it to use the installed ones, or fix them; " if custom else ""
+    where = (f"INGERO_BPF_DIR={custom} chose these sources: unset it to use the installed ones, or fix them; "
+             if custom else "")
     if "compile" in bcc_message.lower():
         return IngeroError(
             f"BPF compile failed ({src / MAIN_SOURCE}, kernel headers {headers}): {key}",

@@ -37,7 +37,8 @@ def is_detail(note: str) -> bool:
 
 @click.command("trace", cls=TraceCommand, context_settings={"allow_interspersed_args": False})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS]...]")
-@click.option("-d", "--duration", type=DURATION, default=None, help="Stop after DURATION (30s, 2m); default: until Ctrl-C.")
+@click.option("-d", "--duration", type=DURATION, default=None,
+              help="Stop after DURATION (30s, 2m); default: until Ctrl-C.")
 @pid_option("Trace these processes and their children.")
 @click.option("--comm", default=None, metavar="NAME", help="Trace processes with this name (as in `ps -o comm`).")
 @click.option("--cmd", type=COMMAND, default=None,
@@ -61,7 +62,8 @@ def is_detail(note: str) -> bool:
               help="Also record each kernel launch's stream: read from the caller's memory, it adds "
                    "~0.2 us to every launch (measured on a 2-core VM). Async copies and syncs always "
                    "carry their stream.")
-@click.option("--ring-mb", type=COUNT, metavar="MIB", default=128, show_default=True, help="Record ring size in MiB (power of two): ~2 s of events at 1 M/s.")
+@click.option("--ring-mb", type=COUNT, metavar="MIB", default=128, show_default=True,
+              help="Record ring size in MiB (power of two): ~2 s of events at 1 M/s.")
 @click.option("--print-bpf", is_flag=True, help="Print the BPF program and compiler flags, then exit.")
 @click.option("--retain", type=DURATION, default=None,
               help="Keep only the last DURATION of events (e.g. 24h): for always-on tracing.")
@@ -74,7 +76,8 @@ def is_detail(note: str) -> bool:
                    "block I/O, tracer health, active causal chains. Off by default.")
 @click.option("--metrics-addr", type=Value("address", parse_address), default=None,
               help=f"Address the metrics endpoint binds (default {DEFAULT_ADDR}; 0.0.0.0: every interface).")
-@click.option("--overhead-budget", "overhead_budget", type=Value("overhead budget", parse_percent, metavar="PCT|off"), default=None,
+@click.option("--overhead-budget", "overhead_budget",
+              type=Value("overhead budget", parse_percent, metavar="PCT|off"), default=None,
               help="Keep what tracing costs the traced CUDA threads under PCT of their CPU (e.g. 2%): "
                    "kernel-launch probes are then attached for only a slice of each second and launch "
                    "counts are estimated (explain says so). Default: 2% in daemon mode (no --duration, no "
@@ -82,8 +85,10 @@ def is_detail(note: str) -> bool:
 @click.option("--publish", "publish_root", default=None, metavar="ROOT",
               help="Also publish closed Parquet segments to the fleet dataset at ROOT (a shared directory or a "
                    "pyarrow filesystem URL): `ingero fleet explain ROOT` asks every node at once.")
-@click.option("--node", default=None, metavar="NAME", help="This node's name in the fleet dataset (default: the hostname).")
-@click.option("--job", default=None, metavar="ID", help="The job's id in the fleet dataset (default: TORCHELASTIC_RUN_ID, "
+@click.option("--node", default=None, metavar="NAME",
+              help="This node's name in the fleet dataset (default: the hostname).")
+@click.option("--job", default=None, metavar="ID",
+              help="The job's id in the fleet dataset (default: TORCHELASTIC_RUN_ID, "
                                            "SLURM_JOB_ID, the traced ranks' environment, else 'default').")
 @click.option("--publish-segment", type=DURATION, default=None,
               help="Length of a published segment (default 5m, 5s-10m): a segment is published once closed.")
@@ -92,8 +97,9 @@ def is_detail(note: str) -> bool:
                    "written, how long its holds took); --json always carries them.")
 @db_option
 @json_option
-def command(argv, duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_libs, stack, launch_streams, ring_mb, print_bpf,
-            retain, max_db, no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment, overhead_budget,
+def command(argv, duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_libs, stack, launch_streams, ring_mb,
+            print_bpf, retain, max_db, no_serve, metrics_port, metrics_addr, publish_root, node, job, publish_segment,
+            overhead_budget,
             verbose, db_path, as_json) -> None:
     """Record CUDA runtime calls and the host events around them (needs root).
 

@@ -131,7 +131,8 @@ def test_tight_budget_duty_cycles_the_launch_probes(tmp_path, monkeypatch):
         SELECT (SELECT count(*) FROM events WHERE pid = $pid AND list_contains($ops, op::VARCHAR)
                 AND timestamp >= $first AND timestamp < $last),
                (SELECT count(*) FROM events e JOIN sampling s
-                  ON e.timestamp >= s.from_ns AND e.timestamp < s.detached_by_ns AND e.timestamp + e.duration_ns < s.to_ns
+                  ON e.timestamp >= s.from_ns AND e.timestamp < s.detached_by_ns
+                 AND e.timestamp + e.duration_ns < s.to_ns
                 WHERE e.pid = $pid AND list_contains($ops, e.op::VARCHAR))""",
                                {"pid": pid, "ops": LAUNCH_OPS, "first": first, "last": last})[0]
     assert in_span == in_slices > 0, (in_span, in_slices)

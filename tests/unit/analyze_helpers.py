@@ -397,7 +397,8 @@ def sample_store(store: Store, ratio: float, period_ns: int = S, phase_ns: int =
     """Apply the tracer's duty cycle to a stored trace: keep the launch rows of the first ``ratio`` of
     every period, drop the rest, and write the sampling rows; (launch rows before, after)."""
     con = store.con
-    sid, t0, t1 = con.execute("SELECT session_id, min(timestamp), max(timestamp) + 1 FROM events GROUP BY ALL").fetchone()
+    sid, t0, t1 = con.execute(
+        "SELECT session_id, min(timestamp), max(timestamp) + 1 FROM events GROUP BY ALL").fetchone()
     ops = sorted(budget.SWITCHED_NAMES.split(","))
     before = con.execute("SELECT count(*) FROM events WHERE list_contains($ops, op)", {"ops": ops}).fetchone()[0]
     start = t0 - phase_ns
@@ -428,7 +429,8 @@ def count_switches(store: Store) -> int:
     con.execute(f"""
         INSERT INTO switch_counts
         SELECT session_id, least($t1, $t0 + ((timestamp - $t0) // {S} + 1) * {S}) AS end_ns,
-               end_ns - ($t0 + ((timestamp - $t0) // {S}) * {S}), pid, tid, kind::VARCHAR, count(*), sum(duration_ns), coalesce(sum(runq_ns), 0)
+               end_ns - ($t0 + ((timestamp - $t0) // {S}) * {S}), pid, tid, kind::VARCHAR, count(*), sum(duration_ns),
+               coalesce(sum(runq_ns), 0)
         FROM events WHERE {nc} GROUP BY ALL""", {"cuda": cuda, "t0": t0, "t1": t1})
     n = con.execute(f"SELECT count(*) FROM events WHERE {nc}", {"cuda": cuda}).fetchone()[0]
     con.execute(f"DELETE FROM events WHERE {nc}", {"cuda": cuda})

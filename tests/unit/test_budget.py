@@ -124,7 +124,8 @@ def test_a_hook_starts_at_its_cheapest():
 # ---------------------------------------------------------------- the option
 
 
-@pytest.mark.parametrize("text, pct", [("2", 2.0), ("2%", 2.0), (" 0.5 % ", 0.5), ("off", 0.0), ("0", 0.0), (100, 100.0)])
+@pytest.mark.parametrize("text, pct", [("2", 2.0), ("2%", 2.0), (" 0.5 % ", 0.5), ("off", 0.0), ("0", 0.0),
+                                       (100, 100.0)])
 def test_parse_percent(text, pct):
     assert parse_percent(text) == pct
 

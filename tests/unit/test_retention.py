@@ -23,7 +23,8 @@ def _fill(store: Store, seconds: int, per_s: int) -> None:
         if table in ("events", "process_cpu", "cgroup_cpu", "switch_counts"):
             cols["pid"] = pa.array(np.full(n, 7, np.int32))
         if table == "switch_counts":
-            cols.update({c: pa.array(np.full(n, 1, np.int64)) for c in ("interval_ns", "switches", "off_cpu_ns", "runq_ns")})
+            cols.update({c: pa.array(np.full(n, 1, np.int64))
+                         for c in ("interval_ns", "switches", "off_cpu_ns", "runq_ns")})
             cols["tid"] = pa.array(np.full(n, 8, np.int32))
             cols["kind"] = pa.array(["sleep"] * n)
         if table == "cgroup_cpu":
