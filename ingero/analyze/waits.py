@@ -364,11 +364,14 @@ def per_window(con, pid: int, root: str, *, root_pid: int | None = None, not_tid
 # The loop's blocked time per window, and the part of it fed by another process: woken by a
 # thread of another traced or untraced process (a DataLoader worker through its queue's pipe)
 # over anything but a socket (requests are no input pipeline), whatever that worker's own
-# root (computing, or starved of CPU by a hog); a wait whose wake-up was not seen (via_pid -1)
-# counts as it did before wake-ups were traced.
+# root (computing, starved of CPU by a hog, or sleeping itself: a fetch's latency, as the
+# dataloader-starvation demo's worker sleeps 4.5 ms a batch); a disk, network or fault root, or a
+# sleep further down the chain, is another rule's (io-stall ...).  A wait whose wake-up was not
+# seen (via_pid -1) counts as it did before wake-ups were traced.
 INPUT_SQL = """
 SELECT w, sum(ns),
-       coalesce(sum(ns) FILTER (via_pid NOT IN (0, pid) AND root NOT IN ('disk', 'sleep', 'network', 'timer', 'fault')
+       coalesce(sum(ns) FILTER (via_pid NOT IN (0, pid) AND (root NOT IN ('disk', 'sleep', 'network', 'timer', 'fault')
+                                                      OR (root IN ('sleep', 'timer') AND root_pid IN (0, via_pid)))
                                 AND NOT list_contains($socket_calls, via_call) AND via_fd <> 'socket'), 0)
 FROM ing_block WHERE pid = $pid GROUP BY w
 """
