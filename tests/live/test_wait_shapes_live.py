@@ -374,7 +374,9 @@ def test_ckpt_workload_made_its_shape(ckpt):
                                          "AND kind = 'io'", {"tid": t["loop_tid"]})
     [(written,)] = workloads.query(ckpt.db, "SELECT coalesce(sum(bytes), 0) FROM events WHERE pid = $pid "
                                             "AND op = 'block_io' AND kind = 'write'", {"pid": t["pid"]})
-    assert io_n > 0 and written >= t["bytes_written"]
+    # every checkpoint's blocks, but some of the last one's may be the kernel's writeback, not the
+    # job's (8 MiB of 1.4 GB were, once)
+    assert io_n > 0 and written >= t["bytes_written"] - (CKPT_MIB << 20)
 
 
 @KNOWN_WRONG
