@@ -204,13 +204,7 @@ def test_diagnosis_unchanged_on_a_sampled_trace(name, pct):
     if ratio < 1.0:
         before, after = sample_store(store, ratio, phase_ns=NS // 3)
         assert after < before
-    chains = explain(store.con, Options()).chains
-    shown = [f"[{c.severity}] {c.rule_id}" for c in chains]
-    if sc.expected_rule is None:
-        assert [c for c in chains if c.severity in ("HIGH", "MEDIUM")] == [], shown
-    else:
-        assert chains and chains[0].rule_id == sc.expected_rule, shown
-        assert chains[0].severity == "HIGH", shown
+    _assert_diagnosed(store, sc)
 
 
 def test_the_sampled_matrix_samples():
@@ -320,13 +314,7 @@ def test_diagnosis_unchanged_with_counted_switches(name):
     ratio = budget_ratio(store, 2.0)
     if ratio < 1.0:
         sample_store(store, ratio, phase_ns=NS // 3)
-    chains = explain(store.con, Options()).chains
-    shown = [f"[{c.severity}] {c.rule_id}" for c in chains]
-    if sc.expected_rule is None:
-        assert [c for c in chains if c.severity in ("HIGH", "MEDIUM")] == [], shown
-    else:
-        assert chains and chains[0].rule_id == sc.expected_rule, shown
-        assert chains[0].severity == "HIGH", shown
+    _assert_diagnosed(store, sc)
 
 
 def _off_cpu(store: Store) -> dict[tuple[int, str], tuple[int, float]]:
@@ -400,3 +388,14 @@ def test_counted_switches_are_stored_as_per_second_deltas():
     assert prog.forgotten == [999_999_999]
     assert hook.counted_total == 20 and hook.counted_threads == {me, 999_999_999}
     assert store.con.execute("SELECT count(DISTINCT pid) FROM switch_counts").fetchone() == (1,)
+
+
+def _assert_diagnosed(store, sc) -> None:
+    """The scenario's diagnosis: its rule first and HIGH, or no HIGH/MEDIUM chain for a healthy one."""
+    chains = explain(store.con, Options()).chains
+    shown = [f"[{c.severity}] {c.rule_id}" for c in chains]
+    if sc.expected_rule is None:
+        assert [c for c in chains if c.severity in ("HIGH", "MEDIUM")] == [], shown
+    else:
+        assert chains and chains[0].rule_id == sc.expected_rule, shown
+        assert chains[0].severity == "HIGH", shown
