@@ -6,9 +6,10 @@ their CPU time (utime + stime of the traced processes):
 * every uprobe trap: a traced CUDA call costs its thread 1-7 us of CPU on
   these VMs whatever the BPF program does (a loop launching ~59 k kernels/s
   loses ~30% of its steps/s when every call is traced).  The trap is timed at
-  start (a calibration of a few thousand probed calls of libc's getppid in
-  the tracer's own process, about 0.1 s), before any library is attached, so
-  before a --cmd job starts; calls x that cost;
+  start (a few thousand probed libc calls in the tracer's own process, one
+  function per kind of first instruction: entry_cost.py), before any library
+  is attached, so before a --cmd job starts; calls x the cost of the kind the
+  launch entries begin with;
 * every run of the tracepoint programs (sched_switch runs twice per context
   switch of a traced thread, sched_waking once per wakeup): the kernel's own
   BPF run-time statistics (collect/bpfstats.py), host-wide, so an upper bound
@@ -53,8 +54,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import bpfstats
-from ingero.events.ops import CUDA_OPS, NCCL_OPS, OP_NAMES, Op
+from ingero.collect import bpfstats, entry_cost
+from ingero.events.ops import CUDA_OPS, LAUNCH_OP_CODES, NCCL_OPS, OP_NAMES, Op
 from ingero.events.records import BudgetFlag, CallFlag
 from ingero.traceapi import TraceHook
 
@@ -73,16 +74,13 @@ PERIOD_S = 1.0
 # copies of issue 44's loop (1.1 k/s at 10-16 us a trap here) taking over half
 # of a 2% budget, 3% of its 55 k launches/s alone cost another 1.6-2.6%.
 MIN_RATIO = 0.01
-# What the CUDA programs add to the trap per call (bpf/cuda.bpf.c: ~115 ns
-# above empty programs, the record included): added to the calibrated trap.
-PROGRAM_NS = 150.0
 # Before any library's launch probes are taken the cycle looks again this often: the first slice
 # starts within it of the library's attach.
 NO_LIBRARY_WAIT_S = 0.01
 # Rates are averaged over the last RATE_S seconds: rows reach on_flush up to a
 # flush interval after their slice, so one second alone swings.
 RATE_S = 5
-SWITCHED_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH})
+SWITCHED_OPS = LAUNCH_OP_CODES
 SWITCHED_NAMES = ",".join(sorted(OP_NAMES[o] for o in SWITCHED_OPS))
 # every probed call: each one a trap (the launches among them counted at their full rate)
 TRAPPED_OPS = frozenset(CUDA_OPS | NCCL_OPS)
@@ -220,7 +218,6 @@ class BudgetHook(TraceHook):
         self.pct = pct
         self.period_s = period_s
         self.min_ratio = min_ratio
-        self.cost_ns: float | None = None
         self.calibration_s: float | None = None
         self.note: str | None = None  # why the launch probes cannot be sampled (no uprobe_multi ...)
         self.probes: Any = None  # loader.LinkedProbes
@@ -258,6 +255,11 @@ class BudgetHook(TraceHook):
         self.counted_threads: set[int] = set()
         self._debug_prev: dict[str, tuple[int, int]] = {}
 
+    @property
+    def cost_ns(self) -> float | None:
+        """What one traced launch costs its thread (the program's calibration, by its launch entries)."""
+        return None if self.program is None else self.program.call_cost_ns
+
     # -- the seam ------------------------------------------------------------
 
     def on_program(self, program: Any) -> None:
@@ -272,13 +274,13 @@ class BudgetHook(TraceHook):
         self._sc_from_ns = time.time_ns()
         probes = program.switchable_probes(SWITCHED_OPS)
         try:
-            trap_ns, self.calibration_s = probes.calibrate_ns()
+            entry_cost.calibrate_links(program, probes)  # (the session stores it: not measured twice)
         except OSError as exc:
             program.switchable = None
             self.note = f"overhead budget: launch probes cannot be sampled on this kernel ({exc})"
             self.ratio = 1.0
             return
-        self.cost_ns = program.call_cost_ns = trap_ns + PROGRAM_NS  # (the session stores it: not measured twice)
+        self.calibration_s = program.call_costs.calibration_s
         self.probes = probes
         # Detached until the first slice: a library taken meanwhile is linked at that slice's attach
         # (attached here, a --cmd job released before the first slice ran its launches traced).

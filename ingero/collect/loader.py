@@ -25,11 +25,11 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ingero.collect import probes
+from ingero.collect import entry_cost, probes
 from ingero.collect.bpfmaps import discard
 from ingero.collect.kheaders import ensure_tracefs, find_kernel_headers
 from ingero.errors import IngeroError
-from ingero.events.ops import OP_NAMES, TRACEPOINTS, Op
+from ingero.events.ops import LAUNCH_OP_CODES, OP_NAMES, TRACEPOINTS, Op
 from ingero.events.records import PROC_STAT_DTYPE, Counter, SwitchCount
 
 MAIN_SOURCE = "ingero.bpf.c"
@@ -285,8 +285,9 @@ class Program:
         self.records: list[AttachRecord] = []
         self._attached_ids: set[tuple[int, int, str]] = set()
         self.switchable: LinkedProbes | None = None  # the overhead budget's launch probes
-        # what one traced call costs its thread here (ns), once calibrated (session.py, budget.py)
-        self.call_cost_ns: float | None = None
+        # what one traced call costs its thread here, by entry kind, once calibrated (session.py,
+        # budget.py), and the kinds of the launch entries linked (LinkedProbes.take)
+        self.call_costs = entry_cost.CallCosts()
         # Every other uprobe: linked and never switched (see LinkedProbes for why links)
         self.links: LinkedProbes | None = None
         if os.environ.get(UPROBE_MULTI_ENV, "1") != "0":
@@ -301,6 +302,11 @@ class Program:
         self._attach_lock = threading.RLock()
 
     # -- attaching ---------------------------------------------------------
+
+    @property
+    def call_cost_ns(self) -> float | None:
+        """What one traced launch costs its thread (ns); None before the calibration, or without one."""
+        return self.call_costs.ns
 
     def attach_library(self, path: Path, kind: str, identity: tuple[int, int], exported: Iterable[str],
                        addresses: Mapping[str, int] | None = None) -> tuple[int, int]:
@@ -668,6 +674,8 @@ class LinkedProbes:
                                                     b"" if addresses is not None else a.symbol.encode(),
                                                     None if addresses is None else addresses[a.symbol], -1)
                     groups.setdefault((held, a.fn, a.probe_kind), set()).add(int(off))
+                    if a.probe_kind == "uprobe" and a.op in LAUNCH_OP_CODES:
+                        self.program.call_costs.note_launch_entry(os.pread(file_fd, 8, int(off)))
                 links: dict[tuple[str, str, str], int] = {}
                 try:
                     for kind in ("uretprobe", "uprobe"):  # returns first
@@ -775,34 +783,50 @@ class LinkedProbes:
             self._progs[fn] = fd
         return fd
 
-    def calibrate_ns(self, calls: int = 2000, rounds: int = 3) -> tuple[float, float]:
+    def _libc_symbol(self, symbol: str) -> tuple[str, int]:
+        """(path, file offset) of a libc function mapped in this process."""
+        path, off = self.program.bpf._check_path_symbol(_mapped_path("libc.so").encode(), symbol.encode(), None, -1)
+        return path.decode(), int(off)
+
+    def libc_entry(self, symbol: str, n: int = 8) -> bytes:
+        """The first ``n`` bytes of a libc function as the file holds them (entry_cost.entry_kind)."""
+        path, off = self._libc_symbol(symbol)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, n, off)
+        finally:
+            os.close(fd)
+
+    def calibrate_ns(self, symbol: str = "getppid", args: tuple = (), calls: int = 2000,
+                     rounds: int = 3) -> tuple[float, float]:
         """(ns of this thread's CPU one probed call costs, calibration wall seconds).
 
         Links ``cuda_return`` (which does nothing for a thread with no call
-        state) as entry and return probe on libc's getppid, for this process
-        only, and times ``calls`` ctypes calls with and without it, best of
-        ``rounds``: the uprobe trap and return, as the traced threads pay them,
-        in their CPU time (thread_time counts the kernel's part too).
+        state) as entry and return probe on libc's ``symbol``, for this process
+        only, and times ``calls`` ctypes calls of it with ``args``, with and
+        without the probes, best of ``rounds``: the uprobe trap and return, as
+        the traced threads pay them, in their CPU time (thread_time counts the
+        kernel's part too).  What the trap costs depends on the function's
+        first instruction (entry_cost.py).
         """
         t0 = time.monotonic()
-        libc_path = _mapped_path("libc.so")
-        path, off = self.program.bpf._check_path_symbol(libc_path.encode(), b"getppid", None, -1)
-        fn = _libc().getppid
+        path, off = self._libc_symbol(symbol)
+        fn = getattr(_libc(), symbol)
 
         def best() -> float:
             out = []
             for _ in range(rounds):
                 c = time.thread_time_ns()
                 for _ in range(calls):
-                    fn()
+                    fn(*args)
                 out.append((time.thread_time_ns() - c) / calls)
             return min(out)
 
         plain = best()
         prog = self._prog_fd(RETURN_PROBE_FN)
-        ret = _bpf_link_uprobe_multi(prog, path.decode(), [off], True, os.getpid())
+        ret = _bpf_link_uprobe_multi(prog, path, [off], True, os.getpid())
         try:
-            ent = _bpf_link_uprobe_multi(prog, path.decode(), [off], False, os.getpid())
+            ent = _bpf_link_uprobe_multi(prog, path, [off], False, os.getpid())
         except OSError:
             _close_later([ret], [])
             raise

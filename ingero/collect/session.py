@@ -33,8 +33,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ingero.collect import cupti, decode, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks, targets
-from ingero.collect.budget import PROGRAM_NS
+from ingero.collect import (cupti, decode, entry_cost, fdtargets, holds, nvtx, nvtx_inject, prelaunch, probes, ranks,
+                            targets)
 from ingero.events.ops import NVTX_OPS, Op
 from ingero.events.records import EVENT_DTYPE, OP_NAME_TABLE, Counter
 from ingero.traceapi import OpStats, StartInfo, TickStats, TraceHook, TraceSummary
@@ -216,6 +216,7 @@ class TraceSession:
         self._proc_prev: dict[int, np.ndarray] = {}
         self._proc_prev_ns = time.monotonic_ns()
         self._probe_rows_written = 0
+        self._call_cost_stored: float | None = None  # sessions.call_cost_ns as last written
         self.last_counters: np.ndarray | None = None  # BPF counters as last read (once a second)
         self.probe_misses = 0  # Program.probe_misses as last read, with the counters
         self.nccl = ranks.NcclJoin(session_id, self.offset_ns)
@@ -463,6 +464,14 @@ class TraceSession:
         # competitors of traced threads get readable names too
         self.upsert_names(int(p) for p, pt in zip(pids[idx], delta[idx, 3]) if pt > 0)
 
+    def store_call_cost(self) -> None:
+        """sessions.call_cost_ns: what one traced launch costs (entry_cost.py), once calibrated and
+        again whenever the launch entries linked so far make it another figure."""
+        cost = self.program.call_cost_ns
+        if cost is not None and cost != self._call_cost_stored:
+            self.store.update_session(self.session_id, call_cost_ns=cost)
+            self._call_cost_stored = cost
+
     def write_probe_rows(self) -> None:
         recs = self.program.records[self._probe_rows_written :]
         if not recs:
@@ -545,19 +554,17 @@ def _find_libraries(extra: list[Path], executables: list[tuple[str, str]]) -> tu
 
 
 def calibrate_call_cost(program: Any) -> float | None:
-    """What tracing one CUDA call costs its thread here (sessions.call_cost_ns), before any
-    library is attached: the uprobe pair timed on a probed libc call (72-78 ms here), plus what the CUDA
-    programs do above an empty one.  On this project's VMs ~10.7 us: a launch of 5 us takes ~15
-    traced, which can make a loop launch-bound only while it is traced.  None without
-    uprobe_multi links (the calibration links one).  Measured once: the overhead budget's
-    calibration, when it ran first, is the same figure."""
-    if program.call_cost_ns is not None or program.links is None:
+    """What tracing one CUDA launch costs its thread here (sessions.call_cost_ns), calibrated
+    before any library is attached: the uprobe pair timed on libc calls (tens of ms), by the kind
+    of first instruction the probed entries begin with (entry_cost.py), plus what the CUDA
+    programs do above an empty one.  None without uprobe_multi links (the calibration links
+    one).  Measured once: the overhead budget's calibration, when it ran first, is the same."""
+    if program.call_costs.by_kind or program.links is None:
         return program.call_cost_ns
     try:
-        trap_ns, _ = program.links.calibrate_ns()
-    except Exception:  # OSError from the link, BCC's plain Exception resolving getppid: optional
+        entry_cost.calibrate_links(program, program.links)
+    except Exception:  # OSError from the link, BCC's plain Exception resolving a symbol: optional
         return None
-    program.call_cost_ns = trap_ns + PROGRAM_NS
     return program.call_cost_ns
 
 
@@ -693,7 +700,7 @@ def run_trace(
         lines: list[str] = []
         for hook in opts.hooks:
             hook.on_program(program)
-        call_cost_ns = calibrate_call_cost(program)
+        calibrate_call_cost(program)
         for lib in libs:
             ok, failed = program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             lines.append(_attach_line(lib, ok, failed, program, _found_when(watcher, lib, at_start=True)))
@@ -751,9 +758,8 @@ def run_trace(
         lines.append(f"tracing {described}")
         stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
         session_id = store.begin_session(command=opts.command_line, targets=described)  # StorageFault: no row
-        if call_cost_ns is not None:
-            store.update_session(session_id, call_cost_ns=call_cost_ns)
         sess = TraceSession(opts, store, program, session_id)
+        sess.store_call_cost()
         sess.holder = holder
         _note_runtimes(sess, runtime_notes)
         if opts.stack:
@@ -987,6 +993,7 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
         sess.notes += new
         _note_runtimes(sess, new)
         sess.write_probe_rows()
+    sess.store_call_cost()  # a library linked since (here or by the holder) may begin its launches otherwise
     if spec.comm:
         found = targets.pids_with_comm(spec.comm)
         sess.program.add_targets(found)

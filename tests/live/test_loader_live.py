@@ -217,3 +217,30 @@ def test_a_budget_cycle_after_the_close_links_nothing(tmp_path):
         prog.close(wait=True)
     links.attach()
     assert not links.attached and _links_on(copy) == []
+
+
+def test_a_launch_is_priced_by_the_kind_of_its_entry_in_nvidias_runtime(tmp_path):
+    """The calibration times both kinds of entry on this libc, and NVIDIA's launches (each begins
+    with a push, which the kernel's uprobe code emulates) are priced as a push (entry_cost.py):
+    the mov-entry figure alone made the launch-bound demo "launch-bound only while traced"."""
+    from collections import Counter
+
+    from ingero.collect import entry_cost, probes
+    from ingero.collect.loader import BpfSettings, load_program
+    from ingero.events.ops import LAUNCH_OP_CODES
+
+    copy, found = _private_copy(tmp_path)
+    plan = probes.plan_library(str(copy), found.kind, frozenset(found.symbols))
+    launches = [a for a in plan if a.probe_kind == "uprobe" and a.op in LAUNCH_OP_CODES]
+    prog = load_program(BpfSettings(empty=True))
+    try:
+        entry_cost.calibrate_links(prog, prog.links)
+        assert set(prog.call_costs.by_kind) == {entry_cost.PUSH, entry_cost.OTHER}
+        assert prog.call_cost_ns == prog.call_costs.by_kind[entry_cost.PUSH]  # before any library
+        ok, failed = prog.attach_library(found.path, found.kind, found.identity, found.symbols)
+        assert (ok, failed) == (len(plan), 0)
+        assert len(launches) == 6  # cudaLaunchKernel, cudaLaunchKernelExC, cudaGraphLaunch, each with its _ptsz
+        assert prog.call_costs.launch_kinds == Counter({entry_cost.PUSH: len(launches)})
+        assert prog.call_cost_ns == prog.call_costs.by_kind[entry_cost.PUSH]
+    finally:
+        prog.close(wait=True)
