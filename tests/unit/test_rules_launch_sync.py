@@ -185,6 +185,30 @@ def test_launch_bound_is_not_claimed_for_a_loop_waiting_for_a_cpu():
     assert report.chains[0].rule_id == "cpu-contention"
 
 
+def _part_contended(contended_s: float) -> Trace:
+    """The tiny-kernel loop, another process taking its core (~30% of the time) for the first
+    ``contended_s`` of 20 s and never after."""
+    lb = dict(launches=400, launch_us=8, launch_gap_us=20, device_ms=2, cpu_ms=1)
+    return base().loop(0, contended_s, **lb, preempt_ms=5, preempt_by=7000).loop(contended_s, 20, **lb)
+
+
+def test_a_loop_contended_part_of_the_time_is_launch_bound_in_the_rest():
+    # 12 s of 20 contended: launch-bound in all 8 other windows, with contention named for the 11 s
+    report = _part_contended(12).explain()
+    [chain] = chains_of(report, "launch-bound")
+    assert (len(chain.evidence_windows), chain.windows_total) == (8, 19)  # (19 whole windows in 20 s)
+    assert chain.severity == "HIGH"
+    [contention] = chains_of(report, "cpu-contention")
+    assert contention.severity in ("HIGH", "MEDIUM")
+
+
+def test_launch_bound_in_too_few_windows_beside_contention_is_not_claimed():
+    # 16 of 20 contended: the 4 others are under a quarter of the trace; cpu-contention is the story
+    report = _part_contended(16).explain()
+    assert silent(report, "launch-bound")
+    assert report.chains[0].rule_id == "cpu-contention"
+
+
 def test_launch_bound_survives_light_load_on_the_host():
     # 1 ms of 13 preempted: under cpu-contention's 10% threshold, the loop still runs flat out
     tr = base().loop(0, 20, launches=400, launch_us=8, launch_gap_us=20, device_ms=2, cpu_ms=1,
