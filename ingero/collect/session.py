@@ -663,6 +663,7 @@ def run_trace(
 ) -> TraceSummary:
     """Trace until --duration, SIGINT/SIGTERM or --cmd's exit; everything decoded is stored."""
     check_can_trace()
+    began = time.monotonic()
     spec = targets.TargetSpec(pids=list(opts.pids), comm=opts.comm, cmd=opts.cmd)
     targets.check_pids(spec.pids)
     launcher = None
@@ -738,6 +739,7 @@ def run_trace(
                 pass
         program.add_targets(initial)
         before = [line for pid in spec.pids if (line := _started_before(pid))]
+        before += targets.exited_while_attaching(spec, launcher is not None, time.monotonic() - began)
         lines += before
         runtime_notes += before
         if settings.holds:  # from here a process that maps CUDA waits for its probes

@@ -86,6 +86,22 @@ def started_before(pid: int, mapped: list[Path], proc: Path = PROC) -> str | Non
             f"(from the attach on, every call is)")
 
 
+def exited_while_attaching(spec: TargetSpec, launching: bool, after_s: float, proc: Path = PROC) -> list[str]:
+    """--pid targets that exited between the check of the command line and the attach (the BPF
+    compile takes seconds): a line for each, and IngeroError when they were all there was to trace."""
+    gone = [pid for pid in spec.pids if not alive(pid, proc)]
+    if not gone:
+        return []
+    listed = ", ".join(str(p) for p in gone)
+    if len(gone) == len(spec.pids) and not spec.comm and not launching:
+        raise IngeroError(
+            f"every --pid target exited while the probes went in ({after_s:.1f} s after the start): pid {listed}; "
+            f"nothing was traced",
+            "trace the job from its start instead: ingero trace -- COMMAND (or --comm NAME for its next run)")
+    return [f"pid {pid} exited while the probes went in ({after_s:.1f} s after the start): nothing of it is recorded"
+            for pid in gone]
+
+
 def describe(spec: TargetSpec, launched_pid: int | None = None) -> str:
     """Human-readable 'what was traced' for the sessions row."""
     parts = []

@@ -56,6 +56,8 @@ class FakeProgram:
         ring_bytes = 1 << 20
         launch_streams = False
 
+    call_cost_ns = None  # not calibrated
+
     def ring_fds(self) -> tuple[int, int]:
         return -1, -1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -28,6 +29,25 @@ def test_pid_that_does_not_exist(tmp_path):
     targets.check_pids([1], proc=tmp_path)
     with pytest.raises(IngeroError, match="no process with pid 999999"):
         targets.check_pids([1, 999999], proc=tmp_path)
+
+
+def test_a_pid_that_exits_while_the_probes_go_in_is_said(tmp_path):
+    (tmp_path / "10").mkdir()  # a fake /proc: pid 10 still runs, 11 exited during the compile
+    spec = targets.TargetSpec(pids=[10, 11])
+    assert targets.exited_while_attaching(spec, False, 6.34, proc=tmp_path) == [
+        "pid 11 exited while the probes went in (6.3 s after the start): nothing of it is recorded"]
+    assert targets.exited_while_attaching(targets.TargetSpec(pids=[10]), False, 6.3, proc=tmp_path) == []
+    # something else to trace (a --comm, a --cmd): said, and the trace goes on
+    alone = targets.TargetSpec(pids=[11], comm="python3")
+    assert len(targets.exited_while_attaching(alone, False, 6.3, proc=tmp_path)) == 1
+    assert len(targets.exited_while_attaching(targets.TargetSpec(pids=[11]), True, 6.3, proc=tmp_path)) == 1
+
+
+def test_every_pid_gone_before_the_attach_is_an_error():
+    with pytest.raises(IngeroError, match=r"every --pid target exited while the probes went in \(5.0 s after "
+                                          r"the start\): pid 11, 12; nothing was traced — trace the job from "
+                                          r"its start instead: ingero trace -- COMMAND"):
+        targets.exited_while_attaching(targets.TargetSpec(pids=[11, 12]), False, 5.0, proc=Path("/nonexistent"))
 
 
 def test_ring_size_must_be_a_power_of_two():
