@@ -451,6 +451,9 @@ def test_each_job_is_the_others_culprit(two_jobs, me):
     script = f"{other['job']}.py"
     assert script in culprit["name"], culprit
     assert any(str(other["pid"]) in f or script in f for f in first["fix"]), first["fix"]
+    # one split for both: each job a core of its own (both were told "taskset -c 1", their core)
+    cores = {int(f.split()[2]): int(f.split()[3]) for f in first["fix"] if f.startswith("taskset -acp ")}
+    assert sorted(cores.values()) == sorted([mine["pid"], other["pid"]]) and len(cores) == 2, first["fix"]
 
 
 # ---- 5. a healthy multi-threaded server -------------------------------------------------------

@@ -215,3 +215,35 @@ def test_the_jobs_own_processes_that_are_not_its_workers_get_no_dataloader_fix()
     [chain] = chains_of(tr.explain(), "cpu-contention")
     assert chain.culprits[0].pid == LAUNCHER and "(same job)" in chain.culprits[0].detail
     assert not any("DataLoader" in f for f in chain.fix), chain.fix
+
+
+def _two_jobs(ncpu: int) -> Trace:
+    """Two GPU loops (other scripts, other PIDs) pinned to one core, each preempting the other
+    from 10 s to 20 s of 30."""
+    a, b = 5100, 5300
+    tr = Trace(ncpu=ncpu)
+    tr.name(a, "python3 (serve_ranker.py)", "python3", "python3 serve_ranker.py --port 8001", ppid=900)
+    tr.name(b, "python3 (embed_batch.py)", "python3", "python3 embed_batch.py --shard 3", ppid=901)
+    for me, other in ((a, b), (b, a)):
+        tr.loop(0, 10, pid=me, tid=me).loop(10, 20, pid=me, tid=me, preempt_ms=40, preempt_by=other)
+        tr.loop(20, 30, pid=me, tid=me)
+    return tr.system(0, 30)
+
+
+@pytest.mark.parametrize("ncpu", [2, 4])
+def test_two_gpu_jobs_on_one_core_get_one_split_a_core_each(ncpu):
+    chains = chains_of(_two_jobs(ncpu).explain(), "cpu-contention")
+    assert sorted(c.pids[0] for c in chains) == [5100, 5300]
+    plans = {tuple(f for f in c.fix if f.startswith("taskset")) for c in chains}
+    # both chains give the same plan, the two jobs on different cores, and neither is reniced
+    assert plans == {(f"taskset -acp {ncpu - 1} 5100   (python3 (serve_ranker.py): a core of its own; every GPU loop "
+                      f"here gets one)",
+                      f"taskset -acp {ncpu - 2} 5300   (python3 (embed_batch.py): a core of its own; every GPU loop "
+                      f"here gets one)")}
+    assert not any(f.startswith("renice") for c in chains for f in c.fix)
+
+
+def test_more_gpu_jobs_than_cores_are_told_no_split_fits():
+    [chain, _] = chains_of(_two_jobs(1).explain(), "cpu-contention")
+    assert ("2 GPU loops share 1 core (PIDs 5100, 5300): no split gives each a core; run them one after another, "
+            "or move one to another host") in chain.fix

@@ -279,9 +279,28 @@ def _effect_without_baseline(ctx: Context, pid: int, tid: int, s: baseline.Split
     return out
 
 
+def _gpu_jobs_fixes(ctx: Context, me: procs.Proc, loops: list[procs.Proc]) -> list[str]:
+    """The loop preempted by other GPU loops (two jobs on one core): each job its own cores, the
+    same split whichever job's chain says it (lowest PID on the last core, and down), so the
+    chains of both jobs give one plan; "taskset -c LAST" told to each put them together again."""
+    jobs = sorted([me, *loops], key=lambda p: p.pid)
+    if ctx.ncpu < len(jobs):
+        return [f"{len(jobs)} GPU loops share {ctx.ncpu} core{'s' if ctx.ncpu != 1 else ''} "
+                f"(PIDs {', '.join(str(p.pid) for p in jobs)}): no split gives each a core; run them one after "
+                "another, or move one to another host"]
+    out = [f"taskset -acp {ctx.ncpu - 1 - i} {p.pid}   ({p.name}: a core of its own; every GPU loop here gets one)"
+           for i, p in enumerate(jobs)]
+    return out
+
+
 def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int, workers_n: int) -> list[str]:
     fix = []
-    if ctx.ncpu >= 2:
+    cuda_loops = set(baseline.windows_by_pid(ctx))
+    loops = [p for p in outsiders if p.pid in cuda_loops and p.pid != me.pid]
+    if loops:
+        fix += _gpu_jobs_fixes(ctx, me, loops)
+        outsiders = [p for p in outsiders if p not in loops]
+    elif ctx.ncpu >= 2:
         last = ctx.ncpu - 1
         fix.append(f"taskset -c {last} {me.command}   (give the loop its own core)")
         fix.append(f"taskset -acp {last} {me.pid}   (the same for the running process)")
