@@ -553,19 +553,19 @@ def _find_libraries(extra: list[Path], executables: list[tuple[str, str]]) -> tu
     return watcher.poll(), watcher
 
 
-def calibrate_call_cost(program: Any) -> float | None:
-    """What tracing one CUDA launch costs its thread here (sessions.call_cost_ns), calibrated
-    before any library is attached: the uprobe pair timed on libc calls (tens of ms), by the kind
-    of first instruction the probed entries begin with (entry_cost.py), plus what the CUDA
-    programs do above an empty one.  None without uprobe_multi links (the calibration links
-    one).  Measured once: the overhead budget's calibration, when it ran first, is the same."""
+def calibrate_call_cost(program: Any) -> None:
+    """What tracing one CUDA launch costs its thread here (Program.call_cost_ns, stored as
+    sessions.call_cost_ns), calibrated before any library is attached: the uprobe pair timed on
+    libc calls (tens of ms), by the kind of first instruction the probed entries begin with
+    (entry_cost.py), plus what the CUDA programs do above an empty one.  Left uncalibrated
+    without uprobe_multi links (the calibration links one).  Measured once: the overhead
+    budget's calibration, when it ran first, is the same."""
     if program.call_costs.by_kind or program.links is None:
-        return program.call_cost_ns
+        return
     try:
         entry_cost.calibrate_links(program, program.links)
     except Exception:  # OSError from the link, BCC's plain Exception resolving a symbol: optional
-        return None
-    return program.call_cost_ns
+        pass
 
 
 def _note_runtimes(sess: "TraceSession", new: list[str]) -> None:

@@ -146,7 +146,8 @@ BYTES_OPS = frozenset(
 )
 # The launches: the bulk of a training loop's calls (the overhead budget samples their probes;
 # collect/entry_cost.py prices a traced call by their entries).
-LAUNCH_OP_CODES = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH})
+_LAUNCHES = (Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH)
+LAUNCH_OP_CODES = frozenset(_LAUNCHES)
 # What a call does to the thread's queued bit when it returns (bpf/cuda.bpf.c
 # op_class; the contract of events.queued): launches and async copies that
 # return 0 queue device work; syncs and synchronous copies wait for it.
@@ -178,9 +179,7 @@ DRAINING_OPS = frozenset(SYNC_OPS) | {OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_M
 
 
 # Categories analyze's window SQL works with (passed to DuckDB as lists).
-LAUNCH_OPS: tuple[str, ...] = tuple(
-    OP_NAMES[o] for o in (Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL, Op.CUDA_GRAPH_LAUNCH, Op.CU_GRAPH_LAUNCH)
-)  # (LAUNCH_OP_CODES by name)
+LAUNCH_OPS: tuple[str, ...] = tuple(OP_NAMES[o] for o in _LAUNCHES)  # (LAUNCH_OP_CODES by name)
 COPY_OPS: tuple[str, ...] = tuple(OP_NAMES[o] for o in (Op.CUDA_MEMCPY, Op.CUDA_MEMCPY_ASYNC, Op.CU_MEMCPY,
                                                         Op.CU_MEMCPY_ASYNC))
 SYNC_COPY_OPS: tuple[str, ...] = (OP_NAMES[Op.CUDA_MEMCPY], OP_NAMES[Op.CU_MEMCPY])  # wait for the copy

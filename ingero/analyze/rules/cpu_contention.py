@@ -288,15 +288,14 @@ def _gpu_jobs_fixes(ctx: Context, me: procs.Proc, loops: list[procs.Proc]) -> li
         return [f"{len(jobs)} GPU loops share {ctx.ncpu} core{'s' if ctx.ncpu != 1 else ''} "
                 f"(PIDs {', '.join(str(p.pid) for p in jobs)}): no split gives each a core; run them one after "
                 "another, or move one to another host"]
-    out = [f"taskset -acp {ctx.ncpu - 1 - i} {p.pid}   ({p.name}: a core of its own; every GPU loop here gets one)"
-           for i, p in enumerate(jobs)]
-    return out
+    return [f"taskset -acp {ctx.ncpu - 1 - i} {p.pid}   ({p.name}: a core of its own; every GPU loop here gets one)"
+            for i, p in enumerate(jobs)]
 
 
 def _fixes(ctx: Context, me: procs.Proc, outsiders: list[procs.Proc], own_n: int, workers_n: int) -> list[str]:
     fix = []
     cuda_loops = set(baseline.windows_by_pid(ctx))
-    loops = [p for p in outsiders if p.pid in cuda_loops and p.pid != me.pid]
+    loops = [p for p in outsiders if p.pid in cuda_loops]
     if loops:
         fix += _gpu_jobs_fixes(ctx, me, loops)
         outsiders = [p for p in outsiders if p not in loops]
