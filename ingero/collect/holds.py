@@ -272,6 +272,8 @@ class Holder:
         self._lines: list[str] = []
         self._lasting: list[str] = []  # lines for sessions.notes too: a bound reached (calls may be missing)
         self._batch: list[HoldRecord] = []
+        self._cycles = 0  # the holder thread's ring waits done (settle)
+        self._cycled = threading.Condition()
         # holds that stopped a process or attached something (bench_attach reads them); the newest kept
         self.holds: deque[Hold] = deque(maxlen=10_000)
         self.count = 0  # every hold record handled
@@ -444,37 +446,57 @@ class Holder:
         self._favour_this_thread()
         while not self._stop.is_set():
             try:
-                self._bpf.ring_buffer_poll(POLL_MS)
-            except Exception:  # noqa: BLE001 - an interrupted poll: try again (the bound still holds)
-                continue
-            batch, self._batch = self._batch, []
-            seen = time.monotonic_ns()
-            with self._lock:
-                for rec in batch:
-                    if rec.flags & HOLD_STOPPED:
-                        self._held.setdefault(rec.tgid, rec.ts_ns + self.bound_ns)
-                self._wake.notify_all()
-            if not batch:
-                continue
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval, HOLD_SWITCH_INTERVAL_S))
-            loop_nice = self._raise(self._loop_tid)
-            try:
-                done: dict[int, list[Hold]] = {}
-                for rec in batch:  # every hold of a process handled before it is resumed
-                    try:
-                        hold = self._handle(rec, seen)
-                    except Exception as exc:  # noqa: BLE001 - never leave a process stopped over a bug
-                        hold = Hold(rec.tgid, rec.tid, rec.kind, "?", rec.ts_ns, bool(rec.flags & HOLD_STOPPED),
-                                    False)
-                        self._note(f"hold of pid {rec.tgid}: {type(exc).__name__}: {shown(str(exc))}; resumed")
-                    done.setdefault(rec.tgid, []).append(hold)
-                for pid, pid_holds in done.items():
-                    self._resume(pid, pid_holds)
+                self._cycle()
             finally:
-                sys.setswitchinterval(interval)
-                if loop_nice is not None:
-                    self._set_nice(self._loop_tid, loop_nice)
+                with self._cycled:
+                    self._cycles += 1
+                    self._cycled.notify_all()
+
+    def settle(self, timeout_s: float = 1.0) -> None:
+        """Return once every record the kernel wrote before the call is handled (at most ``timeout_s``):
+        one whole cycle of the holder's thread begun after it.  The trace's scan calls it before it
+        attaches what it found, so a library a hold record names is the holder's to say (its line
+        says when, relative to the process's mapping), never the scan's."""
+        if not self.running:
+            return
+        with self._cycled:
+            target = self._cycles + 2  # the cycle under way may have polled before the record came
+            self._cycled.wait_for(lambda: self._cycles >= target or self._stop.is_set(), timeout=timeout_s)
+
+    def _cycle(self) -> None:
+        """One wait on the ring, and every record it gave handled."""
+        try:
+            self._bpf.ring_buffer_poll(POLL_MS)
+        except Exception:  # noqa: BLE001 - an interrupted poll: try again (the bound still holds)
+            return
+        batch, self._batch = self._batch, []
+        seen = time.monotonic_ns()
+        with self._lock:
+            for rec in batch:
+                if rec.flags & HOLD_STOPPED:
+                    self._held.setdefault(rec.tgid, rec.ts_ns + self.bound_ns)
+            self._wake.notify_all()
+        if not batch:
+            return
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, HOLD_SWITCH_INTERVAL_S))
+        loop_nice = self._raise(self._loop_tid)
+        try:
+            done: dict[int, list[Hold]] = {}
+            for rec in batch:  # every hold of a process handled before it is resumed
+                try:
+                    hold = self._handle(rec, seen)
+                except Exception as exc:  # noqa: BLE001 - never leave a process stopped over a bug
+                    hold = Hold(rec.tgid, rec.tid, rec.kind, "?", rec.ts_ns, bool(rec.flags & HOLD_STOPPED),
+                                False)
+                    self._note(f"hold of pid {rec.tgid}: {type(exc).__name__}: {shown(str(exc))}; resumed")
+                done.setdefault(rec.tgid, []).append(hold)
+            for pid, pid_holds in done.items():
+                self._resume(pid, pid_holds)
+        finally:
+            sys.setswitchinterval(interval)
+            if loop_nice is not None:
+                self._set_nice(self._loop_tid, loop_nice)
 
     def _handle(self, rec: HoldRecord, seen_ns: int) -> Hold:
         """Examine what the held process maps / runs, attach what is new, remember the path."""

@@ -982,11 +982,14 @@ def _write_second(sess: TraceSession, watcher: Any, spec: targets.TargetSpec) ->
     traced = sess.traced = sess.program.targets()
     for hook in sess.opts.hooks:
         hook.write_second(sess)
+    found = watcher.poll() if watcher is not None else []
     if sess.holder is not None:
         sess.holder.refresh_shells()
+        if found:  # a process's mapping the scan saw may have a hold record still in the ring
+            sess.holder.settle()
         _take_hold_lines(sess)
     if watcher is not None:
-        for lib in watcher.poll():
+        for lib in found:
             ok, failed = sess.program.attach_library(lib.path, lib.kind, lib.identity, lib.symbols, lib.addresses)
             if ok or failed:
                 sess.notes.append(_attach_line(lib, ok, failed, sess.program,

@@ -293,3 +293,22 @@ def test_a_kernel_that_refuses_the_hold_programs_traces_without_them(monkeypatch
     with pytest.raises(IngeroError, match="BPF compile failed"):  # not the holds' fault: no second try
         session._load(BpfSettings(holds=True))
     assert loaded == [True]
+
+
+def test_settle_returns_once_a_record_written_before_it_is_handled(stopped_child, monkeypatch) -> None:
+    """The trace's scan settles the holder before attaching what it found: a record already in the
+    ring (here examined for 0.3 s) is handled, and its line taken, before settle returns."""
+    holder, program, watcher = _holder(delay_s=0.3, bound_s=30.0, pid=stopped_child.pid, monkeypatch=monkeypatch)
+    holder.start()
+    try:
+        time.sleep(0.05)  # the holder's thread is mid-wait on an empty ring
+        holder.program.bpf.feed(_exec_record(stopped_child.pid))
+        begun = time.monotonic()
+        holder.settle(timeout_s=10)
+        waited = time.monotonic() - begun
+        lines, _ = holder.take_lines()
+        assert watcher.examined.is_set() and len(lines) == 1 and program.attached == [SLEEP], lines
+        assert waited >= 0.25  # it waited for the examination, not only for a poll
+    finally:
+        holder.stop()
+    holder.settle(timeout_s=10)  # stopped: returns at once
