@@ -79,6 +79,8 @@ def _check_functions(con: duckdb.DuckDBPyConnection, select_sql: str) -> None:
     """Refuse a SELECT that calls a function in _REFUSED_FUNCTIONS (found in DuckDB's own AST)."""
     try:
         ast = con.execute("SELECT json_serialize_sql($q)", {"q": select_sql}).fetchone()[0]
+    except duckdb.InterruptException:
+        raise  # stop() or the time limit: the caller says which, never "allowed"
     except duckdb.Error:
         return  # the other two layers (lock_down, the read-only transaction) still hold
     for name in _FUNCTION_NAME.findall(ast):
@@ -94,6 +96,8 @@ def _type_name(stmt: duckdb.Statement) -> str:
 def _parse(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
     try:
         return con.extract_statements(sql)
+    except duckdb.InterruptException:
+        raise  # not bad SQL: stop() or the time limit interrupted the parse
     except duckdb.Error as exc:
         raise IngeroError(f"bad SQL: {first_line(exc)}", "check the query syntax") from None
 

@@ -290,6 +290,8 @@ def _nodes(obj: Any) -> list[dict[str, Any]]:
 def _ast(con: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(con.execute("SELECT json_serialize_sql($q)", {"q": sql}).fetchone()[0])
+    except duckdb.InterruptException:
+        raise  # an interrupted query is reported as interrupted, not run unbounded
     except (duckdb.Error, ValueError, TypeError):
         return None
     if doc.get("error") or len(doc.get("statements") or []) != 1:

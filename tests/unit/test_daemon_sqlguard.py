@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from ingero.daemon.sqlguard import check_sql
@@ -74,3 +75,25 @@ def test_escapes_are_refused_with_their_reason(con, sql, message):
         check_sql(con, sql)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+class _Interrupting:
+    """A connection whose every call was interrupted (stop() or the time limit landed mid-check)."""
+
+    def __init__(self, con, fail_on: str):
+        self._con, self._fail_on = con, fail_on
+
+    def extract_statements(self, sql):
+        if self._fail_on == "parse":
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+        return self._con.extract_statements(sql)
+
+    def execute(self, *args, **kwargs):
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+
+@pytest.mark.parametrize("fail_on", ["parse", "ast"])
+def test_an_interrupted_check_is_reported_as_interrupted_never_as_bad_sql_or_allowed(con, fail_on):
+    # CI-shaped load: stop()'s interrupt landing in the parse said "bad SQL: INTERRUPT Error"
+    with pytest.raises(duckdb.InterruptException):
+        check_sql(_Interrupting(con, fail_on), "SELECT count(*) FROM events")
