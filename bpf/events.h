@@ -125,7 +125,7 @@ struct ingero_event {
 	u64 stream;      /* cudaStream_t when readable, else 0 */
 	u32 pid;         /* tgid */
 	u32 tid;
-	u32 other_pid;   /* sched_switch: tgid that ran next; block_io: device */
+	u32 other_pid;   /* sched_switch: tgid that ran instead (preempted) or, woken, that it waited behind; block_io: device */
 	s32 stack_id;    /* BPF stack map id, -1 when not collected */
 	/* Return code of the call: cudaError_t / CUresult (all below 1000);
 	 * block I/O: the error (0 or a small negative errno); page fault: the

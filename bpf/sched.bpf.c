@@ -5,7 +5,8 @@
  *
  * - one OP_SCHED_SWITCH row per off-CPU interval of every traced thread,
  *   emitted at switch-in: ts = switch-out, duration = off-CPU time, kind =
- *   why it left, other_pid = the process that ran next, arg = runqueue
+ *   why it left, other_pid = the process that ran next (preempted) or, woken,
+ *   the one it waited behind for a CPU (blocked), arg = runqueue
  *   latency (wakeup -> switch-in; the whole interval when preempted), and
  *   what it waited for: the system call it blocked in and its fd, and who
  *   woke it (the task running sched_waking: the waker, or whatever an
@@ -166,12 +167,19 @@ static __always_inline void switch_out(struct tracepoint__sched__sched_switch *a
 }
 
 /* A thread comes back on the CPU: one row for the interval it was off, if
- * its switch-out was seen while traced. */
+ * its switch-out was seen while traced.  A blocked interval's other_pid: the
+ * process it waited behind once woken (the task leaving the CPU now; 0 when
+ * it waited for none).  One value and no scan of what else ran meanwhile: a
+ * loop over the CPU's recent slices here took the verifier from 0.78 M to
+ * 0.97-1 M of its 1 M instructions with --stack. */
 static __always_inline void switch_in(struct thread_state *t, u32 next_tid, u64 now)
 {
 	if (!t->ts)
 		return;
-	emit_off_cpu(t, next_tid, now, t->wake_ts && now > t->wake_ts ? now - t->wake_ts : 0);
+	u64 runq = t->wake_ts && now > t->wake_ts ? now - t->wake_ts : 0;
+	if (t->kind != KIND_PREEMPTED) /* the current task is the one leaving (the idle task: tgid 0) */
+		t->other_pid = runq ? bpf_get_current_pid_tgid() >> 32 : 0;
+	emit_off_cpu(t, next_tid, now, runq);
 	t->ts = 0; /* on CPU */
 }
 

@@ -58,12 +58,18 @@ class Interval:
     start: int
     end: int
     preempted: bool
-    other_pid: int  # preempted: who ran next
+    other_pid: int  # preempted: who ran instead; blocked: who it waited behind once woken (0: not known)
     kind: str  # preempted / sleep / io / other
     syscall: str | None
     fd_target: str | None
     waker_pid: int | None
     waker_tid: int | None
+    runq: int = 0  # of a blocked interval: its last part, woken and waiting for a CPU (behind other_pid)
+
+    @property
+    def woken_at(self) -> int:
+        """Where a blocked interval's wait ended and its wait for a CPU began."""
+        return self.end - min(self.runq, self.end - self.start)
 
 
 @dataclass(frozen=True)
@@ -195,13 +201,22 @@ def follow(iv: Interval, tid: int, threads: Threads, depth: int = 0,
     if waker not in threads.by_tid:  # untraced (a client, a hog, an exited thread): it is the root
         return {Root(ON_CPU, waker_pid, waker, how): 1.0}
     span = iv.end - iv.start
+
+    def inside(a: int, b: int) -> float:
+        return max(0, min(b, iv.end) - max(a, iv.start)) / span
+
     out: dict[Root, float] = defaultdict(float)
+    who = f"{threads.pid_of.get(waker, waker_pid)}:{waker}"
     for w in threads.overlapping(waker, iv.start, iv.end):
-        part = (min(w.end, iv.end) - max(w.start, iv.start)) / span
         if w.preempted:
-            out[Root(CPU, w.other_pid, 0, f"preempted {threads.pid_of.get(waker, waker_pid)}:{waker}")] += part
-        else:  # what kept the waker waiting during the part of its wait inside ours
-            clipped = replace(w, start=max(w.start, iv.start))
+            out[Root(CPU, w.other_pid, 0, f"preempted {who}")] += inside(w.start, w.end)
+            continue
+        woken = w.woken_at
+        if woken < w.end:  # woken, then runnable: whoever held its CPU kept it from us
+            out[Root(CPU, w.other_pid, 0, f"woken, waiting for a CPU {who}")] += inside(woken, w.end)
+        part = inside(w.start, woken)
+        if part > 0:  # what kept the waker waiting during the part of its wait inside ours
+            clipped = replace(w, start=max(w.start, iv.start), end=woken, runq=0)
             for root, share in follow(clipped, waker, threads, depth + 1, seen | {tid}).items():
                 out[root] += part * share
     on_cpu = threads.on_cpu_ns(waker, iv.start, iv.end, running_at_end=True) / span
@@ -224,7 +239,7 @@ ORDER BY e.tid, e.timestamp
 """
 _THREADS_SQL = """
 SELECT pid, tid, timestamp, duration_ns, preempted, coalesce(other_pid, 0), kind::VARCHAR, syscall, fd_target,
-       waker_pid, waker_tid
+       waker_pid, waker_tid, CASE WHEN NOT preempted THEN coalesce(runq_ns, 0) ELSE 0 END
 FROM events
 WHERE session_id = $sid AND timestamp >= $t0 - $margin AND timestamp < $t1 AND op = 'sched_switch'
   AND list_contains($tids, tid)
@@ -270,6 +285,10 @@ def _attribute(ctx: Context) -> list[tuple]:
         return []
     threads = Threads(kernel_pids=frozenset(int(r[0]) for r in con.execute(_KERNEL_SQL, {"sid": ctx.session_id})
                                             .fetchall()))
+    # a blocked interval's other_pid names who held its CPU after its wake-up only from schema 17
+    holder_known = has_column(con, "sessions", "switch_holder") and bool(con.execute(
+        "SELECT coalesce(bool_and(switch_holder), false) FROM sessions WHERE session_id = $sid",
+        {"sid": ctx.session_id}).fetchone()[0])
     # the wakers' intervals, hop by hop: only threads a chain can reach are read
     fetched = {int(r[1]) for r in loops}
     siblings = {int(t) for (t,) in con.execute(_SIBLINGS_SQL, p).fetchall()}
@@ -279,10 +298,11 @@ def _attribute(ctx: Context) -> list[tuple]:
             break
         fetched |= wanted
         more = set()
-        for pid, tid, ts, dur, pre, other, kind, call, target, wp, wt in con.execute(
+        for pid, tid, ts, dur, pre, other, kind, call, target, wp, wt, runq in con.execute(
                 _THREADS_SQL, {**p, "margin": 10 * ctx.window_ns, "tids": sorted(wanted)}).fetchall():
-            threads.add(int(pid), int(tid), Interval(int(ts), int(ts) + int(dur or 0), bool(pre), int(other),
-                                                     kind or "", call, target, wp, wt))
+            other = int(other) if pre or holder_known else 0
+            threads.add(int(pid), int(tid), Interval(int(ts), int(ts) + int(dur or 0), bool(pre), other,
+                                                     kind or "", call, target, wp, wt, int(runq)))
             if wt and not pre:
                 more.add(int(wt))
         wanted = more - fetched

@@ -70,7 +70,7 @@ REGISTER_STREAM_OPS = frozenset(
 LAUNCH_STREAM_OPS = frozenset({Op.CUDA_LAUNCH_KERNEL, Op.CU_LAUNCH_KERNEL})
 # Every op that can take a stream.
 STREAM_OPS = REGISTER_STREAM_OPS | LAUNCH_STREAM_OPS
-# Ops whose other_pid carries a value (the next process; the block device).
+# Ops whose other_pid carries a value (who kept the thread from its CPU; the block device).
 OTHER_PID_OPS = frozenset({Op.SCHED_SWITCH, Op.BLOCK_IO, Op.PROC_EXEC})
 # Ops whose other_pid is events.peer: the peer (send / recv) or root (broadcast / reduce).
 PEER_OPS = frozenset({Op.NCCL_SEND, Op.NCCL_RECV, Op.NCCL_BROADCAST, Op.NCCL_REDUCE})

@@ -761,6 +761,7 @@ def run_trace(
         stop.install()  # from here a signal ends the session cleanly (checked at the loop's first turn)
         session_id = store.begin_session(command=opts.command_line, targets=described)  # StorageFault: no row
         sess = TraceSession(opts, store, program, session_id)
+        store.update_session(session_id, switch_holder=True)  # what its switch rows' other_pid means (sched.bpf.c)
         sess.store_call_cost()
         sess.holder = holder
         _note_runtimes(sess, runtime_notes)

@@ -34,7 +34,7 @@ from ingero.store.faults import STORAGE_ERRORS, check_room_to_start, is_disk_ful
 if TYPE_CHECKING:  # readers (explain, query, status) never load pyarrow: ~0.17 s per command
     import pyarrow as pa
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 # The oldest schema a read-only open understands (explain reads older files without migrating them).
 MIN_READ_VERSION = 1
 
@@ -82,6 +82,9 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      traced process, from CUPTI); rows imported before it keep NULL.
 #  16: switch_counts (the overhead budget's counted off-CPU intervals of threads
 #      that make no CUDA call).
+#  17: sessions.switch_holder: a blocked sched_switch row's other_pid names the
+#      process the thread waited behind for a CPU once woken, not who ran next at
+#      its switch-out.  NULL for sessions recorded before.
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS stale_calls BIGINT",
@@ -122,6 +125,7 @@ MIGRATIONS: dict[int, list[str]] = {
         + ["ALTER TABLE device_activity ADD COLUMN IF NOT EXISTS pid INTEGER"]
         + [REAPPLY_SCHEMA],  # creates thread_names and cgroup_cpu
     16: [REAPPLY_SCHEMA],  # creates switch_counts
+    17: ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS switch_holder BOOLEAN"],
 }
 
 DEFAULT_DB_NAME = "ingero.duckdb"
@@ -504,7 +508,8 @@ class Store:
     def update_session(self, session_id: int, **fields: Any) -> None:
         """Set columns of a session row (events, drops_*, heartbeat_ns, targets ...)."""
         allowed = {"events", "drops_kernel", "drops_user", "stale_calls", "probe_misses", "heartbeat_ns", "targets",
-                   "status", "ended_ns", "notes", "summaries_pending_ns", "call_cost_ns"}
+                   "status", "ended_ns", "notes", "summaries_pending_ns", "call_cost_ns",
+                   "switch_holder"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"not updatable: {sorted(bad)}")

@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
     notes VARCHAR,                   -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
     summaries_pending_ns BIGINT,     -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries.py); NULL: every stored event is in windows (schema 13)
-    call_cost_ns DOUBLE              -- what tracing one CUDA call costs its thread here, in CPU ns: the entry and return uprobes, calibrated at the trace's start on a probed libc call (the launch-bound rule takes it out of a launch's time); NULL: not calibrated (an imported trace, a kernel without uprobe_multi links, before schema 14)
+    call_cost_ns DOUBLE,             -- what tracing one CUDA call costs its thread here, in CPU ns: the entry and return uprobes, calibrated at the trace's start on a probed libc call (the launch-bound rule takes it out of a launch's time); NULL: not calibrated (an imported trace, a kernel without uprobe_multi links, before schema 14)
+    switch_holder BOOLEAN            -- true: a blocked sched_switch row's other_pid is the process the thread waited behind for a CPU once woken (the task leaving the CPU as it came back; 0 when it waited for none); NULL: before schema 17, when it was the process that ran next at the switch-out
 );
 
 -- The op names (ingero/events/ops.py), stored as one byte each (schema 11; a test keeps the
@@ -101,7 +102,7 @@ CREATE TABLE IF NOT EXISTS events (
     ret INTEGER,                 -- return code (cudaError_t / CUresult); block I/O error
     cpu SMALLINT,                -- CPU the event was recorded on
     preempted BOOLEAN,           -- sched_switch: switched out while still runnable (involuntary)
-    other_pid INTEGER,           -- sched_switch: the process that ran instead; block_io: device number
+    other_pid INTEGER,           -- sched_switch: preempted, the process that ran instead; blocked, the one it waited behind for a CPU once woken (sessions.switch_holder); block_io: device number
     runq_ns BIGINT,              -- sched_switch: time runnable but waiting for a CPU (wakeup or preemption -> running)
     stack_id BIGINT,             -- stacks.stack_id with --stack, else NULL
     in_call OP_NAME,             -- sched_switch, page_fault: the CUDA call (an op name) the thread was inside when it left the CPU / faulted; NULL outside every call and for other ops

@@ -25,9 +25,10 @@ Each shape has two kinds of test: that the workload really made its shape
 and the trace recorded it (exact call counts against the truth), and what
 explain says of it.
 
-Four of explain's answers here are still wrong in some runs of a quiet box (issue 37, open):
-the checkpoint's fsync is ranked under host-bound (3 of 5 runs right), the hogs starving the
-workers are not always named, and one of the two jobs can get only a LOW chain.  Those tests
+Three of explain's answers here are still wrong in some runs of a quiet box (issue 37, open):
+the checkpoint's fsync is ranked under host-bound (3 of 5 runs right), and one of the two jobs
+can get only a LOW chain.  (The hogs starving the workers are named since a woken worker's wait
+for a CPU is attributed to the process it waited behind: schema 17.)  Those tests
 are marked KNOWN_WRONG (xfail, not strict): they run and report, and the shape checks beside
 them hold every run; the mark goes when the mechanism is fixed.
 
@@ -415,7 +416,6 @@ def test_starved_workload_made_its_shape(starved):
     assert set(t["workers"]) <= traced and not set(hogs) & traced
 
 
-@KNOWN_WRONG
 def test_starved_workers_chain_names_the_hogs(starved):
     t = starved.truth
     hogs = starved.extra["hogs"]

@@ -46,6 +46,8 @@ def _drop_trailing_columns(sql: str, added: tuple[str, ...], last: str, table: s
 def old_schema(version: int) -> str:
     """schema.sql as it was at ``version`` (1 to 10), rebuilt from today's by undoing each change."""
     sql = schema_sql()
+    # 17 added sessions.switch_holder
+    sql = _drop_trailing_columns(sql, ("switch_holder",), last="call_cost_ns DOUBLE", table="sessions")
     # 15 added cgroup_cpu (appended at the end)
     assert sql.count(CGROUP_V15) == 1, "schema.sql changed shape: update this fixture"
     sql = sql[: sql.index(CGROUP_V15)].rstrip("\n") + "\n"

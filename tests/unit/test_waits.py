@@ -57,6 +57,37 @@ def test_three_hops_a_hog_starving_the_workers_feeder() -> None:
     assert sum(roots.values()) == pytest.approx(1.0)
 
 
+def test_a_worker_woken_by_the_loop_but_kept_off_its_cpu_by_a_hog() -> None:
+    """The DataLoader shape: the loop hands the worker its next index (the worker's wake-up) and
+    waits for the batch; the worker is runnable from then on but a hog holds its core (the row's
+    runq tail, other_pid = the hog).  That tail is the hog's, not a cycle back to the loop."""
+    wait = blocked(10, 20, "read", WORKER, target="pipe:[7]")
+    worker_wait = Interval(2 * MS, 16 * MS, False, HOG, "sleep", "read", "pipe:[8]", LOOP, LOOP, runq=6 * MS)
+    th = threads({LOOP: [wait], WORKER: [blocked(0, 1, "read", LOOP), worker_wait, blocked(25, 30, "read", LOOP)]})
+    roots = waits.follow(wait, LOOP, th)
+    assert roots == pytest.approx({
+        Root(waits.CPU, HOG, 0, f"woken, waiting for a CPU {WORKER}:{WORKER}"): 0.6,  # 10 -> 16, runnable
+        Root(waits.ON_CPU, WORKER, WORKER, "read pipe:[7]"): 0.4,  # 16 -> 20: it computed the batch
+    })
+    # the same row from before schema 17 (the holder not known): the wait for a CPU, nobody named
+    old = Interval(2 * MS, 16 * MS, False, 0, "sleep", "read", "pipe:[8]", LOOP, LOOP, runq=6 * MS)
+    th = threads({LOOP: [wait], WORKER: [blocked(0, 1, "read", LOOP), old, blocked(25, 30, "read", LOOP)]})
+    assert waits.follow(wait, LOOP, th)[Root(waits.CPU, 0, 0, f"woken, waiting for a CPU {WORKER}:{WORKER}")] \
+        == pytest.approx(0.6)
+
+
+def test_the_blocked_part_of_a_woken_waker_is_still_followed() -> None:
+    """Woken at 14 of a wait from 5, runnable until 16: 10 -> 14 follows its waker (a cycle back to
+    the loop here: unknown), 14 -> 16 is the hog's."""
+    wait = blocked(10, 20, "read", WORKER)
+    worker_wait = Interval(5 * MS, 16 * MS, False, HOG, "sleep", "futex", None, LOOP, LOOP, runq=2 * MS)
+    th = threads({LOOP: [wait], WORKER: [blocked(0, 1, "read", LOOP), worker_wait, blocked(25, 30, "read", LOOP)]})
+    roots = waits.follow(wait, LOOP, th)
+    assert roots[Root(waits.CPU, HOG, 0, f"woken, waiting for a CPU {WORKER}:{WORKER}")] == pytest.approx(0.2)
+    assert roots[Root(waits.UNKNOWN, LOOP, LOOP, "futex")] == pytest.approx(0.4)
+    assert sum(roots.values()) == pytest.approx(1.0)
+
+
 def test_a_cycle_ends_unknown_instead_of_looping() -> None:
     a, b = 500, 600
     wait = blocked(10, 20, "futex", a)

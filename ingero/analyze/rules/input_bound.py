@@ -169,8 +169,11 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             effect.append(line or f"no clean window to compare with: the loop waited for data in {len(ws)} of "
                           f"{len(rows)} active windows")
         contributing = []
+        # who starved the workers: followed from the loop's wake-ups (waits.py)
+        hogs = [h for h in waits.starvers(con, pid, ws) if h[1] >= T.starver_share * waited]
         if starved_workers:
-            contributing.append(f"workers waited for a CPU {w_wait:.2f} CPU-s per s: see cpu-contention")
+            contributing.append(f"workers waited for a CPU {w_wait:.2f} CPU-s per s"
+                                + (": see the processes above that took it" if hogs else ": see cpu-contention"))
         if io_workers:
             contributing.append(f"workers blocked on disk {units.pct(w_io / n_workers)} of the time: see io-stall")
         elif w_io > 0.05:
@@ -181,8 +184,6 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             Culprit(w[0], names[w[0]].role(pid), f"{units.ns(w[1])} on CPU, {units.ns(w[2])} waiting for a CPU")
             for w in workers[:4]
         ]
-        # who starved the workers: followed from the loop's wake-ups (waits.py)
-        hogs = [h for h in waits.starvers(con, pid, ws) if h[1] >= T.starver_share * waited]
         if hogs:
             hog_names = procs.lookup(con, [h[0] for h in hogs])
             pids_txt = " ".join(str(h[0]) for h in hogs)
