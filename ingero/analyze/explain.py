@@ -13,7 +13,7 @@ import importlib
 
 import duckdb
 
-from ingero.analyze import activity, context, kind, procs, sampling, waits, windows
+from ingero.analyze import activity, context, kind, procs, sampling, saves, waits, windows
 from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext, Workload
 from ingero.analyze.rules import registry
@@ -122,6 +122,7 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
     ctx = context.resolve(con, opts, align=True)
     windows.build(ctx, source)
     waits.build(ctx)
+    saves.build(ctx)
     ctx.derived.kinds = kind.classify(ctx)
     procs.name_as_of_cuda_calls(con, ctx.params())  # a pyenv shim's pid is named python3, not bash
     # every process the rules may name, in one query (the rules' lookups then find them read)

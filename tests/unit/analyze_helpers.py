@@ -152,7 +152,7 @@ class Trace:
     def ev(self, ts: int, op: str, pid: int, tid: int, dur: float = 0, **kw: Any) -> None:
         row = {"session_id": SESSION, "timestamp": int(ts), "duration_ns": int(dur), "pid": pid,
                "tid": tid, "op": op, "kind": None, "bytes": None, "preempted": None,
-               "other_pid": None, "runq_ns": None, "cpu": 0, "ret": 0}
+               "other_pid": None, "runq_ns": None, "cpu": 0, "ret": 0, "syscall": None, "fd_target": None}
         row.update(kw)
         self.events.append(row)
         self.end_ns = max(self.end_ns, int(ts + dur))

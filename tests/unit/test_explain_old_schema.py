@@ -32,6 +32,8 @@ def write_v4(tr: Trace, path) -> None:
     )
     for table, rows in (("events", tr.events), ("process_cpu", tr.pcpu), ("system_metrics", tr.sysm),
                         ("process_names", tr.names)):
+        if table == "events":  # the columns of schema 15 (what a thread blocked in) are not in 4
+            rows = [{k: v for k, v in r.items() if k not in ("syscall", "fd_target")} for r in rows]
         if rows:
             arrow = pa.Table.from_pylist(rows)  # noqa: F841 (read by the SQL below)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM arrow")

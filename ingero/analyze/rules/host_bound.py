@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingero.analyze import activity, baseline, kind, procs, samples, steps, timeline, units
+from ingero.analyze import activity, baseline, kind, procs, samples, saves, steps, timeline, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Window
 from ingero.analyze.rules import sync_heavy
@@ -77,7 +77,7 @@ class IdleSplit:
 
     w: int
     wall_ns: float
-    host_ns: float  # on CPU outside CUDA calls, anywhere in the window
+    host_ns: float  # on CPU outside CUDA calls, anywhere in the window (less a save's, saves.py)
     idle_ns: float  # nothing of the process queued on the device (surely idle)
     host_idle_ns: float  # the loop on CPU outside CUDA calls with the device idle (this rule's cause):
     #                       in idle_ns, and in the tail below
@@ -119,6 +119,7 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         return out
     dev = {wb.w: wb for wb in act.windows}
     parts = steps.window_parts(ctx, pid, tid, [int(r["w"]) for r in rows])
+    saved = saves.cpu_ns_by_window(ctx.con, pid)
     for w, p in parts.items():
         wb = dev.get(w)
         if wb is None or wb.span_ns <= 0 or p.wall_ns <= 0:
@@ -128,15 +129,18 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         # what else the thread did while nothing was queued: waited for data, for a CPU,
         # for the disk or a fault, or sat in another CUDA call (cudaMalloc, ...)
         other = p.data_wait_idle_ns + p.cpu_wait_out_ns + p.faults_io_ns + p.other_cuda_ns
-        surely = min(p.host_ns, max(0.0, idle - other))
+        # the CPU side of a checkpoint saved in the step (saves.py) is io-stall's, with its fsync
+        save = min(p.host_ns, saved.get(w, 0.0))
+        host = p.host_ns - save
+        surely = min(host, max(0.0, idle - other - save))
         # the device ran out of queued work after the last launch while the loop worked on
         # (logging, metrics) before its sync: device.py's tail, host work like the above; less
         # the loop's sleeps with work queued (a wait for data there is input-bound's, and the
         # tail may be all of it: reviewed, 1 ms asleep read as 610 µs of host work)
         queued_sleep = max(0.0, p.data_wait_ns - p.data_wait_idle_ns)
-        tail = min(max(0.0, p.host_ns - surely), max(0.0, wb.tail_ns / span * p.wall_ns - queued_sleep))
+        tail = min(max(0.0, host - surely), max(0.0, wb.tail_ns / span * p.wall_ns - queued_sleep))
         out[w] = IdleSplit(
-            w=w, wall_ns=p.wall_ns, host_ns=p.host_ns, idle_ns=idle,
+            w=w, wall_ns=p.wall_ns, host_ns=host, idle_ns=idle,
             host_idle_ns=surely + tail,
             launch_idle_ns=max(0.0, wb.high_ns - wb.point_ns - wb.tail_ns) / span * p.wall_ns,
             tail_ns=tail,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, units, waits
+from ingero.analyze import baseline, procs, saves, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 from ingero.analyze.rules import input_bound, memory_pressure
@@ -122,7 +122,11 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     aligned = s.has_baseline and drop >= T.min_drop and corr is not None and corr <= T.max_corr
     if not (direct or aligned):
         return None
-    blocked = io_share + starve_share
+    # the saves' CPU side (saves.py): the steps that flushed also wrote on CPU, outside every call
+    saved = saves.cpu_ns_by_window(con, pid)
+    save_ns = sum(saved.get(int(r["w"]), 0.0) for r in s.evidence)
+    save_share = save_ns / (sum(r["wall_ns"] for r in s.evidence) or 1)
+    blocked = io_share + starve_share + save_share
     severity = "HIGH" if blocked >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
     issuers = con.execute(ISSUERS_SQL, {"ws": ws}).fetchall()
     names = procs.lookup(con, [pid] + [i[0] for i in issuers])
@@ -152,6 +156,16 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
             f"{c} {units.ns(v[0])}" for c, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:4])
             + (f" on {', '.join(files[:3])}" if files else ""))
     effect = []
+    if save_ns:
+        n_saves = con.execute("SELECT sum(n) FROM ing_save WHERE pid = $pid AND list_contains($ws, w)",
+                              {"pid": pid, "ws": ws}).fetchone()[0] or 0
+        flush_ns = sum(t.ns for t in flushes)
+        effect.append(
+            f"{units.count(round(n_saves))} step{'s' if round(n_saves) != 1 else ''} that saved: "
+            f"{units.ns(save_ns)} on CPU writing ({units.pct(save_share)} of wall clock, beyond the loop's "
+            f"usual host work between steps)" + (f" and {units.ns(flush_ns)} blocked in its flushes" if flush_ns else "")
+            + ", the device idle meanwhile"
+        )
     if io_ns:
         effect.append(
             f"{me.label} in uninterruptible I/O wait {units.ns(io_ns)} of {units.ns(wall)} ({units.pct(io_share)})"
@@ -217,5 +231,7 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
             "block_p99_ns": p99,
             "throughput_drop": round(drop, 4),
             "own_flush_ns": sum(t.ns for t in flushes),
+            "save_cpu_ns": save_ns,
+            "save_cpu_share": round(save_share, 4),
         },
     )
