@@ -102,8 +102,8 @@ def build(ctx: Context) -> None:
     p = {"sid": ctx.session_id, "t0": ctx.start_ns, "t1": ctx.end_ns}
     # a store from before schema 15 has no syscall column: no flush is known, no save counted
     known = has_column(con, "events", "syscall") and has_column(con, "events", "in_call")
-    gaps = [] if not known else con.execute(_GAPS_SQL, {**p, "cuda_ops": list(CUDA_OP_NAMES), "flush": sorted(FLUSH_CALLS),
-                                   "draining": sorted(DRAINING_OPS)}).fetchall()
+    params = {**p, "cuda_ops": list(CUDA_OP_NAMES), "flush": sorted(FLUSH_CALLS), "draining": sorted(DRAINING_OPS)}
+    gaps = con.execute(_GAPS_SQL, params).fetchall() if known else []
     rows: list[dict] = []
     if gaps:
         con.register("_ing_save_gaps", pa.table({"tid": [int(g[1]) for g in gaps], "g0": [int(g[2]) for g in gaps],

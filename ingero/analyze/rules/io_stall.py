@@ -163,8 +163,8 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
         effect.append(
             f"{units.count(round(n_saves))} step{'s' if round(n_saves) != 1 else ''} that saved: "
             f"{units.ns(save_ns)} on CPU writing ({units.pct(save_share)} of wall clock, beyond the loop's "
-            f"usual host work between steps)" + (f" and {units.ns(flush_ns)} blocked in its flushes" if flush_ns else "")
-            + ", the device idle meanwhile"
+            "usual host work between steps)"
+            + (f" and {units.ns(flush_ns)} blocked in its flushes" if flush_ns else "") + ", the device idle meanwhile"
         )
     if io_ns:
         effect.append(
