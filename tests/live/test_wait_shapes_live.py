@@ -10,7 +10,8 @@ truth (--truth: one JSON line) that the assertions compare with:
    process dumping big dicts to JSON: the loop waits for the GIL the logger
    holds; the chain names that thread (tid and name).
 2. ckpt_train.py: a 128 MiB checkpoint written and fsync'd on the
-   loop thread every 50 steps: io-stall, naming the writes and the fsync.
+   loop thread every 50 steps: io-stall, naming the writes and the fsync;
+   with --background the look-alike: saved by a thread, the loop never stalls.
 3. mp_loader_train.py: two worker processes feeding a multiprocessing.Queue
    on core 1, two CPU hogs (not of the job, untraced) pinned there too: the
    hogs starve the workers; the chain names the hogs and the fix moves them.
@@ -25,12 +26,12 @@ Each shape has two kinds of test: that the workload really made its shape
 and the trace recorded it (exact call counts against the truth), and what
 explain says of it.
 
-One of explain's answers here is still wrong in some runs of a quiet box (issue 37, open): one
-of the two jobs can get only a LOW chain.  Its tests are marked KNOWN_WRONG (xfail, not strict):
-they run and report, and the shape checks beside them hold every run; the mark goes when the
-mechanism is fixed.  (The hogs starving the workers are named since a woken worker's wait for a
-CPU is attributed to the process it waited behind: schema 17.  The checkpoint is an io-stall,
-not host-bound, since a save's write() time on CPU is the save's: analyze/saves.py.)
+Each of these answers was wrong when issue 37 was filed.  The hogs starving the workers are
+named since a woken worker's wait for a CPU is attributed to the process it waited behind
+(schema 17); each of two jobs on one core had the other as its culprit in 8 of 8 runs here (one
+job got only a LOW chain in some runs before); the checkpoint is an io-stall, not
+host-bound, since a save's write() time on CPU is the save's (analyze/saves.py); its look-alike
+saves from a thread of its own and must not be read as the loop's stall.
 
 Isolation: every traced run (its workload, its hogs, the tracer) is one
 session, so one autogroup, at autogroup nice -20: the other sessions on this
@@ -59,7 +60,6 @@ import workloads
 from ingero.events.ops import CUDA_OP_NAMES
 
 pytestmark = pytest.mark.live
-KNOWN_WRONG = pytest.mark.xfail(strict=False, reason="issue 37: the diagnosis of this shape is right in some runs only")
 
 WL = workloads.HERE
 DURATION_S = 7
@@ -464,7 +464,6 @@ def test_two_jobs_made_their_shape(two_jobs):
         assert_recorded(run, run.truth["loop_tid"], run.truth["counts"])
 
 
-@KNOWN_WRONG
 @pytest.mark.parametrize("me", [0, 1], ids=["lm_pretrain", "vit_finetune"])
 def test_each_job_is_the_others_culprit(two_jobs, me):
     mine, other = two_jobs[me].truth, two_jobs[1 - me].truth
