@@ -108,7 +108,7 @@ MARKER_NAME = re.compile(r"(?:^|[^a-z])(?:step|steps|iter|iters|iteration|batch)
 # "lr_scheduler.step").  A user's "ProfilerStep#3" or "step#3" stays a step.
 NOT_A_STEP = re.compile(r"::|, seq = |Backward\d*$|BatchNorm|DataLoader|#[A-Za-z_]|\.step\b", re.IGNORECASE)
 
-PARTS = ("data_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
+PARTS = ("data_wait", "lock_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,9 @@ class StepBreakdown:
     other_cuda_ms: float
     cpu_wait_ms: float
     faults_io_ms: float
+    # asleep outside CUDA calls waiting for a lock (the GIL) another thread of the process held
+    # (waits.py: the root of the wait is a sibling on CPU); not in data_wait_ms
+    lock_wait_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -549,19 +552,44 @@ class WindowParts:
     cpu_wait_ns: float
     faults_io_ns: float
     cpu_wait_out_ns: float  # of cpu_wait: outside every CUDA call
-    data_wait_idle_ns: float  # of data_wait: with nothing of the thread's queued on the device
+    data_wait_idle_ns: float  # of the sleeps (data and lock wait): with nothing of the thread's queued
+    lock_wait_ns: float = 0.0  # asleep for a lock a sibling thread held (not in data_wait_ns)
+
+    @property
+    def asleep_ns(self) -> float:
+        """Every sleep outside CUDA calls: for data and for a lock."""
+        return self.data_wait_ns + self.lock_wait_ns
+
+
+# The loop thread's sleeps outside calls whose root is a sibling thread on CPU (waits.py's
+# ing_block: the lock-contention rule's cause), per window.
+LOCK_WAIT_SQL = """
+SELECT w, sum(ns) FROM ing_block
+WHERE pid = $pid AND tid = $tid AND root = 'on-cpu' AND root_pid = pid AND root_tid <> tid AND list_contains($ws, w)
+GROUP BY w
+"""
+
+
+def _lock_wait(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, float]:
+    """Per window of ``ws``: the loop's lock wait (nothing where waits.build has not run)."""
+    if not ctx.con.execute(procs.HAS_TABLE_SQL, {"table": "ing_block"}).fetchone()[0]:
+        return {}
+    return {int(w): float(ns) for w, ns in ctx.con.execute(LOCK_WAIT_SQL, {"pid": pid, "tid": tid, "ws": ws})
+            .fetchall()}
 
 
 def window_parts(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, WindowParts]:
     """The loop thread's time per window of ``ws`` by part (the parts of the breakdown, unscaled)."""
     out = {}
+    locks = _lock_wait(ctx, pid, tid, ws)
     for r in ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall():
         wall = float(r[1])
         v = [max(0.0, float(x)) for x in r[2:9]]
         # parts can exceed the wall only through rounding at window edges
         host = max(0.0, wall - sum(v))
-        out[int(r[0])] = WindowParts(int(r[0]), wall, v[0], host, v[1], v[2], v[3], v[4], v[5], v[6],
-                                     max(0.0, float(r[9])), max(0.0, float(r[10])))
+        lock = min(v[0], locks.get(int(r[0]), 0.0))
+        out[int(r[0])] = WindowParts(int(r[0]), wall, v[0] - lock, host, v[1], v[2], v[3], v[4], v[5], v[6],
+                                     max(0.0, float(r[9])), max(0.0, float(r[10])), lock)
     return out
 
 
@@ -578,6 +606,9 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
     sums = [sum(max(0.0, float(r[i])) for r in rows) for i in range(2, 9)]
     data_wait, launch, copy, sync, other, cpu_wait, faults_io = sums
     known = sum(sums)
+    locks = _lock_wait(ctx, pid, tid, ws)
+    lock = sum(min(max(0.0, float(r[2])), locks.get(int(r[0]), 0.0)) for r in rows)
+    data_wait -= lock
     # host work is the remainder; the parts can only exceed the wall through rounding at
     # window edges (an interval split across windows): then they are scaled to it
     host = max(0.0, wall - known)
@@ -591,4 +622,5 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
         other_cuda_ms=other * scale,
         cpu_wait_ms=cpu_wait * scale,
         faults_io_ms=faults_io * scale,
+        lock_wait_ms=lock * scale,
     )

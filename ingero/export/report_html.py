@@ -46,11 +46,14 @@ COLOURS = {"ops_s": "#1f77b4", "sync_p50": "#d62728", "sync_p99": "#ff7f7f", "co
            "copy_p99": "#c5b0d5", "launch_p50": "#8c564b", "launch_p99": "#c49c94", "preempted": "#e377c2",
            "blocked": "#7f7f7f", "faults_s": "#bcbd22", "bio_p99": "#17becf", "rss_mb": "#ff7f0e",
            "gpu_util": "#2ca02c"}
-PART_LABELS = {"data_wait": "data wait (asleep outside CUDA)", "host": "host work (on CPU outside CUDA)",
+PART_LABELS = {"data_wait": "data wait (asleep outside CUDA)",
+               "lock_wait": "lock wait (a lock or the GIL another thread held)",
+               "host": "host work (on CPU outside CUDA)",
                "launch": "kernel launches", "copy": "copies", "device_wait": "device wait (in syncs)",
                "other_cuda": "other CUDA calls", "cpu_wait": "CPU wait (runnable, off CPU)",
                "faults_io": "page faults and I/O"}
-PART_COLOURS = {"data_wait": "#17becf", "host": "#1f77b4", "launch": "#8c564b", "copy": "#9467bd",
+PART_COLOURS = {"data_wait": "#17becf", "lock_wait": "#e377c2", "host": "#1f77b4", "launch": "#8c564b",
+                "copy": "#9467bd",
                 "device_wait": "#2ca02c", "other_cuda": "#bcbd22", "cpu_wait": "#d62728", "faults_io": "#ff7f0e"}
 STATE_COLOURS = {ON_CPU: "#2ca02c", RUNNABLE: "#ff7f0e", "in a kernel launch": "#8c564b", "in a copy": "#9467bd",
                  "in a sync (waiting for the device)": "#1f77b4", "in a collective (NCCL)": "#17becf",

@@ -341,6 +341,9 @@ def test_gil_chain_names_the_logger_thread(gil):
 def test_gil_wait_is_not_read_as_data_loading(gil):
     rules = {c["rule_id"] for c in chains_of(gil.report, gil.truth["pid"])}
     assert not rules & {"input-bound", "host-bound"}, summary(gil.report)
+    # nor does the step's breakdown call it a data wait: the step waits for the lock
+    parts = gil.report["steps"]["breakdown"]
+    assert parts["lock_wait"] > 0.5 > parts["data_wait"], parts
 
 
 def test_gil_chain_names_the_logger_line_with_stack(gil):

@@ -97,3 +97,20 @@ def test_inline_loading_beside_a_per_step_log_fsync_stays_host_bound():
     assert store.con.execute("SELECT count(*) FROM ing_save").fetchone()[0] == 0
     io = chains_of(rep, "io-stall")
     assert not io or io[0].numbers["save_cpu_ns"] == 0
+
+
+
+def test_the_loop_blocked_in_its_own_flush_is_named_before_the_kernel_thread_issuing_for_it():
+    # msync's writeback and the replaced file's discards go out through kblockd: more bytes than
+    # the loop's own requests, yet the loop's save is the stall
+    h = loop(save_every=60, save_cpu_ms=250, fsync_ms=120)
+    kblockd = 58
+    h.trace.name(kblockd, "kworker/1:1H-kblockd", "kworker/1:1H-kblockd")
+    for k in range(0, int((h.t - h.first) / MS), 20):
+        h.trace.ev(h.first + k * MS, "block_io", kblockd, kblockd, 30 * MS, kind="discard", bytes=64 << 20,
+                   other_pid=259)
+    rep = explain(h.trace.store().con, Options(window_s=1))
+    [chain] = chains_of(rep, "io-stall")
+    assert chain.root[0].startswith(f"python3 (pretrain.py) (PID {MAIN_PID}) issued "), chain.root
+    assert any(c.startswith(f"kworker/1:1H-kblockd (PID {kblockd}): ") for c in chain.contributing), chain.contributing
+    assert [c.pid for c in chain.culprits] == [MAIN_PID]

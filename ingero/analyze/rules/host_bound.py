@@ -137,7 +137,7 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         # (logging, metrics) before its sync: device.py's tail, host work like the above; less
         # the loop's sleeps with work queued (a wait for data there is input-bound's, and the
         # tail may be all of it: reviewed, 1 ms asleep read as 610 µs of host work)
-        queued_sleep = max(0.0, p.data_wait_ns - p.data_wait_idle_ns)
+        queued_sleep = max(0.0, p.asleep_ns - p.data_wait_idle_ns)
         tail = min(max(0.0, host - surely), max(0.0, wb.tail_ns / span * p.wall_ns - queued_sleep))
         out[w] = IdleSplit(
             w=w, wall_ns=p.wall_ns, host_ns=host, idle_ns=idle,

@@ -111,7 +111,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             severity="HIGH" if impact >= T.high_share else "MEDIUM",
             root=root, effect=effect, fix=fix,
             contributing=contributing,
-            culprits=[Culprit(pid, f"thread {h[4] or '?'} (TID {h[0]})", f"{units.ns(h[1])} of the loop's wait",
+            culprits=[Culprit(pid, f"thread {h[4] or '?'}", f"{units.ns(h[1])} of the loop's wait",
                               tid=int(h[0])) for h in holders[:4]],
             corr=baseline.evidence_correlation(s, share, baseline.ops_rate, expect=-1),
             corr_note="CUDA ops/s fall as the wait for the lock grows",
