@@ -131,7 +131,12 @@ def build(ctx: Context) -> None:
     con.unregister("_ing_save")
 
 
+def by_window(con, pid: int) -> dict[int, tuple[float, float]]:
+    """The saves of ``pid`` per window (ing_save): (their on-CPU ns, how many)."""
+    return {int(w): (float(ns), float(n)) for w, ns, n in con.execute(
+        "SELECT w, sum(cpu_ns), sum(n) FROM ing_save WHERE pid = $pid GROUP BY w", {"pid": pid}).fetchall()}
+
+
 def cpu_ns_by_window(con, pid: int) -> dict[int, float]:
-    """The saves' on-CPU time of ``pid`` per window (ing_save)."""
-    return {int(w): float(ns) for w, ns in con.execute(
-        "SELECT w, sum(cpu_ns) FROM ing_save WHERE pid = $pid GROUP BY w", {"pid": pid}).fetchall()}
+    """The saves' on-CPU time of ``pid`` per window."""
+    return {w: ns for w, (ns, _) in by_window(con, pid).items()}

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ingero.analyze import procs
+from ingero.analyze import procs, waits
 from ingero.analyze.context import Context
 from ingero.analyze.device import DeviceActivity
 from ingero.analyze.windows import COPY_NS_SQL, DEVICE_WAIT_NS_SQL
@@ -561,27 +561,17 @@ class WindowParts:
         return self.data_wait_ns + self.lock_wait_ns
 
 
-# The loop thread's sleeps outside calls whose root is a sibling thread on CPU (waits.py's
-# ing_block: the lock-contention rule's cause), per window.
-LOCK_WAIT_SQL = """
-SELECT w, sum(ns) FROM ing_block
-WHERE pid = $pid AND tid = $tid AND root = 'on-cpu' AND root_pid = pid AND root_tid <> tid AND list_contains($ws, w)
-GROUP BY w
-"""
-
-
-def _lock_wait(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, float]:
-    """Per window of ``ws``: the loop's lock wait (nothing where waits.build has not run)."""
+def _lock_wait(ctx: Context, pid: int, tid: int) -> dict[int, float]:
+    """Per window: the loop's lock wait (waits.py; nothing where waits.build has not run)."""
     if not ctx.con.execute(procs.HAS_TABLE_SQL, {"table": "ing_block"}).fetchone()[0]:
         return {}
-    return {int(w): float(ns) for w, ns in ctx.con.execute(LOCK_WAIT_SQL, {"pid": pid, "tid": tid, "ws": ws})
-            .fetchall()}
+    return waits.lock_wait_by_window(ctx.con, pid, tid)
 
 
 def window_parts(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, WindowParts]:
     """The loop thread's time per window of ``ws`` by part (the parts of the breakdown, unscaled)."""
     out = {}
-    locks = _lock_wait(ctx, pid, tid, ws)
+    locks = _lock_wait(ctx, pid, tid)
     for r in ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall():
         wall = float(r[1])
         v = [max(0.0, float(x)) for x in r[2:9]]
@@ -606,7 +596,7 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
     sums = [sum(max(0.0, float(r[i])) for r in rows) for i in range(2, 9)]
     data_wait, launch, copy, sync, other, cpu_wait, faults_io = sums
     known = sum(sums)
-    locks = _lock_wait(ctx, pid, tid, ws)
+    locks = _lock_wait(ctx, pid, tid)
     lock = sum(min(max(0.0, float(r[2])), locks.get(int(r[0]), 0.0)) for r in rows)
     data_wait -= lock
     # host work is the remainder; the parts can only exceed the wall through rounding at

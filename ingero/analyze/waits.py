@@ -381,6 +381,13 @@ def per_window(con, pid: int, root: str, *, root_pid: int | None = None, not_tid
     return {int(w): float(ns) for w, ns in rows}
 
 
+def lock_wait_by_window(con, pid: int, tid: int) -> dict[int, float]:
+    """ns per window the loop thread ``tid`` waited for a lock (the GIL) a sibling thread held:
+    its blocked time whose root is another thread of its process on CPU (lock-contention's
+    cause, the step's lock wait)."""
+    return per_window(con, pid, ON_CPU, root_pid=pid, not_tid=tid)
+
+
 # The loop's blocked time per window, and the part of it fed by another process: woken by a
 # thread of another traced or untraced process (a DataLoader worker through its queue's pipe)
 # over anything but a socket (requests are no input pipeline), whatever that worker's own

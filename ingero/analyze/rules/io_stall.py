@@ -123,8 +123,10 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
     if not (direct or aligned):
         return None
     # the saves' CPU side (saves.py): the steps that flushed also wrote on CPU, outside every call
-    saved = saves.cpu_ns_by_window(con, pid)
-    save_ns = sum(saved.get(int(r["w"]), 0.0) for r in s.evidence)
+    per_w = saves.by_window(con, pid)
+    saved = [per_w.get(int(r["w"]), (0.0, 0.0)) for r in s.evidence]
+    save_ns = sum(ns for ns, _ in saved)
+    n_saves = round(sum(n for _, n in saved))
     save_share = save_ns / (sum(r["wall_ns"] for r in s.evidence) or 1)
     blocked = io_share + starve_share + save_share
     severity = "HIGH" if blocked >= T.high_io_share or drop >= T.high_drop else "MEDIUM"
@@ -161,11 +163,9 @@ def _evaluate_pid(con, ctx, pid, rows) -> Chain | None:
             + (f" on {', '.join(files[:3])}" if files else ""))
     effect = []
     if save_ns:
-        n_saves = con.execute("SELECT sum(n) FROM ing_save WHERE pid = $pid AND list_contains($ws, w)",
-                              {"pid": pid, "ws": ws}).fetchone()[0] or 0
         flush_ns = sum(t.ns for t in flushes)
         effect.append(
-            f"{units.count(round(n_saves))} step{'s' if round(n_saves) != 1 else ''} that saved: "
+            f"{units.count(n_saves)} step{'s' if n_saves != 1 else ''} that saved: "
             f"{units.ns(save_ns)} on CPU writing ({units.pct(save_share)} of wall clock, beyond the loop's "
             "usual host work between steps)"
             + (f" and {units.ns(flush_ns)} blocked in its flushes" if flush_ns else "") + ", the device idle meanwhile"

@@ -53,7 +53,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
         tid = loops.get(pid)
         if tid is None:
             continue
-        held = waits.per_window(con, pid, waits.ON_CPU, root_pid=pid, not_tid=tid)
+        held = waits.lock_wait_by_window(con, pid, tid)
         for r in rows:
             r["lock_ns"] = held.get(int(r["w"]), 0.0)
 
