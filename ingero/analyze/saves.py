@@ -67,6 +67,15 @@ WHERE base.ordinary_ns IS NOT NULL
 ORDER BY fg.tid, fg.g0
 """
 
+# Whether a loop thread waited in a flush of its own at all (most loops never do: then the
+# gaps, a window over every CUDA call of the loop, are not computed).
+_ANY_FLUSH_SQL = f"""
+SELECT 1 FROM events e JOIN ing_loop l ON e.pid = l.pid AND e.tid = l.tid
+WHERE {Selection.where("e", pids=False)} AND e.op = 'sched_switch' AND NOT e.preempted
+  AND e.in_call IS NULL AND list_contains($flush, e.syscall)
+LIMIT 1
+"""
+
 # The loop thread's off-CPU intervals overlapping the save gaps.
 _OFF_SQL = """
 SELECT e.tid, g.g0, e.timestamp, e.timestamp + coalesce(e.duration_ns, 0)
@@ -103,7 +112,8 @@ def build(ctx: Context) -> None:
     # a store from before schema 15 has no syscall column: no flush is known, no save counted
     known = has_column(con, "events", "syscall") and has_column(con, "events", "in_call")
     params = {**p, "cuda_ops": list(CUDA_OP_NAMES), "flush": sorted(FLUSH_CALLS), "draining": sorted(DRAINING_OPS)}
-    gaps = con.execute(_GAPS_SQL, params).fetchall() if known else []
+    flushed = known and con.execute(_ANY_FLUSH_SQL, {**p, "flush": params["flush"]}).fetchone() is not None
+    gaps = con.execute(_GAPS_SQL, params).fetchall() if flushed else []
     rows: list[dict] = []
     if gaps:
         con.register("_ing_save_gaps", pa.table({"tid": [int(g[1]) for g in gaps], "g0": [int(g[2]) for g in gaps],

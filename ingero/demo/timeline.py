@@ -55,7 +55,6 @@ FIELDS = ("timestamp", "duration_ns", "pid", "tid", "op", "kind", "bytes", "pree
           "ret", "cpu", "in_call", "comm")  # comm: an NCCL call's communicator
 TYPES = (pa.int64(), pa.int64(), pa.int32(), pa.int32(), pa.string(), pa.string(), pa.int64(), pa.bool_(),
          pa.int32(), pa.int64(), pa.int32(), pa.int16(), pa.string(), pa.uint64())
-_BURST_NULLS = frozenset(("kind", "bytes", "preempted", "other_pid", "runq_ns", "ret", "in_call", "comm"))
 
 
 class Columns:
@@ -89,36 +88,68 @@ class Columns:
         """``n`` rows of op ``op``, ``dur`` each, end to end from ``ts`` (a burst of page faults)."""
         if n <= 0:
             return
-        self._parts.append({
-            "timestamp": int(ts) + np.arange(n, dtype=np.int64) * max(0, int(dur)),
-            "duration_ns": np.full(n, int(dur), np.int64),
+        self.add_block(int(ts) + np.arange(n, dtype=np.int64) * max(0, int(dur)), np.full(n, int(dur), np.int64),
+                       op, pid=pid, cpu=cpu)
+
+    def add_block(self, ts: np.ndarray, dur: np.ndarray, op: str, *, pid: int = LOOP_PID, cpu: int = 0) -> None:
+        """One row of op ``op`` per (ts, dur), its other fields as ``add`` leaves them (a run of launches)."""
+        n = len(ts)
+        if n == 0:
+            return
+        part = {
+            "timestamp": np.asarray(ts, np.int64), "duration_ns": np.asarray(dur, np.int64),
             "pid": np.full(n, pid, np.int32), "tid": np.full(n, pid, np.int32),
             "op": np.full(n, op, object), "cpu": np.full(n, cpu, np.int16),
-        })
+        }
+        if op[:4] in ("cuda", "nccl"):
+            part["ret"] = np.zeros(n, np.int32)
+        self._parts.append(part)
         self._rows = []
         self._parts.append(self._rows)
         self._table = None
 
     def _events(self) -> pa.Table:
-        """Every row so far as one table; the parts become that table (their Python rows freed)."""
+        """Every row so far as one table, in the order added; the parts become that table (their
+        Python rows freed).  The Python rows are converted together and the blocks together (one
+        Arrow array per field each, not per part: a replay has thousands of parts), then put back
+        in order with one take."""
         if self._table is None:
-            tables = []
+            tables: list[pa.Table] = []
+            starts: list[np.ndarray] = []  # each table's rows' places in the whole
+            at = 0
+            rows: list[tuple] = []
+            rows_at: list[np.ndarray] = []
+            blocks: list[dict[str, np.ndarray]] = []
+            blocks_at: list[np.ndarray] = []
             for part in self._parts:
+                n = part.num_rows if isinstance(part, pa.Table) else (
+                    len(part["timestamp"]) if isinstance(part, dict) else len(part))
+                if n == 0:
+                    continue
+                place = np.arange(at, at + n, dtype=np.int64)
+                at += n
                 if isinstance(part, pa.Table):
                     tables.append(part)
-                    continue
-                if isinstance(part, dict):
-                    n = len(part["timestamp"])
-                    cols = [pa.nulls(n, t) if f in _BURST_NULLS else pa.array(part[f], t)
-                            for f, t in zip(FIELDS, TYPES)]
-                elif part:
-                    cols = [pa.array(col, t) for col, t in zip(zip(*part), TYPES)]
+                    starts.append(place)
+                elif isinstance(part, dict):
+                    blocks.append(part)
+                    blocks_at.append(place)
                 else:
-                    continue
-                tables.append(pa.Table.from_arrays(cols, names=list(FIELDS)))
+                    rows.extend(part)
+                    rows_at.append(place)
+            if rows:
+                tables.append(pa.Table.from_arrays([pa.array(col, t) for col, t in zip(zip(*rows), TYPES)],
+                                                   names=list(FIELDS)))
+                starts.append(np.concatenate(rows_at))
+            if blocks:
+                tables.append(_blocks_table(blocks))
+                starts.append(np.concatenate(blocks_at))
             if not tables:
                 tables = [pa.Table.from_arrays([pa.array([], t) for t in TYPES], names=list(FIELDS))]
-            self._table = pa.concat_tables(tables).combine_chunks()
+            whole = pa.concat_tables(tables).combine_chunks()
+            if len(starts) > 1:
+                whole = whole.take(np.argsort(np.concatenate(starts), kind="stable"))
+            self._table = whole
             self._rows = []
             self._parts = [self._table, self._rows]
         return self._table
@@ -135,6 +166,24 @@ class Columns:
     def table(self, session_id: int) -> pa.Table:
         t = self._events()
         return t.add_column(0, "session_id", pa.array(np.full(t.num_rows, session_id, np.int32)))
+
+
+def _blocks_table(blocks: list[dict[str, np.ndarray]]) -> pa.Table:
+    """The rows of ``Columns.add_block`` parts as one table: a field a block lacks is null there."""
+    cols = []
+    for f, t in zip(FIELDS, TYPES):
+        have = [f in b for b in blocks]
+        if not any(have):
+            cols.append(pa.nulls(sum(len(b["timestamp"]) for b in blocks), t))
+            continue
+        proto = next(b[f] for b in blocks if f in b)
+        values = np.concatenate([b[f] if f in b else np.zeros(len(b["timestamp"]), proto.dtype) for b in blocks])
+        if all(have):
+            cols.append(pa.array(values, t))
+        else:
+            missing = np.concatenate([np.full(len(b["timestamp"]), f not in b) for b in blocks])
+            cols.append(pa.array(values, t, mask=missing))
+    return pa.Table.from_arrays(cols, names=list(FIELDS))
 
 
 class Draws:
@@ -156,6 +205,20 @@ class Draws:
         u = self._buf[self._i]
         self._i += 1
         return lo + (hi - lo) * u
+
+    def doubles(self, n: int) -> np.ndarray:
+        """The next ``n`` doubles of the stream: what ``n`` calls of ``uniform()`` would have drawn."""
+        out = np.empty(n)
+        got = 0
+        while got < n:
+            if self._i == len(self._buf):
+                self._buf = self.rng.random(self.BLOCK).tolist()
+                self._i = 0
+            k = min(n - got, len(self._buf) - self._i)
+            out[got:got + k] = self._buf[self._i:self._i + k]
+            self._i += k
+            got += k
+        return out
 
 
 class LoopThread:
@@ -180,6 +243,11 @@ class LoopThread:
 
     def jit(self, ns: float) -> int:
         return max(1, int(ns * self.rng.uniform(0.95, 1.05)))
+
+    @staticmethod
+    def jits(ns: float, u: np.ndarray) -> np.ndarray:
+        """``jit(ns)`` for each double of ``u`` (the same arithmetic, so the same integers)."""
+        return np.maximum(1, (ns * (0.95 + (1.05 - 0.95) * u)).astype(np.int64))
 
     # -- the CPU it shares -------------------------------------------------
 
@@ -281,6 +349,26 @@ class LoopThread:
         self.call = None
         self.c.add(start, self.t - start, op, pid=self.pid, cpu=self.cpu, **row)
         return self.t - start
+
+    def launch_run(self, n: int, launch_ns: float, kernel_ns: float, device_free: int) -> tuple[int, int]:
+        """``n`` kernel launches of ``jit(launch_ns)`` each, every one queueing a kernel of
+        ``jit(kernel_ns)`` on a device free from ``device_free``: what ``n`` rounds of
+        ``call_run('cudaLaunchKernel', ...)`` and a queue would do, drawn and stored as one block.
+        Only for a thread nothing preempts (a contended one's slices interleave the launches).
+        Returns (the device's end of the work queued, the kernels' total time)."""
+        assert not self.contended
+        u = self.rng.doubles(2 * n)
+        launch = self.jits(launch_ns, u[0::2])
+        kernel = self.jits(kernel_ns, u[1::2])
+        ends = self.t + np.cumsum(launch)
+        self.c.add_block(ends - launch, launch, "cudaLaunchKernel", pid=self.pid, cpu=self.cpu)
+        self.t = int(ends[-1])
+        self.oncpu_ns += int(launch.sum())
+        # the device: free_k = max(free_{k-1}, end_k) + kernel_k, i.e. the kernels' running sum
+        # plus the latest of the start free and every launch's end less the kernels before it
+        done = np.cumsum(kernel)
+        free = int(done[-1]) + max(int(device_free), int(np.max(ends - (done - kernel))))
+        return free, int(done[-1])
 
     def call_op(self, op: str, body, **row) -> int:
         """Make CUDA call ``op``: ``body()`` runs inside it; its row spans the whole call.  Returns its duration."""
