@@ -7,7 +7,7 @@ Reproduces the issue's table -- demos/workloads/train.py untraced vs under
 adds a row per ``--overhead-budget`` setting.  Per traced run it also reports:
 
 * the launch-count error: launches explain's windows count (scaled by the
-  sampling table: ingero/analyze/sampling.py) against the launches the loop
+  sampling table: ingero/analyze/launch_sampling.py) against the launches the loop
   made (its steps x kernels per step, printed by the workload itself);
 * sync p99 from the store, beside the full trace's (syncs are never sampled:
   a difference is the run's, not the estimate's);

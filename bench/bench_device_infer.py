@@ -34,7 +34,7 @@ from pathlib import Path
 
 import duckdb
 
-from ingero.analyze import context, device, steps
+from ingero.analyze import context, device, traced_steps
 
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "demos" / "build" / "libcudart.so.12"
@@ -68,11 +68,11 @@ Path(summary).write_text(json.dumps(d))
 '''
 
 
-def analyse(db: Path, **opts) -> tuple[device.DeviceActivity | None, steps.Steps | None]:
+def analyse(db: Path, **opts) -> tuple[device.DeviceActivity | None, traced_steps.Steps | None]:
     con = duckdb.connect(str(db), read_only=True)
     try:
         ctx, act = device.analyse(con, context.Options(**opts))
-        return act, (steps.detect(ctx, act) if act else None)
+        return act, (traced_steps.detect(ctx, act) if act else None)
     finally:
         con.close()
 
@@ -122,7 +122,7 @@ def traces_table() -> None:
     sys.path.insert(0, str(REPO / "tests" / "unit"))
     from kineto_truth import DATA, TRACES, busy_share, load  # noqa: PLC0415 (the tests' truth, from the JSON)
 
-    from ingero.analyze import timeline  # noqa: PLC0415
+    from ingero.analyze.device import imported  # noqa: PLC0415
     from ingero.importer import import_trace  # noqa: PLC0415
     from ingero.store.db import Store  # noqa: PLC0415
 
@@ -132,7 +132,7 @@ def traces_table() -> None:
         measured = busy_share(load(name))
         store = Store.memory()
         res = import_trace(store, DATA / name, calls_only=True)
-        lo, hi, _ = timeline.analysed_span(store.con, res.session_id)
+        lo, hi, _ = imported.analysed_span(store.con, res.session_id)
         _, a = device.analyse(store.con, context.Options(session=res.session_id, from_ns=lo, to_ns=hi), span=(lo, hi))
         inside = "yes" if a.low <= measured <= a.high else "NO"
         print(f"| {name} | {100 * measured:.1f} | {100 * a.busy_share:.1f} "

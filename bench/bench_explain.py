@@ -131,7 +131,7 @@ def build(path: Path, n: int, seed: int = 0, interleaved: bool = False, summaris
     ``interleaved`` keeps plain time order across ops instead, a layout the
     tracer never writes: the worst case for explain's scans.  ``summarise``:
     also write the per-second summaries of each appended chunk, as the tracer's
-    hook does per flush (analyze/summaries.py, the same SQL); ``only_summaries``:
+    hook does per flush (analyze/summaries/__init__.py, the same SQL); ``only_summaries``:
     write the summaries of the generated events but not the events themselves
     (a day of summaries without a day of raw rows to store)."""
     t = time.perf_counter()
@@ -274,7 +274,7 @@ class _TimedConnection:
         return _timed(self._spent, sql, lambda: self._con.execute(sql, *args, **kwargs))
 
     def sql(self, query, *args, **kwargs):
-        """A relation runs when it is fetched (device.py fetches its calls as Arrow): timed then."""
+        """A relation runs when it is fetched (analyze/device/__init__.py fetches its calls as Arrow): timed then."""
         return _TimedRelation(self._con.sql(query, *args, **kwargs), query, self._spent)
 
     def __getattr__(self, name):

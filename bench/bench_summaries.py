@@ -36,7 +36,7 @@ import numpy as np
 from bench.bench_ingest import _realistic
 from ingero.collect import decode
 from ingero.collect.session import FLUSH_ROWS
-from ingero.commands.summaries_hook import SummaryHook
+from ingero.analyze.summaries.hook import SummaryHook
 from ingero.events.units import NS
 from ingero.store.db import Store
 

@@ -19,10 +19,8 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ingero.analyze import device as inferred_device
-from ingero.analyze import measured as measured_device
-from ingero.analyze import steps as rhythm
-from ingero.analyze import procs, timeline
+from ingero.analyze import device, procs, traced_steps
+from ingero.analyze.device import imported, measured
 from ingero.analyze.context import Context
 from ingero.analyze.model import DeviceBusy, StepStats
 from ingero.events.units import NS
@@ -34,41 +32,41 @@ def device_activity(ctx: Context) -> dict:
     """The device activity per pid, measured where CUPTI measured it, else inferred (cached on ctx by
     resolve; found here when missing)."""
     if ctx.derived.device_activity is None:
-        ctx.derived.device_activity = _activity(ctx, measured_device.live(ctx))
+        ctx.derived.device_activity = _activity(ctx, measured.live(ctx))
     return ctx.derived.device_activity
 
 
 def _activity(ctx: Context, live: set[int]) -> dict:
     """Inferred from the calls, then the processes in ``live`` measured."""
-    activity = inferred_device.infer(ctx)
-    return measured_device.overlay(ctx, activity, live) if live else activity
+    activity = device.infer(ctx)
+    return measured.overlay(ctx, activity, live) if live else activity
 
 
 def rhythm_steps(ctx: Context, pid: int):
-    """The steps found in ``pid``'s call rhythm (rhythm.Steps), or None (cached on ctx)."""
+    """The steps found in ``pid``'s call rhythm (traced_steps.Steps), or None (cached on ctx)."""
     found = ctx.derived.rhythm_steps
     if pid not in found:
         act = device_activity(ctx).get(pid)
-        found[pid] = rhythm.detect(ctx, act) if act is not None else None
+        found[pid] = traced_steps.detect(ctx, act) if act is not None else None
     return found[pid]
 
-# Inferring the device's activity and the steps reads the raw calls (device.py,
-# steps.py: a call sequence no per-second summary keeps), a pass that grows
+# Inferring the device's activity and the steps reads the raw calls (analyze/device/__init__.py,
+# analyze/traced_steps.py: a call sequence no per-second summary keeps), a pass that grows
 # with the range: 0.2 s CPU per 3.6 M events here.  Over a longer range they
 # see its last MAX_RAW_SPAN_S only (whole windows), and explain says so.
 MAX_RAW_SPAN_S = 300
 
 
 def resolve(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
-    live = measured_device.live(ctx)
+    live = measured.live(ctx)
     if live:
         # a traced session with CUPTI's timeline: its host events are there too
         marked = _marked_steps(ctx)
         with _recent_calls(ctx):
             return _inferred(ctx, marked, live)
-    measured, marked = _measured(ctx)
-    if measured is not None:
-        return measured, marked
+    profiled, marked = _profiled(ctx)
+    if profiled is not None:
+        return profiled, marked
     with _recent_calls(ctx):
         return _inferred(ctx, marked)
 
@@ -91,7 +89,7 @@ def nvml_disagreement(ctx: Context, busy: DeviceBusy) -> str | None:
     if busy.source != "inferred":
         return None  # (a measured timeline: nothing inferred to compare, and no inference to run)
     act = device_activity(ctx)
-    main = inferred_device.main_process(ctx, act) if act else None
+    main = device.main_process(ctx, act) if act else None
     if main is None:
         return None
     util, gpus = ctx.con.execute(NVML_SQL, {"sid": ctx.session_id, "a": main.start_ns, "b": main.end_ns}).fetchone()
@@ -136,14 +134,14 @@ def _inferred(ctx: Context, marked: StepStats | None,
     ctx.derived.device_activity = activity
     for pid, act in activity.items():
         ctx.device_busy[pid] = act.busy_share
-    main = inferred_device.main_process(ctx, activity)
+    main = device.main_process(ctx, activity)
     if main is None:
         return None, marked
     busy = DeviceBusy(round(main.busy_share, 4), round(main.low, 4), round(main.high, 4), main.source,
                       main.span_ns, measured_by="CUPTI" if main.source == "measured" else None)
     if marked is not None:
         return busy, marked
-    found = rhythm.detect(ctx, main)
+    found = traced_steps.detect(ctx, main)
     ctx.derived.rhythm_steps = {main.pid: found}
     if found is None:
         return busy, None
@@ -151,7 +149,7 @@ def _inferred(ctx: Context, marked: StepStats | None,
                       found.pid)
     b = found.breakdown
     if b is not None and b.total_ms > 0:
-        for part in rhythm.PARTS:
+        for part in traced_steps.PARTS:
             stats.breakdown[part] = round(getattr(b, f"{part}_ms") / b.total_ms, 4)
     return busy, stats
 
@@ -164,26 +162,26 @@ def _marked_steps(ctx: Context) -> StepStats | None:
     if not procs.has_table(con, "device_activity"):
         return None
     lo, hi = (None, None) if ctx.whole_session else (ctx.start_ns, ctx.end_ns)
-    steps = ctx.marked_steps = timeline.steps(con, ctx.session_id, lo, hi)
+    steps = ctx.marked_steps = imported.steps(con, ctx.session_id, lo, hi)
     if steps is None:
         return None
     step_stats = StepStats(steps.count, round(steps.median_ms, 3), round(steps.p99_ms, 3), "marked")
-    step_stats.breakdown.update(timeline.breakdown(con, ctx.session_id, steps).shares())
+    step_stats.breakdown.update(imported.breakdown(con, ctx.session_id, steps).shares())
     return step_stats
 
 
-def _measured(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
+def _profiled(ctx: Context) -> tuple[DeviceBusy | None, StepStats | None]:
     """From an imported profiler trace: its device timeline and ProfilerStep marks."""
     con = ctx.con
     if not procs.has_table(con, "device_activity"):
         return None, None
     lo, hi = (None, None) if ctx.whole_session else (ctx.start_ns, ctx.end_ns)
     step_stats = _marked_steps(ctx)
-    measured = timeline.device(con, ctx.session_id, lo, hi)
-    if measured is None:
+    profiled = imported.device(con, ctx.session_id, lo, hi)
+    if profiled is None:
         return None, step_stats
-    share = round(measured.busy_share, 4)
+    share = round(profiled.busy_share, 4)
     # one device timeline per imported session: it belongs to the process whose calls fed it
     for (pid,) in con.execute(CUDA_PIDS_SQL).fetchall():
         ctx.device_busy[int(pid)] = share
-    return DeviceBusy(share, share, share, "measured", measured.span_ns), step_stats
+    return DeviceBusy(share, share, share, "measured", profiled.span_ns), step_stats

@@ -46,7 +46,7 @@ class Derived:
 
     win_rows: dict[int, list[dict[str, Any]]] | None = None  # baseline.windows_by_pid
     device_activity: dict[int, Any] | None = None  # activity.device_activity: device.DeviceActivity per pid
-    device_segments: Any = None  # device.infer: (its segments, the intervals analysed), for measured.py
+    device_segments: Any = None  # device.infer: (its segments, the intervals analysed), for analyze/device/measured.py
     rhythm_steps: dict[int, Any] = field(default_factory=dict)  # activity.rhythm_steps: steps.Steps | None
     # activity: device activity and steps read the raw calls from here on (a long range)
     calls_from_ns: int | None = None
@@ -135,7 +135,7 @@ class Context:
 
 def adaptive_window_ns(span_ns: int) -> int:
     seconds = min(MAX_WINDOW_S, max(MIN_WINDOW_S, span_ns / NS / TARGET_WINDOWS))
-    # whole seconds: a window is a set of whole per-second summaries (analyze/summaries.py)
+    # whole seconds: a window is a set of whole per-second summaries (analyze/summaries/__init__.py)
     return whole_seconds_ns(seconds)
 
 

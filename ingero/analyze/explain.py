@@ -13,7 +13,7 @@ import importlib
 
 import duckdb
 
-from ingero.analyze import activity, context, kind, procs, sampling, saves, waits, windows
+from ingero.analyze import activity, context, kind, launch_sampling, procs, saves, waits, windows
 from ingero.analyze.context import Context, Options
 from ingero.analyze.model import Analysed, Chain, Report, SystemContext, Workload
 from ingero.analyze.rules import registry
@@ -168,7 +168,7 @@ def _explain(con: duckdb.DuckDBPyConnection, opts: Options, source: str) -> Repo
         report.notes.append(
             f"{ctx.drops_kernel + ctx.drops_user:,} events were dropped while tracing: counts are lower bounds"
         )
-    for sampled in (sampling.note(ctx), sampling.counted_note(ctx)):
+    for sampled in (launch_sampling.note(ctx), launch_sampling.counted_note(ctx)):
         if sampled:
             report.notes.append(sampled)
     if opts.stack:
@@ -232,11 +232,11 @@ def _stack(ctx: Context, report: Report) -> dict:
 
 def _sampled_lines(ctx: Context) -> list[dict]:
     """The main loop thread's CPU samples outside CUDA calls, by line (the --stack sampler)."""
-    from ingero.analyze import samples
+    from ingero.analyze import cpu_samples
 
     row = ctx.con.execute("SELECT pid, tid FROM ing_loop ORDER BY cuda_n DESC, pid LIMIT 1").fetchone()
     if row is None:
         return []
     ws = [int(r[0]) for r in ctx.con.execute("SELECT w FROM ing_win WHERE pid = $pid", {"pid": row[0]}).fetchall()]
-    found = samples.top_lines(ctx, int(row[1]), ws, limit=10)
+    found = cpu_samples.top_lines(ctx, int(row[1]), ws, limit=10)
     return [x.to_dict() | {"text": x.text()} for x in found.lines] if found else []

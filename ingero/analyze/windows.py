@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ingero.analyze import quota, return_codes, sampling, summaries
+from ingero.analyze import launch_sampling, quota, return_codes, summaries
 from ingero.analyze.context import Context
 from ingero.events.ops import COPY_OPS, HOST_OPS, LAUNCH_OPS, PINNED_OPS, SYNC_COPY_OPS, SYNC_OPS
 from ingero.events.units import NS
@@ -268,7 +268,7 @@ COPY_FLOOR_BYTES_PER_S = 1e9
 COPY_MODEL_SQL = f"least(dur_ns, n * {COPY_LATENCY_NS} + bytes * {1e9 / COPY_FLOOR_BYTES_PER_S!r})"
 COPY_TRANSFER_SQL = f"coalesce(moved_ns, {COPY_MODEL_SQL})"
 # The two aggregates over ing_cuda rows that use it, read by ing_win and the step breakdown
-# (steps.py) alike: copy calls' transfer, and the time waiting for the device (syncs, and
+# (analyze/traced_steps.py) alike: copy calls' transfer, and the time waiting for the device (syncs, and
 # copy calls beyond their transfer).
 COPY_NS_SQL = f"sum({COPY_TRANSFER_SQL}) FILTER (cat = 'copy')"
 DEVICE_WAIT_NS_SQL = (f"coalesce(sum(dur_ns) FILTER (cat = 'sync'), 0)"
@@ -475,7 +475,7 @@ LATE_EPS_NS = summaries.LATE_EPS_NS
 SMALL_COPY_BYTES = summaries.SMALL_COPY_BYTES
 
 
-# ---- The same tables from the per-second summaries (analyze/summaries.py).
+# ---- The same tables from the per-second summaries (analyze/summaries/__init__.py).
 # {w}: the windows relation (the stored table, or TEMP summaries made on the
 # fly), {l}: the late waits.  Windows are whole seconds aligned to seconds
 # (context.resolve), so a window is a set of whole summary seconds.
@@ -545,7 +545,7 @@ FROM g LEFT JOIN {SYNC_P99} q ON q.tid = g.tid AND q.w = g.w AND q.op = g.op AND
 """
 
 # The overflow past the window's end, row by row: at most one off-CPU interval of
-# a thread crosses it (summaries.py), so this is SCHED_SQL's `over` exactly.
+# a thread crosses it (analyze/summaries/__init__.py), so this is SCHED_SQL's `over` exactly.
 S_SCHED_SQL = f"""
 CREATE OR REPLACE TEMP TABLE ing_sched AS
 WITH g AS (
@@ -675,8 +675,8 @@ def build(ctx: Context, source: str = "summaries") -> None:
     run(FAILED_SQL, *base, "host_ops", "small_copy_bytes")
     if con.execute("SELECT count(*) FROM ing_failed").fetchone()[0]:
         run(SPLIT_FAILED_SQL, *cats)
-    sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
-    sampling.add_switch_counts(ctx)  # and the off-CPU intervals it counted instead of storing
+    launch_sampling.scale_launches(ctx)  # a trace under --overhead-budget: launches of sampled windows scaled up
+    launch_sampling.add_switch_counts(ctx)  # and the off-CPU intervals it counted instead of storing
     _measured_copies(ctx, p)  # a copy's transfer as CUPTI measured it, where it did
     run(SYS_SQL, "sid", "t0", "t1", "wns")
     run(GPU_SQL, "sid", "t0", "t1", "wns")

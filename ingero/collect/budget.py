@@ -36,7 +36,7 @@ first, as the measured cost leaves room (a daemon or --pid trace counts
 switches from the start but traces launches in full until its first
 decision: see BudgetHook).  The tracepoints' cost is host-wide, an upper
 bound: with little traced CPU (an idle daemon) switches stay counted.  Analyze scales launch
-counts by ``sampling`` and adds the counted intervals to its off-CPU totals, and says so (analyze/sampling.py).
+counts by ``sampling`` and adds the counted intervals to its off-CPU totals, and says so (analyze/launch_sampling.py).
 
 The launch probes are uprobe_multi links here (loader.LinkedProbes): a
 BCC perf-event uprobe takes one RCU grace period per probe to detach, one at

@@ -185,7 +185,7 @@ _ARG_KEY = np.where(_BYTES_MASK, ~np.uint64(0), np.uint64(0))
 _OTHER_KEY = np.where(_OTHER_MASK | _PEER_MASK, np.uint64(0xFFFFFFFF) << _OTHER_SHIFT, np.uint64(0))
 # per op: the bits of the word of op and kind that are keys: the kind, and for switches and
 # faults the call state (in_call, queued); of the word of pid and tid: the thread (block I/O's
-# is whoever submitted, not a key: analyze/summaries.py sums its requests per process)
+# is whoever submitted, not a key: analyze/summaries/__init__.py sums its requests per process)
 _STATE_KEY = np.full(256, np.uint64(0xFF) << _KIND_SHIFT, dtype=np.uint64)
 _STATE_KEY[[int(Op.SCHED_SWITCH), int(Op.PAGE_FAULT)]] |= np.uint64(0xFFFF) << _CALL_SHIFT
 _STREAM_KEY = np.full(256, ~np.uint64(0), dtype=np.uint64)
@@ -211,7 +211,7 @@ def storage_order(records: np.ndarray) -> np.ndarray:
     value when mixed, to nothing in runs), ``bytes`` of copies, ``other_pid``
     / peer and ``kind`` -- the record's ``arg`` only for ops whose arg is
     bytes (a fault's address and a switch's runq_ns take too many values) --
-    and the keys of the per-second summaries (analyze/record_summaries.py):
+    and the keys of the per-second summaries (analyze/summaries/records.py):
     the thread (not block I/O's: its submitter is no key) and a switch's or
     fault's call state, so the records of one summary row come in one run or
     a few, which keeps summarising a flush at a few percent of storing it.

@@ -177,7 +177,7 @@ def command(argv, duration, pids, comm, cmd, no_nvtx, no_hold, no_cupti, cuda_li
         # ROOT checked before anything is attached: one line, nothing traced
         publisher = Publisher.bind(publish_root, opts.db_path, node=node, job=job, segment_s=seg)
         opts.hooks.append(publisher)
-    from ingero.commands.summaries_hook import SummaryHook
+    from ingero.analyze.summaries.hook import SummaryHook
     from ingero.daemon.hook import DaemonHook
     from ingero.sample.hook import SamplerHook
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from ingero.analyze import steps as step_parts
+from ingero.analyze import traced_steps
 from ingero.analyze.context import Options, resolve
 from ingero.analyze.model import StepStats
 from ingero.export.selection import WHERE, run
@@ -115,7 +115,7 @@ SELECT arg_max(tid, n) FROM (SELECT tid, count(*) AS n FROM events WHERE {WHERE}
 
 @dataclass
 class StepWindows:
-    """The loop's step (or request) per window: ms per step by part (step_parts.PARTS), from the
+    """The loop's step (or request) per window: ms per step by part (traced_steps.PARTS), from the
     loop thread's time in the window over the steps it held; None where it held none."""
 
     pid: int
@@ -170,7 +170,7 @@ def step_windows(con: duckdb.DuckDBPyConnection, params: dict, n: int, steps: St
         return None
     tid = int(tid_row[0])
     if steps.source in ("nvtx", "marked"):
-        # (ProfilerStep#N with its number as '#', as steps.py names a family)
+        # (ProfilerStep#N with its number as '#', as analyze/traced_steps.py names a family)
         family = steps.marker if steps.source == "nvtx" and steps.marker else "ProfilerStep##"
         per_w = dict(run(con, _MARKS_SQL, {**p, "family": family}).fetchall()) if _has(con, "spans") else {}
         counts = {int(w): float(c) for w, c in per_w.items()}
@@ -183,8 +183,8 @@ def step_windows(con: duckdb.DuckDBPyConnection, params: dict, n: int, steps: St
     from ingero.analyze.context import Context
 
     ctx = Context(con, params["sid"], params["t0"], params["t1"], params["wns"])
-    parts = step_parts.window_parts(ctx, pid, tid, list(range(n)))
-    out = {part: [None] * n for part in step_parts.PARTS}
+    parts = traced_steps.window_parts(ctx, pid, tid, list(range(n)))
+    out = {part: [None] * n for part in traced_steps.PARTS}
     held: list[float | None] = [None] * n
     for w, wp in parts.items():
         k = counts.get(w, 0.0)
@@ -192,7 +192,7 @@ def step_windows(con: duckdb.DuckDBPyConnection, params: dict, n: int, steps: St
         if not 0 <= w < n or k < 0.5 or wp.wall_ns <= 0:
             continue
         held[w] = k
-        for part in step_parts.PARTS:
+        for part in traced_steps.PARTS:
             out[part][w] = getattr(wp, f"{part}_ns") / k / 1e6
     if not any(v is not None for v in held):
         return None

@@ -23,7 +23,7 @@ from typing import IO
 
 from ingero.analyze import units
 from ingero.analyze.model import Report
-from ingero.analyze.steps import PARTS
+from ingero.analyze.traced_steps import PARTS
 from ingero.export import report_cards as rc
 from ingero.export.report_data import Charts, Series
 from ingero.export.report_timeline import ON_CPU, RUNNABLE, Timeline

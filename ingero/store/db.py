@@ -68,7 +68,7 @@ REAPPLY_SCHEMA = "-- schema.sql"
 #      peer or root) and ranks (each process' rank per communicator and its
 #      torchrun/Slurm environment).
 #  11: windows and window_late_waits: per-second summaries of the events, written
-#      at each flush (analyze/summaries.py); explain reads them instead of the raw
+#      at each flush (analyze/summaries/__init__.py); explain reads them instead of the raw
 #      rows.  Sessions recorded before it have none and are summarised on the fly.
 #  12: sampling (the overhead budget's attached and detached periods).
 #  13: sessions.summaries_pending_ns: the tracer writes the windows rows of a few

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     import_unused VARCHAR,           -- imported: JSON object, what the trace held that was not stored (kind -> count), e.g. CUDA calls without an op name
     clock_offset_ns BIGINT,          -- imported: ns added to the trace's timestamps (a join aligns them to the traced session's clock)
     notes VARCHAR,                   -- what the trace could not see and why, one line each (a program with a stripped CUDA runtime linked in: which file, which process, the fix); NULL when nothing; NULL: before schema 8
-    summaries_pending_ns BIGINT,     -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries.py); NULL: every stored event is in windows (schema 13)
+    summaries_pending_ns BIGINT,     -- the first second (epoch ns) whose windows rows the tracer still held in memory at its last flush (it writes them every few flushes); windows rows from it on are incomplete, and readers summarise those seconds from events (analyze/summaries/__init__.py); NULL: every stored event is in windows (schema 13)
     call_cost_ns DOUBLE,             -- what tracing one CUDA call costs its thread here, in CPU ns: the entry and return uprobes, calibrated at the trace's start on a probed libc call (the launch-bound rule takes it out of a launch's time); NULL: not calibrated (an imported trace, a kernel without uprobe_multi links, before schema 14)
     switch_holder BOOLEAN            -- true: a blocked sched_switch row's other_pid is the process the thread waited behind for a CPU once woken (the task leaving the CPU as it came back; 0 when it waited for none); NULL: before schema 17, when it was the process that ran next at the switch-out
 );
@@ -310,7 +310,7 @@ CREATE TABLE IF NOT EXISTS ranks (
 -- when it ends, a call when it returns) has several rows with the same keys,
 -- and every column adds up: read them with sum() (the histogram by bucket).
 -- A session without rows here (imported, recorded before schema 11) is
--- summarised on the fly by explain, with the same SQL (analyze/summaries.py).
+-- summarised on the fly by explain, with the same SQL (analyze/summaries/__init__.py).
 -- The tracer writes the rows of a few flushes at once (schema 13): the seconds from
 -- sessions.summaries_pending_ns on may be incomplete here (a tracer still running,
 -- or killed), and readers summarise them from events instead.
@@ -362,7 +362,7 @@ CREATE TABLE IF NOT EXISTS window_late_waits (
 -- tracepoint, is traced throughout.  A period without a row here was traced
 -- whole.  Explain estimates a thread's calls of those ops in the detached
 -- parts from its other CUDA calls there, at the ratio it made the two in the
--- slices (ingero/analyze/sampling.py); their durations and percentiles come
+-- slices (ingero/analyze/launch_sampling.py); their durations and percentiles come
 -- from the slices.
 CREATE TABLE IF NOT EXISTS sampling (
     session_id INTEGER,
@@ -417,7 +417,7 @@ CREATE TABLE IF NOT EXISTS cgroup_cpu (
 -- kind (why it left), with what a sched_switch row would have carried of them
 -- summed.  Counted intervals have no events row; their successor, system
 -- call, waker and stack are not recorded.  Explain adds them to its
--- off-CPU totals (ingero/analyze/sampling.py).
+-- off-CPU totals (ingero/analyze/launch_sampling.py).
 CREATE TABLE IF NOT EXISTS switch_counts (
     session_id INTEGER,
     timestamp BIGINT NOT NULL, -- end of the harvest interval (wall clock): intervals that ended in it

@@ -28,7 +28,7 @@ import pytest
 
 import workloads
 
-from ingero.analyze import device, steps
+from ingero.analyze import device, traced_steps
 from ingero.analyze.context import Options
 
 pytestmark = pytest.mark.live
@@ -52,7 +52,7 @@ def run(request, tmp_path_factory, simcuda: Path):
     truth = json.loads(summary.read_text())
     con = duckdb.connect(str(db), read_only=True)
     ctx, act = device.analyse(con, Options())
-    st = steps.detect(ctx, act) if act else None
+    st = traced_steps.detect(ctx, act) if act else None
     cost = con.execute("SELECT call_cost_ns FROM sessions").fetchall()
     yield truth, act, st, cost
     con.close()
@@ -77,7 +77,7 @@ def test_the_breakdown_adds_up_to_the_step(run):
     b = st.breakdown
     assert b is not None
     assert b.total_ms == pytest.approx(st.mean_ms, rel=1e-9)
-    assert min(getattr(b, f"{p}_ms") for p in steps.PARTS) >= 0
+    assert min(getattr(b, f"{p}_ms") for p in traced_steps.PARTS) >= 0
     # 50 launches and one copy per step, every step: both show
     assert b.launch_ms > 0 and b.copy_ms > 0
 

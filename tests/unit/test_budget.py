@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from ingero.analyze import sampling
+from ingero.analyze import launch_sampling
 from ingero.analyze.context import Options, resolve
 from ingero.analyze.explain import explain
 from ingero.cli import main
@@ -161,7 +161,7 @@ def _replay(name: str, duration_s: float = 30, policy: str = "spin") -> Store:
 def test_detached_time_per_window():
     rows = np.array([[0, 1000, 0, 100], [1000, 2000, 1000, 1100]])
     # windows of 500 ns: [0,500) detached 400, [500,1000) 500, [1000,1500) 400, [1500,2000) 500
-    assert sampling.detached_ns_per_window(rows, 0, 500, 4).tolist() == [400, 500, 400, 500]
+    assert launch_sampling.detached_ns_per_window(rows, 0, 500, 4).tolist() == [400, 500, 400, 500]
 
 
 def test_explain_scales_launches_and_says_so():
@@ -238,7 +238,7 @@ def test_launch_additions_count_against_the_other_calls():
         (7, 7, 1, False, False, 10),
         (7, 9, 0, True, True, 400), (7, 9, 0, False, True, 5),       # a thread that launches only
     ]
-    adds, no_anchor = sampling.launch_additions(counts)
+    adds, no_anchor = launch_sampling.launch_additions(counts)
     assert no_anchor == {9}
     assert adds[(7, 7, 0)] == pytest.approx(10 * 900 - 30)
     assert adds[(7, 7, 1)] == pytest.approx(1050 / 102 * 10)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 from kineto_truth import DATA, TRACES, busy_share, load
 
-from ingero.analyze import device, timeline
+from ingero.analyze import device
+
+from ingero.analyze.device import imported
 from ingero.analyze.context import Options
 from ingero.importer import import_trace
 from ingero.store.db import Store
@@ -29,7 +31,7 @@ MEASURED = {
 def infer(name: str) -> device.DeviceActivity:
     store = Store.memory()
     res = import_trace(store, DATA / name, calls_only=True)
-    a, b, _ = timeline.analysed_span(store.con, res.session_id)
+    a, b, _ = imported.analysed_span(store.con, res.session_id)
     _, act = device.analyse(store.con, Options(session=res.session_id, from_ns=a, to_ns=b), span=(a, b))
     assert act is not None
     return act

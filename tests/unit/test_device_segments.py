@@ -1,6 +1,6 @@
-"""device.py's segments and windows in numpy against the SQL they replaced (the oracle here).
+"""analyze/device/__init__.py's segments and windows in numpy against the SQL they replaced (the oracle here).
 
-The SQL below is what device.py ran until 2026-11-27 (ing_dev_seg, then the windows), kept only
+The SQL below is what analyze/device/__init__.py ran until 2026-11-27 (ing_dev_seg, then the windows), kept only
 as the meaning of the numpy code, and changed with it since (a non-waited segment's caps count at
 most the middle of its bounds): every device-inference scenario of test_device_infer and some
 demo traces run with each segment table and window row compared to it, exactly.

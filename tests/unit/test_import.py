@@ -144,12 +144,12 @@ def test_cpu_only_torch_traces_give_steps_and_data_loading():
     store = Store.memory()
     w0 = import_trace(store, TORCH / "torch_cpu_workers0.json.gz")
     w2 = import_trace(store, TORCH / "torch_cpu_workers2.json.gz")
-    from ingero.analyze import timeline
+    from ingero.analyze.device import imported
 
     for r in (w0, w2):
         assert (r.calls, r.device) == (0, 0) and r.spans > 0
-        assert timeline.device(store.con, r.session_id) is None
-    s0, s2 = timeline.steps(store.con, w0.session_id), timeline.steps(store.con, w2.session_id)
+        assert imported.device(store.con, r.session_id) is None
+    s0, s2 = imported.steps(store.con, w0.session_id), imported.steps(store.con, w2.session_id)
     assert [s.number for s in s0.steps] == [s.number for s in s2.steps] == [2, 3, 4, 5, 6]
     # num_workers=0: the main process builds every batch (8 items of ~1 ms) inside the step
     assert all(s.dataloader_share > 0.3 for s in s0.steps)

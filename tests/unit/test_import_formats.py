@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 import kineto_truth as truth
-from ingero.analyze import timeline
+from ingero.analyze.device import imported
 from ingero.importer import import_trace
 from ingero.store.db import Store
 
@@ -190,17 +190,17 @@ def _spans(store: Store, sid: int) -> list[tuple]:
 
 
 def _steps(store: Store, sid: int) -> list[tuple]:
-    st = timeline.steps(store.con, sid)
+    st = imported.steps(store.con, sid)
     return [(s.number, s.start_ns, s.end_ns, s.dataloader_ns, s.device_busy_ns) for s in st.steps]
 
 
 def _busy(store: Store, sid: int) -> tuple:
-    d = timeline.device(store.con, sid)
+    d = imported.device(store.con, sid)
     return d.span_start_ns, d.span_end_ns, d.span_source, d.busy_ns, d.activities, d.busy_share
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
+def imported_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("formats")
     store = Store.memory()
     results = {shape: import_trace(store, write_run(shape, tmp / f"{shape}.json")) for shape in SHAPES}
@@ -208,9 +208,9 @@ def imported(tmp_path_factory):
     store.close()
 
 
-def test_the_run_as_written_today(imported):
+def test_the_run_as_written_today(imported_runs):
     """The reference itself: 3 steps of 1 ms minus 10 µs, 12 device rows, the copy's bytes on its call."""
-    store, results = imported
+    store, results = imported_runs
     r = results["new"]
     assert (r.calls, r.device) == (12, 12) and r.pids == [PID] and r.skipped == {}
     assert [s[0] for s in _steps(store, r.session_id)] == [1, 2, 3]
@@ -223,8 +223,8 @@ def test_the_run_as_written_today(imported):
 
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s != "new"])
-def test_old_shapes_give_the_same_device_activity_steps_and_busy_share(imported, shape):
-    store, results = imported
+def test_old_shapes_give_the_same_device_activity_steps_and_busy_share(imported_runs, shape):
+    store, results = imported_runs
     new, old = results["new"].session_id, results[shape].session_id
     linked = shape != "1.8-no-correlation"
     assert _device(store, old, correlation=linked) == _device(store, new, correlation=linked)
@@ -236,8 +236,8 @@ def test_old_shapes_give_the_same_device_activity_steps_and_busy_share(imported,
     assert (r.calls, r.device, r.spans, r.pids, r.skipped) == (12, 12, results["new"].spans, [PID], {})
 
 
-def test_the_1_8_shape_counts_what_it_does_not_use(imported):
-    r = imported[1]["1.8"]
+def test_the_1_8_shape_counts_what_it_does_not_use(imported_runs):
+    r = imported_runs[1]["1.8"]
     assert r.unused["Trace events"] == 1
     assert r.unused["instant events: Iteration Start: PyTorch Profiler"] == 1
     assert r.unused["instant events: Record Window End"] == 1
@@ -245,9 +245,9 @@ def test_the_1_8_shape_counts_what_it_does_not_use(imported):
     assert r.unused["CUDA calls without an op name: cudaMemsetAsync"] == 3
 
 
-def test_without_correlation_the_kth_device_row_of_an_external_id_is_its_kth_launch(imported):
+def test_without_correlation_the_kth_device_row_of_an_external_id_is_its_kth_launch(imported_runs):
     """addmm (one external id) launched two kernels: each is tied to its own launch, in order."""
-    store, results = imported
+    store, results = imported_runs
     sid = results["1.8-no-correlation"].session_id
     rows = store.con.execute("""SELECT d.name, d.call_ns, d.correlation FROM device_activity d
                                 WHERE d.session_id = $s AND d.kind = 'kernel' ORDER BY d.start_ns""",
@@ -294,7 +294,7 @@ def test_a_real_trace_in_the_1_8_shape_gives_the_same_store(name, tmp_path):
     assert _device(store, old) == _device(store, new)
     assert _events(store, old) == _events(store, new)
     assert _busy(store, old) == _busy(store, new)
-    a, b = timeline.device(store.con, new), timeline.device(store.con, old)
+    a, b = imported.device(store.con, new), imported.device(store.con, old)
     assert a == b
     if name.startswith("v100"):  # steps marked: the share is over the steps' span, as the truth takes it
         assert _steps(store, old) == _steps(store, new) and len(_steps(store, new)) == 5

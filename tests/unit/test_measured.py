@@ -1,4 +1,4 @@
-"""explain over a traced session with CUPTI's device timeline (analyze/measured.py): measured, not inferred."""
+"""explain over a traced session with CUPTI's device timeline (analyze/device/measured.py): measured, not inferred."""
 
 from __future__ import annotations
 

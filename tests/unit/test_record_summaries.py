@@ -1,4 +1,4 @@
-"""The tracer's summaries (record_summaries, numpy over each flush's records) against the SQL that defines them.
+"""The tracer's summaries (analyze/summaries/records.py, numpy over each flush's records) against the SQL that defines them.
 
 summaries.SUMMARY_SQL and LATE_SUMMARY_SQL define a window's metrics; the
 tracer computes them from the records instead, inside each flush's
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 from bench.bench_ingest import _realistic
-from ingero.analyze import record_summaries, summaries
+from ingero.analyze import summaries
+from ingero.analyze.summaries import records
 from ingero.analyze.explain import explain
 from ingero.analyze.context import Options
 from ingero.collect import decode
-from ingero.commands import summaries_hook
-from ingero.commands.summaries_hook import SummaryHook
+from ingero.analyze.summaries import hook as summaries_hook
+from ingero.analyze.summaries.hook import SummaryHook
 from ingero.events.ops import Op
 from ingero.events.records import EVENT_DTYPE, CallFlag, Kind
 from ingero.events.units import NS
@@ -36,7 +37,7 @@ WINDOW_COLS = ("start_ns, pid, tid, op::VARCHAR, kind::VARCHAR, in_call::VARCHAR
 def _both_ways(store: Store, flushes: list[np.ndarray], offset_ns: int, order=decode.storage_order) -> None:
     """Each flush stored, then summarised as the tracer does (Summariser.rows, into windows) and by
     the SQL (into sql_*)."""
-    summariser = record_summaries.Summariser(1, offset_ns)
+    summariser = records.Summariser(1, offset_ns)
     for recs in flushes:
         recs = order(recs)
         store.append("events", decode.events_table(recs, session_id=1, offset_ns=offset_ns))
@@ -75,7 +76,7 @@ def _realistic_flushes(n: int = 60_000, size: int = 7_000) -> list[np.ndarray]:
 @pytest.mark.parametrize("cells", ["dense", "sorted"])
 def test_realistic_mix_in_storage_order_and_in_any_order(cells, monkeypatch):
     if cells == "sorted":  # the histograms' other path: (row, bucket) keys sorted instead of counted
-        monkeypatch.setattr(record_summaries, "_DENSE_CELLS", 0)
+        monkeypatch.setattr(records, "_DENSE_CELLS", 0)
     for order in (decode.storage_order, lambda r: r[np.random.default_rng(len(r)).permutation(len(r))]):
         store = Store.memory()
         _both_ways(store, _realistic_flushes(), OFFSET, order)
@@ -92,7 +93,7 @@ def test_intervals_past_their_second_few_or_many(crossing):
     ts = sec * ns + np.tile([100, 200, 300, 400], runs)
     dur = np.full(runs * 4, 1_000)
     dur[starts[:crossing] + 3] = ns  # the last record of the first runs ends in the next second
-    got = record_summaries._overflow(ts, dur, sec, starts)
+    got = records._overflow(ts, dur, sec, starts)
     assert np.array_equal(got, np.add.reduceat(np.maximum(ts + dur - (sec + 1) * ns, 0), starts))
     assert (got > 0).sum() == crossing and got[0] == 400
     # and end to end, against the SQL: the realistic mix with ~0.16 s intervals, many crossing
@@ -107,7 +108,7 @@ def test_intervals_past_their_second_few_or_many(crossing):
 def test_colliding_hashes_still_give_exact_rows(monkeypatch):
     """Every key hashes alike: the exact keys alone split the rows (a collision costs rows, never truth)."""
     for c in ("_C1", "_C2", "_C3", "_C4"):
-        monkeypatch.setattr(record_summaries, c, np.uint64(0))
+        monkeypatch.setattr(records, c, np.uint64(0))
     store = Store.memory()
     _both_ways(store, _realistic_flushes(20_000, 5_000), OFFSET, lambda r: r[::-1].copy())
     con = store.con
@@ -146,7 +147,7 @@ def test_hand_made_rows():
         _rec(Op.PAGE_FAULT, 80, 5, call_op=sync, flags=seen),
         _rec(Op.PROC_EXIT, 90, 0),
     ])
-    rows = record_summaries.windows(recs, session_id=3, offset_ns=OFFSET).to_pylist()
+    rows = records.windows(recs, session_id=3, offset_ns=OFFSET).to_pylist()
     by = {(r["op"], r["tid"], r["kind"], r["other_pid"]): r for r in rows}
     bio = by[("block_io", None, "read", None)]
     assert (bio["events_n"], bio["bytes"], bio["small_copy_n"], bio["duration_hist_n"]) == (2, 4608, 1, [1, 1])
@@ -165,7 +166,7 @@ def test_hand_made_rows():
 
 def test_late_waits_pair_a_sync_with_intervals_of_earlier_flushes():
     sync = int(Op.CUDA_STREAM_SYNC)
-    s = record_summaries.Summariser(1, OFFSET)
+    s = records.Summariser(1, OFFSET)
     pre = dict(kind=Kind.PREEMPTED, call_op=sync, flags=int(CallFlag.SEEN))
     # flush 1: two preemptions inside a sync still running; another thread's, never returned
     f1 = np.concatenate([_rec(Op.SCHED_SWITCH, 1_000, 100, **pre), _rec(Op.SCHED_SWITCH, 150_000, 30_000, **pre),
@@ -180,8 +181,8 @@ def test_late_waits_pair_a_sync_with_intervals_of_earlier_flushes():
 
 
 def test_pending_intervals_are_bounded(monkeypatch):
-    monkeypatch.setattr(record_summaries, "MAX_PENDING", 100)
-    s = record_summaries.Summariser(1, OFFSET)
+    monkeypatch.setattr(records, "MAX_PENDING", 100)
+    s = records.Summariser(1, OFFSET)
     pre = dict(kind=Kind.PREEMPTED, call_op=int(Op.CUDA_STREAM_SYNC), flags=int(CallFlag.SEEN))
     for i in range(5):
         s.late_waits(np.concatenate([_rec(Op.SCHED_SWITCH, i * 10**6 + k * 10, 5, tid=k, **pre) for k in range(60)]))
@@ -268,7 +269,7 @@ def test_a_failing_summary_costs_no_rows_and_explain_reads_the_events(monkeypatc
     assert store.begin_session(command="test", targets="") == 1
     _hooked_flushes(store, hook, 35_000)  # five flushes summarised: four written, one held
     assert summaries.has_summaries(store.con, 1) and summaries.pending_from(store.con, 1) is not None
-    monkeypatch.setattr(record_summaries.Summariser, "rows", lambda self, recs: 1 / 0)
+    monkeypatch.setattr(records.Summariser, "rows", lambda self, recs: 1 / 0)
     sess = _hooked_flushes(store, hook, 14_000)
     assert store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 49_000
     assert hook._held == [] and summaries.pending_from(store.con, 1) is None

@@ -152,7 +152,7 @@ def test_launch_bound_when_launches_starve_the_device():
     assert [c.rule_id for c in rep.chains] == ["launch-bound"]
     # the sync never waits and follows 1 ms of Python: nothing shows how long the kernels ran,
     # only that they fit between the launches; the device is taken busy for the middle of that
-    # (device.py), and the rest of the launch window is idle the launches leave, but for the
+    # (analyze/device/__init__.py), and the rest of the launch window is idle the launches leave, but for the
     # 1 ms after the last launch (of the ~12.2 ms step), which is the host's
     assert rep.device.busy_share == pytest.approx(0.5, abs=0.01)
     assert rep.chains[0].numbers["launch_idle_share"] == pytest.approx(0.5 - 1 / 12.2, abs=0.01)

@@ -6,14 +6,14 @@ import pytest
 from analyze_helpers import MAIN_PID, MAIN_TID, US
 from test_device_infer import Host, step
 
-from ingero.analyze import context, device, steps, windows
+from ingero.analyze import context, device, traced_steps, windows
 
 
-def detect(h: Host, window_s: float | None = None, **opts) -> steps.Steps | None:
+def detect(h: Host, window_s: float | None = None, **opts) -> traced_steps.Steps | None:
     store = h.trace.store()
     ctx = context.resolve(store.con, context.Options(window_s=window_s, **opts))
     windows.build(ctx)
-    return steps.detect(ctx, device.infer(ctx)[MAIN_PID])
+    return traced_steps.detect(ctx, device.infer(ctx)[MAIN_PID])
 
 
 def test_one_sync_per_step():
@@ -178,10 +178,10 @@ def test_no_repeating_pattern_no_steps():
 
 
 def test_period_prefers_the_smallest_repeat():
-    assert steps.period([10, 10, 10, 10, 10, 10, 10]) == 1
-    assert steps.period([30, 10, 30, 10, 30, 10, 30, 10]) == 2
-    assert steps.period([50, 51, 50, 49, 50, 50]) == 1  # an extra launch now and then
-    assert steps.period([1, 9, 3, 27, 2, 14, 5]) is None
+    assert traced_steps.period([10, 10, 10, 10, 10, 10, 10]) == 1
+    assert traced_steps.period([30, 10, 30, 10, 30, 10, 30, 10]) == 2
+    assert traced_steps.period([50, 51, 50, 49, 50, 50]) == 1  # an extra launch now and then
+    assert traced_steps.period([1, 9, 3, 27, 2, 14, 5]) is None
 
 
 @pytest.mark.parametrize("cap", [None, 10_000], ids=["exact", "sampled"])
@@ -197,16 +197,16 @@ def test_the_count_is_exact_when_the_calls_are_sampled(cap):
     t = device.T if cap is None else device.Thresholds(max_exact_calls=cap)
     act = device.infer(ctx, t)[MAIN_PID]
     assert (act.sampled < 0.5) == (cap is not None)
-    st = steps.detect(ctx, act)
+    st = traced_steps.detect(ctx, act)
     assert st.count == 3000
     assert st.median_ms == pytest.approx((8 + 50 + 1000 + NOWAIT + 300) / 1000, abs=0.002)
 
 
 def test_period_matches_within_the_tolerance():
     # 10% of the larger count, and always 1: 10 vs 11 match, 10 vs 12 do not, 1 vs 2 do
-    assert steps.period([10, 11] * 6) == 1
-    assert steps.period([10, 12] * 6) == 2
-    assert steps.period([1, 2, 1, 2, 1, 2, 2]) == 1
+    assert traced_steps.period([10, 11] * 6) == 1
+    assert traced_steps.period([10, 12] * 6) == 2
+    assert traced_steps.period([1, 2, 1, 2, 1, 2, 2]) == 1
 
 
 # ---- steps from NVTX ranges named as steps
@@ -275,7 +275,7 @@ def test_ranges_not_named_as_steps_leave_it_to_the_rhythm():
 
 def test_too_few_step_ranges_leave_it_to_the_rhythm():
     h = Host()
-    _marked_loop(h, steps.T.min_marked_steps - 1)
+    _marked_loop(h, traced_steps.T.min_marked_steps - 1)
     for _ in range(40):
         step(h, kernels=10, kernel_us=100, host_us=300)
     assert detect(h).source == "rhythm"
@@ -318,7 +318,7 @@ def test_the_step_family_is_the_one_not_inside_another():
     ("step#3", True),
 ])
 def test_step_names(name, is_step):
-    assert steps.is_step_name(name) is is_step
+    assert traced_steps.is_step_name(name) is is_step
 
 
 def test_outermost_ranges_of_a_thread():
@@ -328,7 +328,7 @@ def test_outermost_ranges_of_a_thread():
     e = np.array([30, 10, 9, 9, 28, 45, 44])
     # (0,30) holds (0,10), (5,9), (8,9), (20,28); (25,45) overlaps it without being inside, and
     # holds (40,44)
-    assert steps.outermost(s, e).tolist() == [True, False, False, False, False, True, False]
+    assert traced_steps.outermost(s, e).tolist() == [True, False, False, False, False, True, False]
 
 
 def test_explain_prints_where_nvtx_steps_come_from():

@@ -3,7 +3,7 @@
 The summaries are written as the tracer writes them: flush by flush, each
 flush holding the records of the rows that ended (were emitted) in it, so a
 second spans several flushes and off-CPU intervals arrive after their second,
-summarised by record_summaries (and, for the slow runs, checked row for row
+summarised by analyze/summaries/records.py (and, for the slow runs, checked row for row
 against the SQL that defines the metrics).  Chains must
 be identical (rule, severity, processes, culprits, evidence windows) and every
 number within what the histogram quantiles allow: each quantile within
@@ -18,7 +18,9 @@ import math
 import numpy as np
 import pytest
 
-from ingero.analyze import record_summaries, summaries, windows
+from ingero.analyze import summaries, windows
+
+from ingero.analyze.summaries import records
 from ingero.analyze.context import Options, resolve
 from ingero.analyze.explain import explain
 from ingero.collect import decode
@@ -39,7 +41,7 @@ def _store(name: str, policy: str, fixed: bool) -> Store:
 
 def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False, held: int = 0) -> int:
     """Summaries written as the tracer writes them, flush by flush, each flush the records of the
-    rows emitted (ended) in it, summarised by record_summaries: flushes made.  ``check_rows``: each
+    rows emitted (ended) in it, summarised by summaries/records.py: flushes made.  ``check_rows``: each
     flush also summarised by the SQL that defines the metrics, and the rows compared at the end.
     ``held``: the windows rows of the last ``held`` flushes are not written (a tracer killed
     before writing what it held): the session row marks their first second."""
@@ -51,7 +53,7 @@ def write_as_tracer(store: Store, session_id: int = 1, check_rows: bool = False,
     if check_rows:
         con.execute(f"CREATE OR REPLACE TEMP TABLE flushed AS SELECT *, ({end} - $lo) // {FLUSH_NS} AS flush "
                     "FROM events", {"lo": int(ends[0])})
-    summariser = record_summaries.Summariser(session_id, offset)
+    summariser = records.Summariser(session_id, offset)
     flushes, pending = 0, None
     starts = list(range(int(ends[0]), int(ends[-1]) + 1, FLUSH_NS))
     for k, f0 in enumerate(starts):

@@ -1,11 +1,11 @@
 """host-bound: the GPU idles while the loop thread works on the CPU outside every CUDA call.
 
 Physics: after a sync (or a synchronous copy) returns, nothing of the loop's
-is queued on the device until its next launch or copy (analyze/device.py:
+is queued on the device until its next launch or copy (analyze/device/__init__.py:
 the time between a drain's return and the next submission is when the
 device surely idled).  Whatever the loop thread does then is on the step's
 critical path.  Per window of the loop thread, the rule takes that surely
-idle time and the thread's breakdown (analyze/steps.py) over the same
+idle time and the thread's breakdown (analyze/traced_steps.py) over the same
 window: of the idle time, the part the thread spent on CPU outside CUDA
 calls is this rule's cause.  Sleeping there is waiting for data
 (input-bound), runnable but off CPU is CPU wait (cpu-contention), D state
@@ -24,7 +24,7 @@ An imported profiler trace has no scheduler rows, but it has what the call
 stream only bounds: the device's own timeline, and the CPU operators the
 process ran.  There the rule takes, per marked step, the time the device ran
 nothing while the process was inside a CPU operator and outside every CUDA
-call and DataLoader span (analyze/timeline.py: device_idle); the operators
+call and DataLoader span (analyze/device/imported.py: device_idle); the operators
 that held it are named.  Time between operators (Python, or asleep: the trace
 cannot tell) is not counted.  This is how real PyTorch jobs are host-bound:
 the device finishes each operator's small kernels before the host has
@@ -37,7 +37,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ingero.analyze import activity, baseline, kind, procs, samples, saves, steps, timeline, units
+from ingero.analyze import activity, baseline, cpu_samples, kind, procs, saves, traced_steps, units
+
+from ingero.analyze.device import imported
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Window
 from ingero.analyze.rules import sync_heavy
@@ -118,7 +120,7 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
     if not rows or tid is None or act is None:
         return out
     dev = {wb.w: wb for wb in act.windows}
-    parts = steps.window_parts(ctx, pid, tid, [int(r["w"]) for r in rows])
+    parts = traced_steps.window_parts(ctx, pid, tid, [int(r["w"]) for r in rows])
     saved = saves.cpu_ns_by_window(ctx.con, pid)
     for w, p in parts.items():
         wb = dev.get(w)
@@ -134,7 +136,7 @@ def idle_split(ctx: Context, pid: int) -> dict[int, IdleSplit]:
         host = p.host_ns - save
         surely = min(host, max(0.0, idle - other - save))
         # the device ran out of queued work after the last launch while the loop worked on
-        # (logging, metrics) before its sync: device.py's tail, host work like the above; less
+        # (logging, metrics) before its sync: analyze/device/__init__.py's tail, host work like the above; less
         # the loop's sleeps with work queued (a wait for data there is input-bound's, and the
         # tail may be all of it: reviewed, 1 ms asleep read as 610 µs of host work)
         queued_sleep = max(0.0, p.asleep_ns - p.data_wait_idle_ns)
@@ -206,7 +208,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
     before_copy, gaps = con.execute(BATCH_FIRST_SQL, {"pid": pid, "ws": ws, "copy_ops": list(COPY_OPS)}).fetchone()
     # (host work in the tail comes after the step's launches, not before its batch's copy)
     batch_first = float(before_copy) / (float(gaps) + tail) if gaps else 0.0
-    sampled = samples.top_lines(ctx, tid, ws, idle_first=True)
+    sampled = cpu_samples.top_lines(ctx, tid, ws, idle_first=True)
     by_samples = sampled is not None and sampled.outside > 0
     inline = (sampled.loader_share >= T.loader_sample_share if by_samples else False) or (
         not workers and batch_first >= T.batch_first_share)
@@ -306,7 +308,7 @@ def _chain(con, ctx: Context, pid: int, rows: list, s: baseline.Split, ev: list[
 def workers_needed(load_ms: float, step_ms: float, t: Thresholds = T) -> tuple[int, int]:
     """(suggested, needed) DataLoader workers so batches come as fast as the rest of the step uses
     them: a worker builds one in ``load_ms``, the step without loading takes the rest (one more
-    for jitter), as input-bound computes it for marked steps."""
+    for jitter), as input-bound computes it for marked traced_steps."""
     rest_ms = max(step_ms - load_ms, 0.1)
     needed = math.ceil(load_ms / rest_ms) + 1
     return min(max(2, needed), t.max_suggested_workers), needed
@@ -357,13 +359,13 @@ def _fixes(ctx: Context, me: procs.Proc, inline: bool, step_ms: float | None, im
 
 def _from_trace(con, ctx: Context) -> list[Chain]:
     """host-bound from an imported profiler trace: per marked step, the device idle while the
-    process was in a CPU operator outside CUDA calls and data loading (timeline.device_idle)."""
+    process was in a CPU operator outside CUDA calls and data loading (imported.device_idle)."""
     marked = ctx.marked_steps
-    thread = timeline.step_thread(con, ctx.session_id)
+    thread = imported.step_thread(con, ctx.session_id)
     if marked is None or thread is None or marked.steps[0].device_busy_ns is None:
         return []  # no steps, or no device timeline (a CPU-only trace): nothing to hold it to
     pid, tid = thread
-    swept = timeline.device_idle(con, ctx.session_id, marked, pid)
+    swept = imported.device_idle(con, ctx.session_id, marked, pid)
     idle = [x for x in swept.steps if x.wall_ns > 0]
     wall = sum(x.wall_ns for x in idle)
     host = sum(x.host_ns for x in idle)
@@ -371,7 +373,7 @@ def _from_trace(con, ctx: Context) -> list[Chain]:
         return []
     impact = host / wall
 
-    def busy(x: timeline.StepIdle) -> float:
+    def busy(x: imported.StepIdle) -> float:
         return x.step.device_busy_share or 0.0
 
     ev = [x for x in idle if x.host_ns / x.wall_ns >= T.min_host_idle_share and busy(x) < T.max_device_busy_share]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import activity, baseline, procs, sampling, units
+from ingero.analyze import activity, baseline, launch_sampling, procs, units
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain
 from ingero.analyze.rules import cpu_contention, host_bound
@@ -179,7 +179,7 @@ def _untraced(ctx: Context, pid: int, shown: bool | None, ev_split: list, wall: 
     interval whatever the kernels (reviewed: 2 µs kernels read as 5).  (Not the waited drains:
     whether a sync counts as waited rests on the quickest sync in the analysed slices, and every
     sync of a loop that spins ~8 µs behind its last kernel is the quickest.)"""
-    if not ctx.call_cost_ns or not launches or len(sampling.periods(ctx)):
+    if not ctx.call_cost_ns or not launches or len(launch_sampling.periods(ctx)):
         return None
     period = wall / launches
     if period <= ctx.call_cost_ns:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingero.analyze import baseline, procs, samples, units, waits
+from ingero.analyze import baseline, cpu_samples, procs, units, waits
 from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 
@@ -91,7 +91,7 @@ def evaluate(con, ctx: Context) -> list[Chain]:
             effect.append(f"CUDA ops/s down {units.pct(drop)} from clean windows "
                           f"({units.count(base_rate)} → {units.count(ev_rate)})")
         contributing = []
-        sampled, lines = samples.user_lines(ctx, int(top_tid), ws)
+        sampled, lines = cpu_samples.user_lines(ctx, int(top_tid), ws)
         if sampled:
             contributing.append(f"{label} sampled on CPU {sampled:,} times at ~99 Hz; its own lines:")
             contributing += [f"  {n / sampled * 100:4.1f}%  {site.short()}  {site.function}"

@@ -1,12 +1,13 @@
 """Per-second summaries of the events: the one definition of a window's metrics.
 
 The SQL here defines them.  The tracer computes the same rows from each
-flush's records in numpy (``record_summaries``, held to this SQL row for row by
+flush's records in numpy (``records.py`` here, held to this SQL row for row by
 the tests) and stores them into ``windows`` and ``window_late_waits`` (schema
 11) in the flush's own transaction; explain reads them for any range of whole
 seconds instead of the raw rows (``windows.build``).  A session without them
 (imported, recorded before schema 11) is summarised on the fly by this SQL
-over its events into TEMP tables (``on_the_fly``).
+over its events into TEMP tables (``on_the_fly``).  ``hook.py`` is the trace hook that writes
+them, every few flushes.
 
 What a row holds, per (session, epoch second, pid, tid, op and its keys):
 counts, sums of durations, bytes and run-queue waits, and for every CUDA call

@@ -1,4 +1,4 @@
-"""The trace's per-second summaries (analyze/record_summaries.py), written every few flushes.
+"""The trace's per-second summaries (analyze/summaries/records.py), written every few flushes.
 
 A TraceHook joins the tracer (collect: the batch about to be stored) and the
 window metrics (analyze: their definition); only the command layer may import
@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingero.analyze import summaries
-from ingero.analyze.record_summaries import Summariser
+from ingero.analyze.summaries.records import Summariser
 from ingero.events.units import NS
 from ingero.store.faults import STORAGE_ERRORS, write_error
 from ingero.traceapi import TraceHook

@@ -1,7 +1,7 @@
 """Training steps from the rhythm of the loop's CUDA calls, and where a step's wall clock goes.
 
 A training loop repeats one pattern per step: a copy, launches, one or more
-syncs.  device.py cuts the process' call stream into segments at its drains
+syncs.  analyze/device/__init__.py cuts the process' call stream into segments at its drains
 (syncs and synchronous copies); the pattern shows as the segments' submission
 counts repeating with a period of p segments (p drains per step).  The
 smallest p under which the counts repeat (within a tolerance, for the

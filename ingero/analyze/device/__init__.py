@@ -1,6 +1,11 @@
 """Device activity inferred from the CUDA call stream: when the GPU surely was busy, when it could be.
 
-No GPU timeline is needed: the host's calls bound the device's work.
+The package is what the device did: inferred here from the host's calls, measured in
+``measured.py`` (CUPTI under ``trace --cmd``, laid over this inference) and in ``imported.py``
+(an imported profiler trace's timeline and its ProfilerStep marks); ``analyze/activity.py``
+picks one per explain.
+
+No GPU timeline is needed here: the host's calls bound the device's work.
 
 * A **drain** (cudaDeviceSync / cuCtxSynchronize, a synchronous copy, and a
   stream sync when the process uses one stream) returns only once the device
@@ -43,7 +48,7 @@ On a trace under `--overhead-budget` (the ``sampling`` table), only the
 attached slices of each window are analysed: in the detached parts a step's
 launches are missing and its segment would count the copy alone.  Steps are
 still cut from every drain (syncs and copies are never sampled): the
-``ing_dev_steps`` table, read by steps.py.
+``ing_dev_steps`` table, read by analyze/traced_steps.py.
 
 The calls are selected by SQL over the events table; their sequence
 (ing_dev_seq: sorted per process and window, numbered by segment) is built in
@@ -60,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ingero.analyze import sampling, windows
+from ingero.analyze import launch_sampling, windows
 from ingero.analyze.context import Context, Options, resolve
 from ingero.events.ops import (ASYNC_COPY_OPS, DEVICE_SYNC_OPS, EVENT_SYNC_OPS, LAUNCH_OPS, STREAM_SYNC_OPS,
                                SYNC_COPY_OPS)
@@ -203,7 +208,7 @@ _OP_ROLE = np.array([_WAIT] + [_SUBMIT if op in LAUNCH_OPS + ASYNC_COPY_OPS else
 _OP_STREAM_SYNC = np.array([False] + [op in STREAM_SYNC_OPS for op in DEVICE_OPS])
 _OP_LAUNCH = np.array([False] + [op in LAUNCH_OPS for op in DEVICE_OPS])
 # ing_dev_seq, ing_dev_steps (the segments closed by a drain) and ing_dev_iv are Arrow tables
-# registered on the connection (views), not copies: their readers after infer (steps.py,
+# registered on the connection (views), not copies: their readers after infer (analyze/traced_steps.py,
 # rules/host_bound.py) read a few thousand rows, and copying 100,000 sequence rows into a temp
 # table cost ~0.045 CPU-s (DuckDB appends ~20 ns a value here), a sixth of `explain --since
 # 120s` on a day's store.  The segments and windows are numpy over the sorted sequence.
@@ -267,23 +272,23 @@ class _Segments:
     subs: np.ndarray  # ... its submissions, and its back-pressure launches
     pid_bp_n: np.ndarray
     # [span_a, span_z): when the device could have run the segment's work (high's interval;
-    # valid where has_span): a measured timeline's idle is split by it (analyze/measured.py)
+    # valid where has_span): a measured timeline's idle is split by it (analyze/device/measured.py)
     span_a: np.ndarray | None = None
     span_z: np.ndarray | None = None
     has_span: np.ndarray | None = None
 
     def steps(self) -> pa.Table:
-        """ing_dev_steps (steps.py): the segments closed by a drain."""
+        """ing_dev_steps (analyze/traced_steps.py): the segments closed by a drain."""
         m = self.has_r_call
         return pa.table({"pid": pa.array(self.pid[m], pa.int32()), "w": self.w[m], "seg": self.seg[m],
                          "n": self.n[m], "copies": self.copies[m], "r_call": self.r_call[m],
                          "s1": pa.array(self.s1[m], mask=~self.has_s1[m])})
 
 
-# The segments: one row per (pid, w, seg), the columns their readers use (_window_rows, steps.py
+# The segments: one row per (pid, w, seg), the columns their readers use (_window_rows, analyze/traced_steps.py
 # through ing_dev_steps):
 #   n        submissions in it (launches, async copies, synchronous copies' starts)
-#   copies   of them, host-to-device copies (steps.py: the input copy marks where a step starts)
+#   copies   of them, host-to-device copies (analyze/traced_steps.py: the input copy marks where a step starts)
 #   s1       the first one's start
 #   r_call   the return of the drain that closed it (NULL: no drain closed it in the window)
 #   raw_wait that drain's wait (0 without one)
@@ -703,10 +708,10 @@ def attached_intervals(ctx: Context, windows_iv: pa.Table) -> pa.Table | None:
     """``windows_iv`` less the parts of the sampling table's periods in which the launch probes
     were detached (`--overhead-budget`): there submissions are missing, so a segment's count
     would be short.  None: nothing was sampled."""
-    rows = sampling.periods(ctx)
+    rows = launch_sampling.periods(ctx)
     if not len(rows):
         return None
-    detached = sampling.detached_parts(rows)
+    detached = launch_sampling.detached_parts(rows)
     win, a, b = [], [], []
     first = 0  # the first detached part that can still reach the window (windows come in time order)
     for i, ws, we in zip(*(windows_iv.column(c).to_pylist() for c in ("win", "a", "b"))):

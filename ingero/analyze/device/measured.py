@@ -1,7 +1,7 @@
 """The device's measured timeline of a live trace (CUPTI under `trace --cmd`), in place of the inference.
 
 A traced session whose ``device_activity`` rows carry a pid (collect/cupti.py)
-has, for those processes, what device.py can only bound: when the device ran
+has, for those processes, what analyze/device/__init__.py can only bound: when the device ran
 their kernels, copies and memsets.  ``overlay`` replaces each such process'
 inferred ``DeviceActivity`` with one of the same shape whose numbers are
 measured, window by window, so every reader of it (explain's ``Device:``
@@ -37,7 +37,7 @@ import pyarrow as pa
 from ingero.analyze import procs
 from ingero.analyze.context import Context
 from ingero.analyze.device import DeviceActivity, WindowBusy
-from ingero.analyze.timeline import DEVICE_WORK  # (host waits CUPTI recorded are no device time)
+from ingero.analyze.device.imported import DEVICE_WORK  # (host waits CUPTI recorded are no device time)
 
 
 PIDS_SQL = f"""

@@ -1,6 +1,6 @@
 """The per-second summaries of one flush, from its kernel records: what the tracer writes.
 
-``summaries.py`` defines a window's metrics in SQL and summarises stored rows
+``analyze/summaries/__init__.py`` defines a window's metrics in SQL and summarises stored rows
 with it (an imported session, one recorded before schema 11).  The tracer
 summarises each flush from its records instead, in numpy, before the flush's
 transaction, which then stores them with the rows: 60-90 ns per event on
@@ -51,7 +51,7 @@ _CAT[int(Op.SCHED_SWITCH)], _CAT[int(Op.PAGE_FAULT)], _CAT[int(Op.BLOCK_IO)] = S
 # 6 ret | call_op << 16 | call_flags << 24 | op << 32 | kind << 40 | cpu << 48.
 assert EVENT_DTYPE.itemsize == 56 and [EVENT_DTYPE.fields[f][1] for f in (
     "ts_ns", "duration_ns", "arg", "pid", "tid", "other_pid", "call_op", "call_flags", "op", "kind")] == [
-    0, 8, 16, 32, 36, 40, 50, 51, 52, 53], "record_summaries reads the records as words"
+    0, 8, 16, 32, 36, 40, 50, 51, 52, 53], "summaries/records.py reads the records as words"
 _W = 7
 _U = np.uint64
 _OP_BITS, _KIND_BITS, _CALL_OP_BITS = _U(0xFF << 32), _U(0xFF << 40), _U(0xFF << 16)
