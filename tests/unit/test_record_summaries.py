@@ -1,4 +1,4 @@
-"""The tracer's summaries (analyze/summaries/records.py, numpy over each flush's records) against the SQL that defines them.
+"""The tracer's summaries (analyze/summaries/records.py: numpy over each flush's records) against their SQL.
 
 summaries.SUMMARY_SQL and LATE_SUMMARY_SQL define a window's metrics; the
 tracer computes them from the records instead, inside each flush's
