@@ -39,6 +39,10 @@ ON_CPU_ROOT_SHARE = 0.5
 FLUSH_CALLS = frozenset({"fsync", "fdatasync", "sync_file_range", "msync", "sync", "syncfs"})
 SLEEP_CALLS = frozenset({"nanosleep", "clock_nanosleep", "pause"})
 SOCKET_CALLS = frozenset({"recvfrom", "recvmsg", "recvmmsg", "accept", "accept4", "connect"})
+# The loop blocked writing: what it waits for is the consumer of its output (a pipe's reader, a
+# socket's peer), never its input.
+WRITE_CALLS = frozenset({"write", "writev", "pwrite64", "pwritev", "pwritev2", "sendto", "sendmsg", "sendmmsg",
+                         "splice", "sendfile"})
 
 # Roots: what the trace can show without guessing.
 ON_CPU = "on-cpu"          # a thread running (root_pid/root_tid): a worker computing, a lock or GIL holder
@@ -399,15 +403,62 @@ INPUT_SQL = """
 SELECT w, sum(ns),
        coalesce(sum(ns) FILTER (via_pid NOT IN (0, pid) AND (root NOT IN ('disk', 'sleep', 'network', 'timer', 'fault')
                                                       OR (root IN ('sleep', 'timer') AND root_pid IN (0, via_pid)))
-                                AND NOT list_contains($socket_calls, via_call) AND via_fd <> 'socket'), 0)
+                                AND NOT list_contains($socket_calls, via_call) AND via_fd <> 'socket'
+                                AND NOT list_contains($write_calls, via_call)), 0)
 FROM ing_block WHERE pid = $pid GROUP BY w
 """
 
 
 def input_fraction(con, pid: int) -> dict[int, float]:
     """Per window with attributed blocked time: the share of it that waited on another process."""
-    rows = con.execute(INPUT_SQL, {"pid": pid, "socket_calls": sorted(SOCKET_CALLS)}).fetchall()
+    rows = con.execute(INPUT_SQL, {"pid": pid, "socket_calls": sorted(SOCKET_CALLS),
+                                   "write_calls": sorted(WRITE_CALLS)}).fetchall()
     return {int(w): float(inp) / float(tot) for w, tot, inp in rows if tot}
+
+
+# The loop's own sleeps: it blocked in a sleep call (time.sleep, a rate limit, a polling loop)
+# and the timer woke it (via_pid 0) -- nobody else made it wait.
+OWN_SLEEP_SQL = """
+SELECT w, sum(ns), coalesce(sum(ns) FILTER (root = 'sleep' AND list_contains($sleep_calls, via_call)
+                                          AND via_pid IN (0, pid)), 0)
+FROM ing_block WHERE pid = $pid GROUP BY w
+"""
+
+# The loop blocked writing into a pipe or a socket (its log piped into a slow reader, a peer that
+# reads slowly): woken by the consumer that made room; a write to a file waits on the disk (io-stall's).
+OUTPUT_SQL = """
+SELECT w, sum(ns), coalesce(sum(ns) FILTER (list_contains($write_calls, via_call) AND via_fd IN ('pipe', 'socket')
+                                          AND root NOT IN ('disk', 'fault')), 0)
+FROM ing_block WHERE pid = $pid GROUP BY w
+"""
+
+
+def own_sleep_fraction(con, pid: int) -> dict[int, float]:
+    """Per window with attributed blocked time: the share of it the loop slept on its own timer."""
+    rows = con.execute(OWN_SLEEP_SQL, {"pid": pid, "sleep_calls": sorted(SLEEP_CALLS)}).fetchall()
+    return {int(w): float(x) / float(tot) for w, tot, x in rows if tot}
+
+
+def output_fraction(con, pid: int) -> dict[int, float]:
+    """Per window with attributed blocked time: the share of it the loop waited to write its output."""
+    rows = con.execute(OUTPUT_SQL, {"pid": pid, "write_calls": sorted(WRITE_CALLS)}).fetchall()
+    return {int(w): float(x) / float(tot) for w, tot, x in rows if tot}
+
+
+CONSUMERS_SQL = """
+SELECT via_pid, any_value(detail ORDER BY ns DESC), sum(ns), sum(n), any_value(root ORDER BY ns DESC)
+FROM ing_block
+WHERE pid = $pid AND list_contains($ws, w) AND list_contains($write_calls, via_call) AND via_fd IN ('pipe', 'socket')
+  AND root NOT IN ('disk', 'fault')
+GROUP BY via_pid ORDER BY sum(ns) DESC
+"""
+
+
+def consumers(con, pid: int, ws: list[int]) -> list[tuple[int, str, float, float, str]]:
+    """(pid that made room, the write it blocked in, ns, waits, what that consumer was doing) of the
+    loop's blocked writes in windows ``ws``, largest first (pid 0: an interrupt, a remote peer)."""
+    return [(int(p), d or "", float(ns), float(n), r or "") for p, d, ns, n, r in
+            con.execute(CONSUMERS_SQL, {"pid": pid, "ws": ws, "write_calls": sorted(WRITE_CALLS)}).fetchall()]
 
 
 STARVERS_SQL = """

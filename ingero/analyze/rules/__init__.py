@@ -17,6 +17,8 @@ RULE_MODULES = (
     "cpu_quota",
     "input_bound",
     "lock_contention",
+    "output_bound",
+    "loop_sleep",
     "host_bound",
     "transfer_bound",
     "io_stall",

@@ -83,11 +83,17 @@ def _queued_wait_ns(r: baseline.Row) -> float:
     return queued if queued and r["sync_ns"] <= T.max_queued_sync_ratio * queued else 0.0
 
 
+def idle_wait_ns(r: baseline.Row) -> float:
+    """The loop's sleeps outside CUDA calls in window ``r`` that cost GPU time (the module doc),
+    whatever it waited for: the other rules of the loop's own waits take their part of it."""
+    return r["sleep_out_idle_ns"] + _queued_wait_ns(r)
+
+
 def wait_ns(r: baseline.Row) -> float:
     """The loop's wait for data in window ``r`` that cost GPU time (see the module doc): of its
     waits, the part whose wake-up came from another process (waits.input_fraction, kept in the
     row as ``input_fraction``; all of it where nothing was attributed: an older store)."""
-    return (r["sleep_out_idle_ns"] + _queued_wait_ns(r)) * r.get("input_fraction", 1.0)
+    return idle_wait_ns(r) * r.get("input_fraction", 1.0)
 
 
 def _share(r: baseline.Row) -> float:

@@ -19,7 +19,7 @@ from ingero.analyze.context import Context
 from ingero.analyze.model import Chain, Culprit
 
 ID = "lock-contention"
-TITLE = "A lock (the GIL) held by another thread → the training loop waits, the GIL holder runs"
+TITLE = "A lock or the GIL held by another thread of the process → the training loop waits"
 
 
 @dataclass(frozen=True)
