@@ -31,7 +31,10 @@ steps, into parts that add up to it, from the window tables (ing_win,
 ing_sched, ing_cuda: no further pass over the events), and scales them to the
 mean step:
 
-  data_wait     asleep outside CUDA calls (DataLoader queue, a lock, input)
+  data_wait     asleep outside CUDA calls (DataLoader queue, input), less:
+  lock_wait     asleep for a lock or the GIL a sibling thread held (waits.py)
+  sleep         asleep on its own timer (time.sleep: nobody else made it wait)
+  output_wait   blocked writing into a pipe or socket (a log piped into a slow reader)
   host          on CPU outside CUDA calls (Python, inline loading, optimizer)
   launch        inside kernel launches
   copy          inside H2D / D2H copy calls
@@ -108,7 +111,8 @@ MARKER_NAME = re.compile(r"(?:^|[^a-z])(?:step|steps|iter|iters|iteration|batch)
 # "lr_scheduler.step").  A user's "ProfilerStep#3" or "step#3" stays a step.
 NOT_A_STEP = re.compile(r"::|, seq = |Backward\d*$|BatchNorm|DataLoader|#[A-Za-z_]|\.step\b", re.IGNORECASE)
 
-PARTS = ("data_wait", "lock_wait", "host", "launch", "copy", "device_wait", "other_cuda", "cpu_wait", "faults_io")
+PARTS = ("data_wait", "lock_wait", "sleep", "output_wait", "host", "launch", "copy", "device_wait", "other_cuda",
+         "cpu_wait", "faults_io")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ class StepBreakdown:
     # asleep outside CUDA calls waiting for a lock (the GIL) another thread of the process held
     # (waits.py: the root of the wait is a sibling on CPU); not in data_wait_ms
     lock_wait_ms: float = 0.0
+    # asleep on its own timer, and blocked writing its output (waits.py); not in data_wait_ms
+    sleep_ms: float = 0.0
+    output_wait_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -554,32 +561,46 @@ class WindowParts:
     cpu_wait_out_ns: float  # of cpu_wait: outside every CUDA call
     data_wait_idle_ns: float  # of the sleeps (data and lock wait): with nothing of the thread's queued
     lock_wait_ns: float = 0.0  # asleep for a lock a sibling thread held (not in data_wait_ns)
+    sleep_ns: float = 0.0  # asleep on its own timer (not in data_wait_ns)
+    output_wait_ns: float = 0.0  # blocked writing its output (not in data_wait_ns)
 
     @property
     def asleep_ns(self) -> float:
-        """Every sleep outside CUDA calls: for data and for a lock."""
-        return self.data_wait_ns + self.lock_wait_ns
+        """Every sleep outside CUDA calls: for data, a lock, its own timer, its output."""
+        return self.data_wait_ns + self.lock_wait_ns + self.sleep_ns + self.output_wait_ns
 
 
-def _lock_wait(ctx: Context, pid: int, tid: int) -> dict[int, float]:
-    """Per window: the loop's lock wait (waits.py; nothing where waits.build has not run)."""
+def _own_waits(ctx: Context, pid: int, tid: int) -> list[dict[int, float]]:
+    """Per window: the loop's lock wait, its own sleeps and its output wait, the parts of its
+    sleeps outside calls that are no wait for data (waits.py; none where waits.build has not run)."""
     if not ctx.con.execute(procs.HAS_TABLE_SQL, {"table": "ing_block"}).fetchone()[0]:
-        return {}
-    return waits.lock_wait_by_window(ctx.con, pid, tid)
+        return [{}, {}, {}]
+    return [waits.lock_wait_by_window(ctx.con, pid, tid), waits.own_sleep_by_window(ctx.con, pid),
+            waits.output_wait_by_window(ctx.con, pid)]
+
+
+def _split_sleep(asleep: float, w: int, own: list[dict[int, float]]) -> list[float]:
+    """A window's sleeps outside calls as [data wait, lock wait, sleep, output wait]."""
+    left, parts = asleep, []
+    for by_w in own:
+        part = min(left, by_w.get(w, 0.0))
+        parts.append(part)
+        left -= part
+    return [left, *parts]
 
 
 def window_parts(ctx: Context, pid: int, tid: int, ws: list[int]) -> dict[int, WindowParts]:
     """The loop thread's time per window of ``ws`` by part (the parts of the breakdown, unscaled)."""
     out = {}
-    locks = _lock_wait(ctx, pid, tid)
+    own = _own_waits(ctx, pid, tid)
     for r in ctx.con.execute(PARTS_SQL, {"pid": pid, "tid": tid, "ws": ws}).fetchall():
         wall = float(r[1])
         v = [max(0.0, float(x)) for x in r[2:9]]
         # parts can exceed the wall only through rounding at window edges
         host = max(0.0, wall - sum(v))
-        lock = min(v[0], locks.get(int(r[0]), 0.0))
-        out[int(r[0])] = WindowParts(int(r[0]), wall, v[0] - lock, host, v[1], v[2], v[3], v[4], v[5], v[6],
-                                     max(0.0, float(r[9])), max(0.0, float(r[10])), lock)
+        data, lock, sleep, output = _split_sleep(v[0], int(r[0]), own)
+        out[int(r[0])] = WindowParts(int(r[0]), wall, data, host, v[1], v[2], v[3], v[4], v[5], v[6],
+                                     max(0.0, float(r[9])), max(0.0, float(r[10])), lock, sleep, output)
     return out
 
 
@@ -596,9 +617,9 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
     sums = [sum(max(0.0, float(r[i])) for r in rows) for i in range(2, 9)]
     data_wait, launch, copy, sync, other, cpu_wait, faults_io = sums
     known = sum(sums)
-    locks = _lock_wait(ctx, pid, tid)
-    lock = sum(min(max(0.0, float(r[2])), locks.get(int(r[0]), 0.0)) for r in rows)
-    data_wait -= lock
+    own = _own_waits(ctx, pid, tid)
+    split = [_split_sleep(max(0.0, float(r[2])), int(r[0]), own) for r in rows]
+    data_wait, lock, sleep, output = (sum(x[i] for x in split) for i in range(4))
     # host work is the remainder; the parts can only exceed the wall through rounding at
     # window edges (an interval split across windows): then they are scaled to it
     host = max(0.0, wall - known)
@@ -613,4 +634,6 @@ def breakdown(ctx: Context, pid: int, tid: int, step_windows: list[int], step_ms
         cpu_wait_ms=cpu_wait * scale,
         faults_io_ms=faults_io * scale,
         lock_wait_ms=lock * scale,
+        sleep_ms=sleep * scale,
+        output_wait_ms=output * scale,
     )

@@ -433,16 +433,32 @@ FROM ing_block WHERE pid = $pid GROUP BY w
 """
 
 
+def _own_sleep(con, pid: int) -> list[tuple]:
+    return con.execute(OWN_SLEEP_SQL, {"pid": pid, "sleep_calls": sorted(SLEEP_CALLS)}).fetchall()
+
+
+def _output(con, pid: int) -> list[tuple]:
+    return con.execute(OUTPUT_SQL, {"pid": pid, "write_calls": sorted(WRITE_CALLS)}).fetchall()
+
+
 def own_sleep_fraction(con, pid: int) -> dict[int, float]:
     """Per window with attributed blocked time: the share of it the loop slept on its own timer."""
-    rows = con.execute(OWN_SLEEP_SQL, {"pid": pid, "sleep_calls": sorted(SLEEP_CALLS)}).fetchall()
-    return {int(w): float(x) / float(tot) for w, tot, x in rows if tot}
+    return {int(w): float(x) / float(tot) for w, tot, x in _own_sleep(con, pid) if tot}
 
 
 def output_fraction(con, pid: int) -> dict[int, float]:
     """Per window with attributed blocked time: the share of it the loop waited to write its output."""
-    rows = con.execute(OUTPUT_SQL, {"pid": pid, "write_calls": sorted(WRITE_CALLS)}).fetchall()
-    return {int(w): float(x) / float(tot) for w, tot, x in rows if tot}
+    return {int(w): float(x) / float(tot) for w, tot, x in _output(con, pid) if tot}
+
+
+def own_sleep_by_window(con, pid: int) -> dict[int, float]:
+    """ns per window the loop slept on its own timer (the step's sleep)."""
+    return {int(w): float(x) for w, _, x in _own_sleep(con, pid) if x}
+
+
+def output_wait_by_window(con, pid: int) -> dict[int, float]:
+    """ns per window the loop was blocked writing into a pipe or socket (the step's output wait)."""
+    return {int(w): float(x) for w, _, x in _output(con, pid) if x}
 
 
 CONSUMERS_SQL = """

@@ -48,11 +48,14 @@ COLOURS = {"ops_s": "#1f77b4", "sync_p50": "#d62728", "sync_p99": "#ff7f7f", "co
            "gpu_util": "#2ca02c"}
 PART_LABELS = {"data_wait": "data wait (asleep outside CUDA)",
                "lock_wait": "lock wait (a lock or the GIL another thread held)",
+               "sleep": "own sleep (time.sleep: its own timer)",
+               "output_wait": "output wait (writing into a full pipe or socket)",
                "host": "host work (on CPU outside CUDA)",
                "launch": "kernel launches", "copy": "copies", "device_wait": "device wait (in syncs)",
                "other_cuda": "other CUDA calls", "cpu_wait": "CPU wait (runnable, off CPU)",
                "faults_io": "page faults and I/O"}
-PART_COLOURS = {"data_wait": "#17becf", "lock_wait": "#e377c2", "host": "#1f77b4", "launch": "#8c564b",
+PART_COLOURS = {"data_wait": "#17becf", "lock_wait": "#e377c2", "sleep": "#aec7e8", "output_wait": "#98df8a",
+                "host": "#1f77b4", "launch": "#8c564b",
                 "copy": "#9467bd",
                 "device_wait": "#2ca02c", "other_cuda": "#bcbd22", "cpu_wait": "#d62728", "faults_io": "#ff7f0e"}
 STATE_COLOURS = {ON_CPU: "#2ca02c", RUNNABLE: "#ff7f0e", "in a kernel launch": "#8c564b", "in a copy": "#9467bd",

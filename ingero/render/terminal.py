@@ -47,7 +47,8 @@ def system_line(report: Report) -> str:
 
 
 # The parts of a step, in the order a step spends them, as printed.
-STEP_PARTS = (("data_wait", "data wait"), ("lock_wait", "lock wait"), ("host", "host work"), ("launch", "launches"),
+STEP_PARTS = (("data_wait", "data wait"), ("lock_wait", "lock wait"), ("sleep", "own sleep"),
+              ("output_wait", "output wait"), ("host", "host work"), ("launch", "launches"),
               ("copy", "copies"),
               ("device_wait", "device wait"), ("other_cuda", "other CUDA"), ("cpu_wait", "CPU wait"),
               ("faults_io", "faults/I-O"))

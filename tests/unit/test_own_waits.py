@@ -4,6 +4,7 @@ and blocking in a write to a pipe whose reader is slow (output-bound), on hand-m
 
 from __future__ import annotations
 
+import pytest
 from analyze_helpers import MAIN_PID, chains_of, silent
 from test_device_infer import Host
 
@@ -52,6 +53,9 @@ def test_a_loop_that_sleeps_on_its_own_timer_is_loop_sleep_with_no_culprit():
     assert chain.numbers["own_sleep_share"] > 0.8
     assert f"clock_nanosleep {round(chain.numbers['sleeps'])} times" in chain.root[0]
     assert not chains_of(rep, "input-bound") and not chains_of(rep, "output-bound")
+    # the step: 20 ms of its own sleep in ~22.4 ms, none of it a wait for data
+    assert rep.steps.breakdown["sleep"] == pytest.approx(20 / 22.4, abs=0.03)
+    assert rep.steps.breakdown["data_wait"] < 0.01
 
 
 def test_a_loop_blocked_writing_into_a_slow_readers_pipe_is_output_bound_naming_the_reader():
@@ -66,6 +70,8 @@ def test_a_loop_blocked_writing_into_a_slow_readers_pipe_is_output_bound_naming_
     assert "python3 (reader.py) (PID %d)" % READER in chain.root[1]
     assert any("QueueHandler" in f for f in chain.fix)
     assert not chains_of(rep, "input-bound") and not chains_of(rep, "loop-sleep")
+    assert rep.steps.breakdown["output_wait"] == pytest.approx(20 / 22.4, abs=0.03)
+    assert rep.steps.breakdown["data_wait"] < 0.01
 
 
 def test_the_same_wait_in_a_read_woken_by_a_worker_stays_input_bound():
@@ -76,6 +82,7 @@ def test_the_same_wait_in_a_read_woken_by_a_worker_stays_input_bound():
     rep = _loop(wait)
     assert [c.rule_id for c in rep.chains[:1]] == ["input-bound"]
     assert not chains_of(rep, "output-bound") and not chains_of(rep, "loop-sleep")
+    assert rep.steps.breakdown["data_wait"] == pytest.approx(20 / 22.4, abs=0.03)
 
 
 def test_a_short_nap_each_step_is_not_named():

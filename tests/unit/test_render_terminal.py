@@ -90,8 +90,9 @@ def test_the_short_form_is_the_headline_root_effect_fixes_and_evidence(report):
 def test_verbose_shows_every_line_and_every_step_part(report):
     text = text_of(report, layout.View(verbose=True, width=None))
     assert VERBOSE_CHAIN in text
-    assert ("  a step: data wait 0.0% | lock wait 0.0% | host work 14.6% | launches 0.7% | copies 0.1% | "
-            "device wait 53.0% | other CUDA 0.0% | CPU wait 31.6% | faults/I-O 0.0%\n") in text
+    assert ("  a step: data wait 0.0% | lock wait 0.0% | own sleep 0.0% | output wait 0.0% | host work 14.6% | "
+            "launches 0.7% | copies 0.1% | device wait 53.0% | other CUDA 0.0% | CPU wait 31.6% | "
+            "faults/I-O 0.0%\n") in text
     assert "more line" not in text  # nothing left out: no pointer to -v
 
 
