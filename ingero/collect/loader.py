@@ -13,6 +13,7 @@ BCC's perf-event uprobes otherwise: see LinkedProbes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import re
@@ -528,8 +529,10 @@ RETURN_GRACE_S = 0.005
 RETURN_PROBE_FN = probes.RETURN_FN  # does nothing for a thread with no call state: the calibration's probe
 
 
+@functools.lru_cache(maxsize=8)
 def _mapped_path(stem: str) -> str:
-    """Path of the first file mapped into this process whose name contains ``stem``."""
+    """Path of the first file mapped into this process whose name contains ``stem`` (cached: what
+    is mapped stays mapped; a stem not mapped yet raises and is looked up again next time)."""
     for line in Path("/proc/self/maps").read_text().splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and stem in Path(parts[5]).name:
